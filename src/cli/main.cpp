@@ -1,0 +1,78 @@
+// The `morph` command: parses arguments and maps errors to exit codes
+// (0 success, 2 bad input, 3 the job could not go on).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+
+#include "control/runner.h"
+#include "core/error.h"
+
+namespace {
+
+std::string selfExe(const char* argv0) {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"morph: training that decouples the model from the hardware it runs on"};
+  app.require_subcommand(1);
+
+  morph::RunOptions run;
+  run.self_exe = selfExe(argv[0]);
+  auto* run_cmd = app.add_subcommand("run", "run a job (embedded manager and local workers)");
+  run_cmd->add_option("job", run.job_path, "job file (TOML)")->required();
+  run_cmd->add_option("--workers", run.workers,
+                      "worker processes (default: train inside this process)")
+      ->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--spawn", run.spawn,
+                      "of those, how many to start here (the rest join with `morph worker`)")
+      ->check(CLI::Range(0, 4096));
+  run_cmd->add_option("--steps", run.steps, "override job.steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  run_cmd->add_option("--out", run.out_dir, "output folder (default runs/<job name>)");
+  run_cmd->add_option("--port", run.port, "port of the job's store (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
+  run_cmd->add_flag("--quiet", run.quiet, "no progress output");
+
+  morph::WorkerOptions worker;
+  auto* worker_cmd = app.add_subcommand("worker", "join a running job as a worker");
+  worker_cmd->add_option("--join", worker.join, "HOST:PORT of the job's manager")->required();
+  worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
+      ->check(CLI::Range(0.1, 3600.0));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  try {
+    if (*run_cmd) {
+      if (run.workers == 0 && run.spawn >= 0) throw morph::InputError("--spawn needs --workers");
+      return morph::runJob(run);
+    }
+    return morph::runWorker(worker);
+  } catch (const morph::InputError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: error: %s\n", e.what());
+    return 2;
+  } catch (const morph::JobError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: job stopped: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: job stopped: %s\n", e.what());
+    return 3;
+  }
+}

@@ -1,0 +1,84 @@
+#include "comm/communicator.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "core/error.h"
+
+namespace morph {
+namespace {
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                   const GlooOptions& o)
+      : rank_(rank), size_(size) {
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->timeout = o.timeout;
+    opts->devices.push_back(o.interface_addr.empty()
+                                ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                : c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_addr));
+    opts->threads = 1;
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduceSum(int64_t* data, int64_t n) override {
+    run(torch::from_blob(data, {n}, torch::kInt64), c10d::ReduceOp::SUM);
+  }
+  void allreduceSum(float* data, int64_t n) override {
+    run(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
+  }
+  void allreduceMax(double* data, int64_t n) override {
+    run(torch::from_blob(data, {n}, torch::kFloat64), c10d::ReduceOp::MAX);
+  }
+  void barrier() override { pg_->barrier()->wait(); }
+
+ private:
+  void run(torch::Tensor t, c10d::ReduceOp op) {
+    bytes_ += t.numel() * t.element_size();
+    std::vector<torch::Tensor> ts{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = op;
+    pg_->allreduce(ts, o)->wait();
+  }
+
+  int rank_, size_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeGlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   int rank, int size, const GlooOptions& opts) {
+  return std::make_unique<GlooCommunicator>(store, rank, size, opts);
+}
+
+std::string localAddressToward(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    throw InputError("cannot resolve manager host '" + host + "'");
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  std::string out;
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf);
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  if (out.empty()) throw InputError("no route to manager " + host + ":" + std::to_string(port));
+  return out;
+}
+
+}  // namespace morph

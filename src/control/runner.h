@@ -1,0 +1,40 @@
+// Runner: turns a job into training. Three entry points:
+//  - runJob(): `morph run`. Without --workers it trains in this process;
+//    with --workers N it becomes the manager (hosts the c10d TCPStore,
+//    computes the VN plan, starts local workers, writes the outputs).
+//  - runWorker(): `morph worker --join HOST:PORT`.
+// Control-plane keys are specified in docs/control_plane.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace morph {
+
+struct RunOptions {
+  std::string job_path;
+  std::vector<std::string> overrides;  // --set key=value
+  int workers = 0;       // 0: train in this process (no c10d)
+  int spawn = -1;        // local workers to start (-1: all of them)
+  int64_t steps = 0;     // --steps: overrides job.steps when > 0
+  std::string out_dir;   // default runs/<job name>
+  int port = 0;          // TCPStore port, 0 = pick a free one
+  std::string self_exe;  // path of the morph binary (to start workers)
+  bool quiet = false;    // no progress output
+};
+
+struct WorkerOptions {
+  std::string join;  // HOST:PORT of the manager
+  double connect_timeout_s = 10.0;
+};
+
+// Both return the process exit code (0, 2 or 3); errors are printed.
+int runJob(const RunOptions& opts);
+int runWorker(const WorkerOptions& opts);
+
+// Contiguous VN ranges for `workers` workers: the first V % W get one more.
+// Throws InputError when a worker would get no VN.
+std::vector<std::pair<int64_t, int64_t>> assignVns(int64_t virtual_nodes, int workers);
+
+}  // namespace morph

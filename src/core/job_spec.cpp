@@ -1,0 +1,300 @@
+#include "core/job_spec.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace morph {
+namespace {
+
+const char* typeName(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+// Reads keys from the parsed document, remembering which were used so that
+// anything left over is reported as unknown.
+class Reader {
+ public:
+  Reader(const toml::table& root, std::string origin) : root_(root), origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw InputError(origin_ + ": key '" + key + "': " + what);
+  }
+
+  const toml::node* find(const std::string& key) {
+    used_.insert(key);
+    return root_.at_path(key).node();
+  }
+
+  bool has(const std::string& key) { return find(key) != nullptr; }
+
+  std::string str(const std::string& key, const std::string& def, bool required = false) {
+    const toml::node* n = find(key);
+    if (!n) {
+      if (required) fail(key, "missing; expected a string");
+      return def;
+    }
+    if (!n->is_string()) fail(key, std::string("expected a string, got ") + typeName(*n));
+    return n->as_string()->get();
+  }
+
+  int64_t integer(const std::string& key, int64_t def, int64_t lo, int64_t hi,
+                  bool required = false) {
+    const toml::node* n = find(key);
+    if (!n) {
+      if (required) fail(key, "missing; expected an integer");
+      return def;
+    }
+    if (!n->is_integer()) fail(key, std::string("expected an integer, got ") + typeName(*n));
+    int64_t v = n->as_integer()->get();
+    if (v < lo || v > hi) {
+      std::ostringstream os;
+      os << "expected an integer in [" << lo << ", " << hi << "], got " << v;
+      fail(key, os.str());
+    }
+    return v;
+  }
+
+  double number(const std::string& key, double def, double lo, double hi, bool required = false) {
+    const toml::node* n = find(key);
+    if (!n) {
+      if (required) fail(key, "missing; expected a number");
+      return def;
+    }
+    double v;
+    if (n->is_integer()) {
+      v = static_cast<double>(n->as_integer()->get());
+    } else if (n->is_floating_point()) {
+      v = n->as_floating_point()->get();
+    } else {
+      fail(key, std::string("expected a number, got ") + typeName(*n));
+    }
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      std::ostringstream os;
+      os << "expected a number in [" << lo << ", " << hi << "], got " << v;
+      fail(key, os.str());
+    }
+    return v;
+  }
+
+  bool boolean(const std::string& key, bool def) {
+    const toml::node* n = find(key);
+    if (!n) return def;
+    if (!n->is_boolean()) fail(key, std::string("expected a boolean, got ") + typeName(*n));
+    return n->as_boolean()->get();
+  }
+
+  std::vector<int64_t> intList(const std::string& key, std::vector<int64_t> def, int64_t lo,
+                               int64_t hi) {
+    const toml::node* n = find(key);
+    if (!n) return def;
+    const toml::array* arr = n->as_array();
+    if (!arr || arr->empty())
+      fail(key, std::string("expected a non-empty array of integers, got ") + typeName(*n));
+    std::vector<int64_t> out;
+    for (const toml::node& e : *arr) {
+      if (!e.is_integer() || e.as_integer()->get() < lo || e.as_integer()->get() > hi) {
+        std::ostringstream os;
+        os << "expected an array of integers in [" << lo << ", " << hi << "]";
+        fail(key, os.str());
+      }
+      out.push_back(e.as_integer()->get());
+    }
+    return out;
+  }
+
+  std::string choice(const std::string& key, const std::string& def,
+                     const std::vector<std::string>& options, bool required = false) {
+    std::string v = str(key, def, required);
+    for (const auto& o : options)
+      if (o == v) return v;
+    std::string list;
+    for (const auto& o : options) list += (list.empty() ? "\"" : ", \"") + o + "\"";
+    fail(key, "expected one of " + list + ", got \"" + v + "\"");
+  }
+
+  // Every key in the document that no reader asked for is an error.
+  void rejectUnknown() const { walk(root_, ""); }
+
+ private:
+  void walk(const toml::table& t, const std::string& prefix) const {
+    for (const auto& [k, v] : t) {
+      std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+      if (const toml::table* sub = v.as_table()) {
+        walk(*sub, key);
+      } else if (!used_.count(key)) {
+        throw InputError(origin_ + ": unknown key '" + key +
+                         "' (docs/job_file.md lists the keys this version understands)");
+      }
+    }
+  }
+
+  const toml::table& root_;
+  std::string origin_;
+  std::set<std::string> used_;
+};
+
+void applyOverride(toml::table& root, const std::string& spec, const std::string& origin) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw InputError("--set '" + spec + "': expected key=value, e.g. --set batch.global=128");
+  std::string key = spec.substr(0, eq), value = spec.substr(eq + 1);
+  toml::table holder;
+  try {
+    holder = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    holder = toml::table{};
+    holder.insert("v", value);  // a bare word is a string
+  }
+  toml::table* t = &root;
+  std::stringstream ss(key);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i].empty()) throw InputError("--set '" + spec + "': empty key part");
+    toml::node* n = t->get(parts[i]);
+    if (!n) {
+      t->insert(parts[i], toml::table{});
+      n = t->get(parts[i]);
+    }
+    if (!n->is_table())
+      throw InputError("--set '" + spec + "': '" + parts[i] + "' in " + origin + " is not a table");
+    t = n->as_table();
+  }
+  if (parts.empty() || parts.back().empty())
+    throw InputError("--set '" + spec + "': expected key=value");
+  t->insert_or_assign(parts.back(), *holder.get("v"));
+  // The length of a job is given one way: overriding one replaces the other.
+  if (key == "job.steps") t->erase("epochs");
+  if (key == "job.epochs") t->erase("steps");
+}
+
+}  // namespace
+
+const char* toString(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "float"; }
+
+int64_t JobSpec::resolveSteps(int64_t train_size) const {
+  if (steps > 0) return steps;
+  int64_t s = static_cast<int64_t>(std::floor(epochs * static_cast<double>(train_size) /
+                                              static_cast<double>(global_batch)));
+  if (s < 1)
+    throw InputError(file + ": key 'job.epochs': " + std::to_string(epochs) +
+                     " epochs of " + std::to_string(train_size) + " samples is less than one step");
+  return s;
+}
+
+JobSpec parseJob(const std::string& text, const std::string& origin,
+                 const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column
+       << ": not valid TOML: " << e.description();
+    throw InputError(os.str());
+  }
+  for (const auto& o : overrides) applyOverride(root, o, origin);
+
+  Reader r(root, origin);
+  JobSpec j;
+  j.file = origin;
+  j.name = r.str("job.name", std::filesystem::path(origin).stem().string());
+  if (j.name.empty() || j.name.find('/') != std::string::npos)
+    r.fail("job.name", "expected a non-empty name without '/'");
+  j.seed = static_cast<uint64_t>(r.integer("job.seed", 1, 0, INT64_MAX));
+  bool has_steps = r.has("job.steps"), has_epochs = r.has("job.epochs");
+  if (has_steps == has_epochs)
+    r.fail(has_steps ? "job.epochs" : "job.steps", "give exactly one of job.steps and job.epochs");
+  if (has_steps) j.steps = r.integer("job.steps", 0, 1, INT64_MAX / 2);
+  if (has_epochs) j.epochs = r.number("job.epochs", 0, 1e-9, 1e6);
+  j.threads = static_cast<int>(r.integer("job.threads", 1, 1, 256));
+
+  j.data.dataset = r.choice("data.dataset", "", {"fashion-mnist", "synthetic"}, true);
+  if (j.data.dataset == "fashion-mnist") {
+    j.data.path = r.str("data.path", "/usr/share/datasets/fashion-mnist");
+    for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+      auto p = std::filesystem::path(j.data.path) / f;
+      if (!std::filesystem::is_regular_file(p))
+        r.fail("data.path", "expected a folder holding Fashion-MNIST's IDX files, but " +
+                                p.string() +
+                                " is missing (apt-get install dataset-fashion-mnist)");
+    }
+  } else {
+    j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
+    j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);
+  }
+
+  j.model.name = r.choice("model.name", "", {"mlp", "cnn"}, true);
+  j.model.dropout = r.number("model.dropout", 0.0, 0.0, 0.99);
+  if (j.model.name == "mlp") {
+    j.model.hidden = r.intList("model.hidden", {512, 512}, 1, 1 << 20);
+  } else {
+    j.model.channels = r.intList("model.channels", {32, 64}, 1, 4096);
+    if (j.model.channels.size() != 2) r.fail("model.channels", "expected two integers, e.g. [32, 64]");
+    j.model.fc = r.integer("model.fc", 128, 1, 1 << 20);
+  }
+
+  j.global_batch = r.integer("batch.global", 0, 1, 1 << 24, true);
+  j.virtual_nodes = r.integer("batch.virtual_nodes", 1, 1, 1 << 24);
+  if (j.global_batch % j.virtual_nodes != 0) {
+    std::ostringstream os;
+    os << "expected a divisor of batch.global = " << j.global_batch << ", got " << j.virtual_nodes;
+    r.fail("batch.virtual_nodes", os.str());
+  }
+
+  auto& o = j.optim;
+  o.name = r.choice("optim.name", "sgd", {"sgd", "adamw"});
+  o.lr = r.number("optim.lr", 0.05, 0.0, 1e6);
+  o.momentum = r.number("optim.momentum", 0.0, 0.0, 1.0 - 1e-12);
+  o.nesterov = r.boolean("optim.nesterov", false);
+  o.weight_decay = r.number("optim.weight_decay", 0.0, 0.0, 1e6);
+  o.beta1 = r.number("optim.beta1", 0.9, 0.0, 1.0 - 1e-12);
+  o.beta2 = r.number("optim.beta2", 0.999, 0.0, 1.0 - 1e-12);
+  o.eps = r.number("optim.eps", 1e-8, 0.0, 1.0);
+  o.warmup_steps = r.integer("optim.warmup_steps", 0, 0, INT64_MAX / 2);
+  o.schedule = r.choice("optim.schedule", "constant", {"constant", "cosine"});
+  o.min_lr = r.number("optim.min_lr", 0.0, 0.0, 1e6);
+  o.clip_norm = r.number("optim.clip_norm", 0.0, 0.0, 1e12);
+  if (o.nesterov && o.momentum == 0.0) r.fail("optim.nesterov", "needs optim.momentum > 0");
+
+  j.reduce_mode = r.choice("reduce.mode", "exact", {"exact", "float"}) == "exact"
+                      ? ReduceMode::kExact
+                      : ReduceMode::kFloat;
+  j.headroom_bits = static_cast<int>(r.integer("reduce.headroom_bits", 3, 0, 20));
+  // Each VN's quantised values stay below 2^51, so 2^12 VNs fit in int64.
+  if (j.reduce_mode == ReduceMode::kExact && j.virtual_nodes > 4096)
+    r.fail("batch.virtual_nodes", "exact reduction supports at most 4096 virtual nodes");
+
+  j.eval_every = r.integer("eval.every", 0, 0, INT64_MAX / 2);
+  j.eval_batch = r.integer("eval.batch", 1000, 1, 1 << 20);
+  j.log_every = r.integer("log.every", 10, 1, INT64_MAX / 2);
+
+  r.rejectUnknown();
+  return j;
+}
+
+JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open job file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseJob(ss.str(), path, overrides);
+}
+
+}  // namespace morph

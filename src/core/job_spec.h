@@ -1,0 +1,76 @@
+// Job spec: what a job *means* (data, model, global batch, optimiser,
+// reduction), never the hardware it runs on. Loaded from TOML, validated in
+// full before any work starts; every problem is an InputError naming the
+// file, the key and what was expected (docs/job_file.md lists the keys).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace morph {
+
+enum class ReduceMode { kExact, kFloat };
+
+struct DataSpec {
+  std::string dataset;  // "fashion-mnist" | "synthetic"
+  std::string path;     // folder with the dataset's files
+  int64_t train_size = 0;  // synthetic only
+  int64_t test_size = 0;   // synthetic only
+};
+
+struct ModelSpec {
+  std::string name;              // "mlp" | "cnn"
+  std::vector<int64_t> hidden;   // mlp hidden widths
+  std::vector<int64_t> channels; // cnn conv channels
+  int64_t fc = 0;                // cnn fully connected width
+  double dropout = 0.0;
+};
+
+struct OptimSpec {
+  std::string name = "sgd";  // "sgd" | "adamw"
+  double lr = 0.05;
+  double momentum = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // "constant" | "cosine"
+  double min_lr = 0.0;
+  double clip_norm = 0.0;  // 0 = no clipping
+};
+
+struct JobSpec {
+  std::string file;  // where the spec came from, for messages
+  std::string name;
+  uint64_t seed = 1;
+  int64_t steps = 0;   // resolved: either given, or from epochs once the dataset size is known
+  double epochs = 0;   // 0 when steps was given
+  int threads = 1;     // intra-op threads per worker (determinism needs it fixed)
+
+  DataSpec data;
+  ModelSpec model;
+  int64_t global_batch = 0;
+  int64_t virtual_nodes = 1;
+  OptimSpec optim;
+  ReduceMode reduce_mode = ReduceMode::kExact;
+  int headroom_bits = 3;
+  int64_t eval_every = 0;  // 0: only at the end
+  int64_t eval_batch = 1000;
+  int64_t log_every = 10;
+
+  int64_t vnSize() const { return global_batch / virtual_nodes; }
+  // Steps for a dataset of `train_size` samples (resolves `epochs`).
+  int64_t resolveSteps(int64_t train_size) const;
+};
+
+// Loads and validates `path`, applying `overrides` ("key.path=value", value in
+// TOML syntax, bare words taken as strings) first. Throws InputError.
+JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from TOML text; `origin` names the source in messages.
+JobSpec parseJob(const std::string& toml_text, const std::string& origin,
+                 const std::vector<std::string>& overrides = {});
+
+const char* toString(ReduceMode m);
+
+}  // namespace morph

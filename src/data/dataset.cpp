@@ -1,0 +1,164 @@
+#include "data/dataset.h"
+
+#include <zlib.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/sampler.h"
+
+namespace morph {
+
+Batch Dataset::range(int64_t begin, int64_t end) const {
+  std::vector<int64_t> idx(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i) idx[static_cast<size_t>(i - begin)] = i;
+  return gather(idx);
+}
+
+ImageDataset::ImageDataset(torch::Tensor images_u8, torch::Tensor labels, double mean,
+                           double stddev)
+    : images_(std::move(images_u8)),
+      labels_(std::move(labels)),
+      mean_(static_cast<float>(mean)),
+      inv_std_(static_cast<float>(1.0 / stddev)) {
+  MORPH_CHECK_EQ(images_.size(0), labels_.size(0));
+}
+
+Batch ImageDataset::gather(const int64_t* idx, int64_t n) const {
+  const int64_t h = images_.size(1), w = images_.size(2), px = h * w;
+  torch::Tensor x = torch::empty({n, 1, h, w}, torch::kFloat32);
+  torch::Tensor y = torch::empty({n}, torch::kInt64);
+  const uint8_t* src = images_.data_ptr<uint8_t>();
+  const int64_t* lab = labels_.data_ptr<int64_t>();
+  float* dst = x.data_ptr<float>();
+  int64_t* ydst = y.data_ptr<int64_t>();
+  const int64_t count = size();
+  for (int64_t i = 0; i < n; ++i) {
+    MORPH_CHECK(idx[i] >= 0 && idx[i] < count, "sample index out of range");
+    const uint8_t* s = src + idx[i] * px;
+    float* d = dst + i * px;
+    for (int64_t k = 0; k < px; ++k) d[k] = (static_cast<float>(s[k]) * (1.0f / 255.0f) - mean_) * inv_std_;
+    ydst[i] = lab[idx[i]];
+  }
+  return {x, y};
+}
+
+namespace {
+
+uint32_t bigEndian32(const unsigned char* b) {
+  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
+}
+
+struct GzFile {
+  gzFile f;
+  explicit GzFile(const std::string& p) : f(gzopen(p.c_str(), "rb")) {}
+  ~GzFile() {
+    if (f) gzclose(f);
+  }
+};
+
+void readExactly(GzFile& gz, void* dst, size_t n, const std::string& path, const char* what) {
+  auto* out = static_cast<unsigned char*>(dst);
+  size_t done = 0;
+  while (done < n) {
+    unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
+    int got = gzread(gz.f, out + done, chunk);
+    if (got < 0) {
+      int err = 0;
+      const char* msg = gzerror(gz.f, &err);
+      throw InputError(path + ": corrupt gzip data while reading " + what + " (" + msg +
+                       "); reinstall the dataset (apt-get install --reinstall dataset-fashion-mnist)");
+    }
+    if (got == 0)
+      throw InputError(path + ": file is truncated: ended after " + std::to_string(done) + " of " +
+                       std::to_string(n) + " bytes of " + what);
+    done += static_cast<size_t>(got);
+  }
+}
+
+}  // namespace
+
+torch::Tensor readIdxGz(const std::string& path, int expected_dims) {
+  GzFile gz(path);
+  if (!gz.f) throw InputError(path + ": cannot open IDX file");
+  unsigned char head[4];
+  readExactly(gz, head, 4, path, "the IDX header");
+  if (head[0] != 0 || head[1] != 0 || head[2] != 0x08 || head[3] != expected_dims)
+    throw InputError(path + ": not an IDX file of unsigned bytes with " +
+                     std::to_string(expected_dims) + " dimension(s) (bad magic number)");
+  std::vector<int64_t> dims;
+  int64_t total = 1;
+  for (int d = 0; d < expected_dims; ++d) {
+    unsigned char b[4];
+    readExactly(gz, b, 4, path, "the IDX header");
+    uint32_t v = bigEndian32(b);
+    if (v == 0 || v > (1u << 26)) throw InputError(path + ": implausible IDX dimension " + std::to_string(v));
+    dims.push_back(v);
+    total *= v;
+  }
+  torch::Tensor t = torch::empty(dims, torch::kUInt8);
+  readExactly(gz, t.data_ptr<uint8_t>(), static_cast<size_t>(total), path, "the IDX payload");
+  unsigned char extra;
+  if (gzread(gz.f, &extra, 1) != 0)
+    throw InputError(path + ": trailing data after the IDX payload (or corrupt file)");
+  return t;
+}
+
+namespace {
+
+std::unique_ptr<Dataset> loadFashionSplit(const std::string& dir, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  std::string ip = (fs::path(dir) / (prefix + "-images-idx3-ubyte.gz")).string();
+  std::string lp = (fs::path(dir) / (prefix + "-labels-idx1-ubyte.gz")).string();
+  torch::Tensor images = readIdxGz(ip, 3);
+  torch::Tensor labels = readIdxGz(lp, 1).to(torch::kInt64);
+  if (images.size(0) != labels.size(0))
+    throw InputError(ip + ": holds " + std::to_string(images.size(0)) + " images but " + lp +
+                     " holds " + std::to_string(labels.size(0)) + " labels");
+  if (labels.max().item<int64_t>() > 9)
+    throw InputError(lp + ": label above 9 (Fashion-MNIST has 10 classes)");
+  // Fashion-MNIST's training-set pixel mean and standard deviation.
+  return std::make_unique<ImageDataset>(images, labels, 0.2860, 0.3530);
+}
+
+// Synthetic 28x28 images: each class has a fixed random template; a sample is
+// its template plus noise. Learnable, deterministic in (seed, index).
+std::unique_ptr<Dataset> makeSynthetic(int64_t n, uint64_t seed, uint64_t split) {
+  const int64_t px = 28 * 28, classes = 10;
+  SplitMix64 trng(seed * 0x9E3779B97F4A7C15ULL + 12345);
+  std::vector<float> templates(static_cast<size_t>(classes * px));
+  for (auto& v : templates) v = static_cast<float>(trng.uniform());
+  torch::Tensor images = torch::empty({n, 28, 28}, torch::kUInt8);
+  torch::Tensor labels = torch::empty({n}, torch::kInt64);
+  uint8_t* im = images.data_ptr<uint8_t>();
+  int64_t* lb = labels.data_ptr<int64_t>();
+  SplitMix64 rng(seed ^ (split * 0xD1B54A32D192ED03ULL) ^ 0xABCDEF);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c = static_cast<int64_t>(rng.below(classes));
+    lb[i] = c;
+    for (int64_t k = 0; k < px; ++k) {
+      double v = 0.6 * templates[static_cast<size_t>(c * px + k)] + 0.4 * rng.uniform();
+      im[i * px + k] = static_cast<uint8_t>(v * 255.0);
+    }
+  }
+  return std::make_unique<ImageDataset>(images, labels, 0.5, 0.25);
+}
+
+}  // namespace
+
+DataPair loadDatasets(const DataSpec& spec, uint64_t seed) {
+  DataPair p;
+  if (spec.dataset == "fashion-mnist") {
+    p.train = loadFashionSplit(spec.path, "train");
+    p.test = loadFashionSplit(spec.path, "t10k");
+  } else if (spec.dataset == "synthetic") {
+    p.train = makeSynthetic(spec.train_size, seed, 1);
+    p.test = makeSynthetic(spec.test_size, seed, 2);
+  } else {
+    throw InputError("unknown dataset '" + spec.dataset + "'");
+  }
+  return p;
+}
+
+}  // namespace morph

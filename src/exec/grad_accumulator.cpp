@@ -1,0 +1,95 @@
+#include "exec/grad_accumulator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "exec/fixed_point.h"
+
+namespace morph {
+
+namespace {
+// Step 0 has no previous maximum; assume |g| < 2^4. A larger first gradient
+// costs one redo of step 0, the same on every mapping.
+constexpr double kInitialMaxGuess = 16.0;
+}  // namespace
+
+GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode,
+                                 int headroom_bits)
+    : sizes_(std::move(segment_sizes)), mode_(mode), headroom_bits_(headroom_bits) {
+  for (int64_t s : sizes_) {
+    offsets_.push_back(total_);
+    total_ += s;
+  }
+  scales_.assign(sizes_.size(), scaleFor(kInitialMaxGuess, headroom_bits_));
+  next_scales_ = scales_;
+  if (mode_ == ReduceMode::kExact) {
+    exact_.assign(static_cast<size_t>(total_), 0);
+  } else {
+    float_.assign(static_cast<size_t>(total_), 0.0f);
+  }
+  max_.assign(sizes_.size(), 0.0);
+}
+
+int64_t GradAccumulator::bufferBytes() const {
+  return mode_ == ReduceMode::kExact ? total_ * 8 : total_ * 4;
+}
+
+void GradAccumulator::beginStep() {
+  scales_ = next_scales_;
+  std::fill(exact_.begin(), exact_.end(), 0);
+  std::fill(float_.begin(), float_.end(), 0.0f);
+  std::fill(max_.begin(), max_.end(), 0.0);
+  overflow_ = nonfinite_ = false;
+}
+
+void GradAccumulator::add(size_t seg, const float* values) {
+  MORPH_CHECK_LT(seg, sizes_.size());
+  const int64_t n = sizes_[seg], off = offsets_[seg];
+  if (mode_ == ReduceMode::kExact) {
+    QuantizeResult r = quantizeAdd(values, n, scales_[seg], exact_.data() + off);
+    max_[seg] = std::max(max_[seg], r.max_abs);
+    overflow_ = overflow_ || r.overflow;
+    nonfinite_ = nonfinite_ || r.nonfinite;
+  } else {
+    float* acc = float_.data() + off;
+    for (int64_t i = 0; i < n; ++i) {
+      acc[i] += values[i];
+      if (!std::isfinite(values[i])) nonfinite_ = true;
+    }
+  }
+}
+
+std::vector<double> GradAccumulator::flagsAndMax() const {
+  std::vector<double> f;
+  f.reserve(2 + max_.size());
+  f.push_back(overflow_ ? 1.0 : 0.0);
+  f.push_back(nonfinite_ ? 1.0 : 0.0);
+  f.insert(f.end(), max_.begin(), max_.end());
+  return f;
+}
+
+void GradAccumulator::updateScales(const std::vector<double>& reduced) {
+  MORPH_CHECK_EQ(reduced.size(), 2 + scales_.size());
+  if (mode_ != ReduceMode::kExact) return;
+  for (size_t s = 0; s < scales_.size(); ++s)
+    if (reduced[2 + s] > 0.0) next_scales_[s] = scaleFor(reduced[2 + s], headroom_bits_);
+}
+
+void GradAccumulator::read(size_t seg, double divisor, float* out) const {
+  const int64_t n = sizes_[seg], off = offsets_[seg];
+  if (mode_ == ReduceMode::kExact) {
+    dequantize(exact_.data() + off, n, scales_[seg], divisor, out);
+  } else {
+    const float inv = static_cast<float>(1.0 / divisor);
+    for (int64_t i = 0; i < n; ++i) out[i] = float_[static_cast<size_t>(off + i)] * inv;
+  }
+}
+
+double GradAccumulator::readScalar(size_t seg, int64_t i) const {
+  const size_t k = static_cast<size_t>(offsets_[seg] + i);
+  if (mode_ == ReduceMode::kExact) return std::ldexp(static_cast<double>(exact_[k]), -scales_[seg]);
+  return float_[k];
+}
+
+}  // namespace morph

@@ -1,0 +1,71 @@
+// GradAccumulator: the one buffer into which a worker adds every VN's
+// gradient (and every other quantity that is summed over VNs: batch-norm
+// statistics, loss). Its memory is constant in the number of VNs.
+//
+// Exact mode: an int64 fixed-point buffer, one power-of-two scale per segment
+// (tensor) that all workers agree on before the step; integer addition makes
+// the sum independent of the order and placement of VNs. Float mode: a float
+// buffer (fast, not bitwise reproducible across mappings).
+//
+// Per step: beginStep(); add() for each VN and segment; the caller reduces
+// flagsAndMax() with MAX and the buffer with SUM across workers; then
+// updateScales() with the reduced maxima (they take effect at the next
+// beginStep()); if the reduced overflow flag is set the step is redone, else
+// read() gives the summed values.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/job_spec.h"
+
+namespace morph {
+
+class GradAccumulator {
+ public:
+  GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits);
+
+  void beginStep();
+  // Adds one VN's values of segment `seg` (segmentSize(seg) floats).
+  void add(size_t seg, const float* values);
+
+  // [overflow, nonfinite, max|g| of segment 0, 1, ...] for a MAX all-reduce.
+  std::vector<double> flagsAndMax() const;
+  static bool overflowOf(const std::vector<double>& f) { return f[0] != 0.0; }
+  static bool nonfiniteOf(const std::vector<double>& f) { return f[1] != 0.0; }
+  // Next scales from the globally reduced flagsAndMax(); segments whose max
+  // is zero keep their scale.
+  void updateScales(const std::vector<double>& reduced_flags_and_max);
+
+  // The summed values of a segment divided by `divisor`, as floats.
+  void read(size_t seg, double divisor, float* out) const;
+  double readScalar(size_t seg, int64_t i) const;  // one summed value, unscaled
+
+  ReduceMode mode() const { return mode_; }
+  size_t segments() const { return sizes_.size(); }
+  int64_t segmentSize(size_t seg) const { return sizes_[seg]; }
+  int64_t totalElements() const { return total_; }
+  int64_t* exactBuffer() { return exact_.data(); }
+  const int64_t* exactBuffer() const { return exact_.data(); }
+  float* floatBuffer() { return float_.data(); }
+  int64_t bufferBytes() const;
+
+  // Scale state for the next step: part of the training state (checkpointed
+  // and migrated).
+  const std::vector<int>& scales() const { return next_scales_; }
+  void setScales(std::vector<int> s) { scales_ = next_scales_ = std::move(s); }
+
+ private:
+  std::vector<int64_t> sizes_, offsets_;
+  int64_t total_ = 0;
+  ReduceMode mode_;
+  int headroom_bits_;
+  std::vector<int> scales_;       // in use by the current attempt
+  std::vector<int> next_scales_;  // from the last updateScales()
+  std::vector<int64_t> exact_;
+  std::vector<float> float_;
+  std::vector<double> max_;
+  bool overflow_ = false, nonfinite_ = false;
+};
+
+}  // namespace morph

@@ -1,0 +1,119 @@
+#include "exec/optimizer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace morph {
+namespace {
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(const OptimSpec& s, std::vector<torch::Tensor> params) : spec_(s), params_(std::move(params)) {
+    if (spec_.momentum > 0.0)
+      for (auto& p : params_) momentum_.push_back(torch::zeros_like(p));
+  }
+  void step(double lr) override {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = params_[i];
+      torch::Tensor g = p.grad();
+      if (spec_.weight_decay != 0.0) g = g.add(p, spec_.weight_decay);
+      if (spec_.momentum > 0.0) {
+        torch::Tensor& buf = momentum_[i];
+        // PyTorch's convention: the first step sets buf = g.
+        if (steps_ == 0) buf.copy_(g); else buf.mul_(spec_.momentum).add_(g);
+        g = spec_.nesterov ? g.add(buf, spec_.momentum) : buf;
+      }
+      p.add_(g, -lr);
+    }
+    ++steps_;
+  }
+  std::vector<torch::Tensor> state() override {
+    std::vector<torch::Tensor> s = momentum_;
+    s.push_back(torch::tensor({steps_}, torch::kInt64));
+    return s;
+  }
+
+ private:
+  OptimSpec spec_;
+  std::vector<torch::Tensor> params_, momentum_;
+  int64_t steps_ = 0;
+};
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(const OptimSpec& s, std::vector<torch::Tensor> params) : spec_(s), params_(std::move(params)) {
+    for (auto& p : params_) {
+      m_.push_back(torch::zeros_like(p));
+      v_.push_back(torch::zeros_like(p));
+    }
+  }
+  void step(double lr) override {
+    torch::NoGradGuard no_grad;
+    ++steps_;
+    const double bc1 = 1.0 - std::pow(spec_.beta1, static_cast<double>(steps_));
+    const double bc2 = 1.0 - std::pow(spec_.beta2, static_cast<double>(steps_));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = params_[i];
+      const torch::Tensor& g = p.grad();
+      if (spec_.weight_decay != 0.0) p.mul_(1.0 - lr * spec_.weight_decay);
+      m_[i].mul_(spec_.beta1).add_(g, 1.0 - spec_.beta1);
+      v_[i].mul_(spec_.beta2).addcmul_(g, g, 1.0 - spec_.beta2);
+      torch::Tensor denom = (v_[i] / bc2).sqrt_().add_(spec_.eps);
+      p.addcdiv_(m_[i], denom, -lr / bc1);
+    }
+  }
+  std::vector<torch::Tensor> state() override {
+    std::vector<torch::Tensor> s = m_;
+    s.insert(s.end(), v_.begin(), v_.end());
+    s.push_back(torch::tensor({steps_}, torch::kInt64));
+    return s;
+  }
+
+ private:
+  OptimSpec spec_;
+  std::vector<torch::Tensor> params_, m_, v_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimSpec& spec, std::vector<torch::Tensor> params) {
+  if (spec.name == "sgd") return std::make_unique<Sgd>(spec, std::move(params));
+  if (spec.name == "adamw") return std::make_unique<AdamW>(spec, std::move(params));
+  throw InputError("unknown optimizer '" + spec.name + "'");
+}
+
+double learningRate(const OptimSpec& s, int64_t step, int64_t total_steps) {
+  if (s.warmup_steps > 0 && step < s.warmup_steps)
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  if (s.schedule == "cosine") {
+    const double span = static_cast<double>(std::max<int64_t>(total_steps - s.warmup_steps, 1));
+    const double t = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+    return s.min_lr + 0.5 * (s.lr - s.min_lr) * (1.0 + std::cos(M_PI * t));
+  }
+  return s.lr;
+}
+
+double gradNorm(const std::vector<torch::Tensor>& params) {
+  double sum = 0.0;
+  for (const auto& p : params) {
+    torch::Tensor g = p.grad().contiguous();
+    const float* d = g.data_ptr<float>();
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) sum += static_cast<double>(d[i]) * d[i];
+  }
+  return std::sqrt(sum);
+}
+
+double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  const double norm = gradNorm(params);
+  if (max_norm > 0.0 && norm > max_norm) {
+    torch::NoGradGuard no_grad;
+    const double coef = max_norm / (norm + 1e-6);
+    for (const auto& p : params) p.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace morph

@@ -1,0 +1,35 @@
+// Optimisers and learning-rate schedules. Written over plain tensors (not
+// torch::optim) so that their state is explicit: it is what checkpoints and
+// joining workers must carry to continue bit for bit.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/job_spec.h"
+
+namespace morph {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every parameter from its .grad() (the mean gradient).
+  virtual void step(double lr) = 0;
+  // Tensors that make up the optimiser state, in a fixed order.
+  virtual std::vector<torch::Tensor> state() = 0;
+};
+
+std::unique_ptr<Optimizer> makeOptimizer(const OptimSpec& spec, std::vector<torch::Tensor> params);
+
+// Learning rate of `step` (0-based) of a job of `total_steps`: linear warm-up
+// from lr/warmup to lr, then constant or cosine decay to min_lr.
+double learningRate(const OptimSpec& spec, int64_t step, int64_t total_steps);
+
+// Global L2 norm of the gradients, summed in double in a fixed order, so it is
+// the same bits on every worker holding the same gradients.
+double gradNorm(const std::vector<torch::Tensor>& params);
+// Scales gradients so that their global norm is at most max_norm; returns the
+// norm before clipping.
+double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
+
+}  // namespace morph

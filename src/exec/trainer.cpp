@@ -1,0 +1,171 @@
+#include "exec/trainer.h"
+
+#include <numeric>
+
+#include "core/error.h"
+#include "core/model_hash.h"
+#include "core/sys.h"
+
+namespace morph {
+
+Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
+    : job_(job),
+      total_steps_(total_steps),
+      comm_(comm),
+      model_(buildModel(job.model, job.seed)),
+      sampler_(job.seed, train.size(), job.global_batch, job.virtual_nodes),
+      prefetch_(train, sampler_) {
+  model_->train();
+  std::vector<int64_t> sizes;
+  for (auto& p : model_->parameters()) {
+    params_.push_back(p);
+    sizes.push_back(p.numel());
+  }
+  bns_ = model_->batchNorms();
+  for (auto* bn : bns_) {
+    sizes.push_back(bn->channels());  // mean
+    sizes.push_back(bn->channels());  // unbiased variance
+  }
+  stats_seg_ = sizes.size();
+  sizes.push_back(2);  // loss sum, correct predictions
+  acc_ = std::make_unique<GradAccumulator>(sizes, job.reduce_mode, job.headroom_bits);
+  opt_ = makeOptimizer(job.optim, params_);
+  setVnRange(0, job.virtual_nodes);
+}
+
+void Trainer::setVnRange(int64_t begin, int64_t end) {
+  MORPH_CHECK(0 <= begin && begin <= end && end <= job_.virtual_nodes, "bad VN range");
+  order_.resize(static_cast<size_t>(end - begin));
+  std::iota(order_.begin(), order_.end(), begin);
+}
+
+void Trainer::setVnOrder(std::vector<int64_t> order) {
+  std::vector<int64_t> a = order, b = order_;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  MORPH_CHECK(a == b, "VN order must permute the worker's VN range");
+  order_ = std::move(order);
+}
+
+void Trainer::injectGradSpike(int64_t step, int64_t vn, float factor) {
+  spike_step_ = step;
+  spike_vn_ = vn;
+  spike_factor_ = factor;
+}
+
+void Trainer::runVn(int64_t vn, bool spike) {
+  Batch b = prefetch_.take(step_, vn);
+  // The VN's own random stream: the same draws wherever and whenever it runs.
+  torch::manual_seed(mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e));
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  torch::Tensor out = model_->forward(b.x);  // (b, classes)
+  torch::Tensor loss = torch::nn::functional::cross_entropy(
+      out, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  loss.backward();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor g = params_[i].grad();
+    if (spike) g.mul_(spike_factor_);
+    MORPH_CHECK(g.is_contiguous(), "gradient not contiguous");
+    acc_->add(i, g.data_ptr<float>());
+  }
+  size_t seg = params_.size();
+  for (auto* bn : bns_) {
+    acc_->add(seg++, bn->lastMean().contiguous().data_ptr<float>());
+    acc_->add(seg++, bn->lastVar().contiguous().data_ptr<float>());
+  }
+  float stats[2];
+  {
+    torch::NoGradGuard no_grad;
+    stats[0] = loss.item<float>();
+    stats[1] = static_cast<float>(out.argmax(1).eq(b.y).sum().item<int64_t>());
+  }
+  acc_->add(stats_seg_, stats);
+}
+
+StepStats Trainer::step() {
+  MORPH_CHECK_LT(step_, total_steps_);
+  StepStats st;
+  st.step = step_;
+  st.lr = learningRate(job_.optim, step_, total_steps_);
+  const double t0 = nowSeconds();
+  for (st.attempts = 1;; ++st.attempts) {
+    acc_->beginStep();
+    for (size_t k = 0; k < order_.size(); ++k) {
+      if (k + 1 < order_.size()) prefetch_.request(step_, order_[k + 1]);
+      const bool spike = st.attempts == 1 && step_ == spike_step_ && order_[k] == spike_vn_;
+      runVn(order_[k], spike);
+    }
+    const double r0 = nowSeconds();
+    // Flags and maxima first (a few bytes): on overflow nobody sends the buffer.
+    std::vector<double> flags = acc_->flagsAndMax();
+    comm_.allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+    if (GradAccumulator::nonfiniteOf(flags))
+      throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
+                     "; the last committed step is " + std::to_string(step_ - 1) +
+                     " (lower optim.lr or set optim.clip_norm)");
+    acc_->updateScales(flags);
+    if (GradAccumulator::overflowOf(flags)) {
+      MORPH_CHECK_LT(st.attempts, 8);
+      st.reduce_seconds += nowSeconds() - r0;
+      continue;  // redo with the scale from the exact maxima just agreed
+    }
+    if (acc_->mode() == ReduceMode::kExact) {
+      comm_.allreduceSum(acc_->exactBuffer(), acc_->totalElements());
+    } else {
+      comm_.allreduceSum(acc_->floatBuffer(), acc_->totalElements());
+    }
+    st.reduce_seconds += nowSeconds() - r0;
+    break;
+  }
+  if (!order_.empty() && step_ + 1 < total_steps_) prefetch_.request(step_ + 1, order_.front());
+
+  const double B = static_cast<double>(job_.global_batch);
+  const double V = static_cast<double>(job_.virtual_nodes);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& g = params_[i].mutable_grad();
+    if (!g.defined()) g = torch::empty_like(params_[i]);
+    acc_->read(i, B, g.data_ptr<float>());
+  }
+  size_t seg = params_.size();
+  for (auto* bn : bns_) {
+    torch::Tensor mean = torch::empty({bn->channels()}), var = torch::empty({bn->channels()});
+    acc_->read(seg++, V, mean.data_ptr<float>());
+    acc_->read(seg++, V, var.data_ptr<float>());
+    bn->commitRunningStats(mean, var);
+  }
+  st.loss = acc_->readScalar(stats_seg_, 0) / B;
+  st.train_accuracy = acc_->readScalar(stats_seg_, 1) / B;
+  st.grad_norm = clipGradNorm(params_, job_.optim.clip_norm);
+  opt_->step(st.lr);
+  ++step_;
+  st.seconds = nowSeconds() - t0;
+  return st;
+}
+
+EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  int64_t correct = 0;
+  double loss = 0.0;
+  const int64_t n = test.size();
+  for (int64_t i = 0; i < n; i += batch) {
+    Batch b = test.range(i, std::min(n, i + batch));
+    torch::Tensor out = model_->forward(b.x);
+    loss += torch::nn::functional::cross_entropy(
+                out, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                .item<double>();
+    correct += out.argmax(1).eq(b.y).sum().item<int64_t>();
+  }
+  model_->train();
+  return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n)};
+}
+
+std::string Trainer::hash() const { return modelHash(*model_); }
+
+int64_t Trainer::modelBytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : params_) bytes += p.numel() * p.element_size();
+  return bytes;
+}
+
+}  // namespace morph

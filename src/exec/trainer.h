@@ -1,0 +1,86 @@
+// Trainer: the VN executor of one worker. Each step it runs forward and
+// backward for each of its VNs (loss summed over the VN's samples, random
+// stream seeded by (seed, step, vn), batch statistics per VN), adds every
+// VN's gradient into one GradAccumulator, reduces it across workers through
+// the Communicator, redoes the step if the agreed fixed-point bound was
+// exceeded, and applies the optimiser to the exact mean gradient.
+//
+// It never decides which VNs it owns (the plan does) and never talks to the
+// network except through the Communicator.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/job_spec.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "exec/grad_accumulator.h"
+#include "exec/optimizer.h"
+#include "exec/prefetcher.h"
+#include "models/model.h"
+
+namespace morph {
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0.0;            // mean training loss over the global batch
+  double train_accuracy = 0.0;  // over the global batch
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  int attempts = 1;             // > 1 when the fixed-point bound forced a redo
+  double seconds = 0.0;         // wall time of the step on this worker
+  double reduce_seconds = 0.0;  // of which spent in collectives
+};
+
+struct EvalStats {
+  double accuracy = 0.0;
+  double loss = 0.0;  // mean per sample
+};
+
+class Trainer {
+ public:
+  // `train` must outlive the trainer; `comm` too. total_steps feeds the LR schedule.
+  Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm);
+
+  // VNs [begin, end) of every step are this worker's.
+  void setVnRange(int64_t begin, int64_t end);
+  // Processing order of the local VNs (a permutation of the range); tests
+  // use it to show that the order does not matter.
+  void setVnOrder(std::vector<int64_t> order);
+  // Test hook: multiplies VN `vn`'s gradient by `factor` at `step`, first
+  // attempt only (a spike beyond the agreed bound).
+  void injectGradSpike(int64_t step, int64_t vn, float factor);
+
+  StepStats step();  // runs step nextStep()
+  EvalStats evaluate(const Dataset& test, int64_t batch);
+
+  int64_t nextStep() const { return step_; }
+  LayerList& model() { return *model_; }
+  const GradAccumulator& accumulator() const { return *acc_; }
+  std::string hash() const;
+  int64_t modelBytes() const;
+
+ private:
+  void runVn(int64_t vn, bool spike);
+
+  JobSpec job_;
+  int64_t total_steps_;
+  Communicator& comm_;
+  std::shared_ptr<LayerList> model_;
+  std::vector<torch::Tensor> params_;
+  std::vector<VnBatchNorm*> bns_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<GradAccumulator> acc_;
+  GlobalSampler sampler_;
+  Prefetcher prefetch_;
+  std::vector<int64_t> order_;
+  size_t stats_seg_ = 0;  // segment holding [loss sum, correct count]
+  int64_t step_ = 0;
+  int64_t spike_step_ = -1, spike_vn_ = -1;
+  float spike_factor_ = 1.0f;
+};
+
+}  // namespace morph

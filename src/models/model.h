@@ -1,0 +1,62 @@
+// Models as ordered lists of named layers. A layer is the unit a pipeline
+// stage is cut at: stage k runs a contiguous range of layers. Layers that
+// normalise with batch statistics expose them so that the executor can
+// update running statistics once per step from the exact mean over VNs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/job_spec.h"
+
+namespace morph {
+
+class Layer : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+};
+
+// Batch norm whose training-mode forward normalises with the VN's own batch
+// statistics and records them instead of updating the running statistics;
+// commitRunningStats() then applies one update per step.
+class VnBatchNorm : public Layer {
+ public:
+  VnBatchNorm(int64_t channels, double momentum = 0.1, double eps = 1e-5);
+  torch::Tensor forward(const torch::Tensor& x) override;  // x is (b, C, ...)
+
+  // Statistics of the last training forward: (C) mean and (C) unbiased var.
+  const torch::Tensor& lastMean() const { return last_mean_; }
+  const torch::Tensor& lastVar() const { return last_var_; }
+  // running = (1 - m) running + m * stat, with the step's mean statistics.
+  void commitRunningStats(const torch::Tensor& mean, const torch::Tensor& var);
+  int64_t channels() const { return channels_; }
+
+ private:
+  int64_t channels_;
+  double momentum_, eps_;
+  torch::Tensor weight_, bias_, running_mean_, running_var_;
+  torch::Tensor last_mean_, last_var_;
+};
+
+class LayerList : public torch::nn::Module {
+ public:
+  void add(const std::string& name, std::shared_ptr<Layer> layer);
+  torch::Tensor forward(torch::Tensor x) { return forwardRange(std::move(x), 0, size()); }
+  // Runs layers [begin, end).
+  torch::Tensor forwardRange(torch::Tensor x, size_t begin, size_t end);
+  size_t size() const { return layers_.size(); }
+  const std::string& layerName(size_t i) const { return names_[i]; }
+  Layer& layer(size_t i) { return *layers_[i]; }
+  // Batch-norm layers in layer order (their statistics are reduced per step).
+  std::vector<VnBatchNorm*> batchNorms();
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+// Builds the job's model with parameters initialised from `seed`.
+std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed);
+
+}  // namespace morph
