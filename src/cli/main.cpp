@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--out", run.out_dir, "output folder (default runs/<job name>)");
   run_cmd->add_option("--port", run.port, "port of the job's store (default: a free one)")
       ->check(CLI::Range(0, 65535));
+  run_cmd->add_option("--host", run.host,
+                      "this machine's address as other workers reach it (default 127.0.0.1)");
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
 

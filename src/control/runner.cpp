@@ -281,11 +281,11 @@ int runManager(const RunOptions& o, JobSpec job) {
   std::printf("morph: manager on port %d, %d workers (%d local), VN plan:%s\n", port, n, spawn,
               plan_text.c_str());
   if (spawn < n)
-    std::printf("morph: waiting for %d more: morph worker --join <this host>:%d\n", n - spawn, port);
+    std::printf("morph: waiting for %d more: morph worker --join %s:%d\n", n - spawn, o.host.c_str(), port);
   std::fflush(stdout);
 
   std::vector<pid_t> children;
-  const std::string join = "127.0.0.1:" + std::to_string(port);
+  const std::string join = o.host + ":" + std::to_string(port);
   for (int i = 0; i < spawn; ++i) {
     pid_t pid = fork();
     if (pid < 0) throw JobError("cannot start a worker process");

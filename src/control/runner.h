@@ -20,6 +20,7 @@ struct RunOptions {
   int64_t steps = 0;     // --steps: overrides job.steps when > 0
   std::string out_dir;   // default runs/<job name>
   int port = 0;          // TCPStore port, 0 = pick a free one
+  std::string host = "127.0.0.1";  // address by which workers reach the manager
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
 };

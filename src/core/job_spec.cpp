@@ -235,6 +235,8 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
                                 p.string() +
                                 " is missing (apt-get install dataset-fashion-mnist)");
     }
+    for (const char* k : {"data.train_size", "data.test_size"})
+      if (r.has(k)) r.fail(k, "applies only to data.dataset = \"synthetic\"");
   } else {
     j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
     j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);
@@ -244,7 +246,10 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.model.dropout = r.number("model.dropout", 0.0, 0.0, 0.99);
   if (j.model.name == "mlp") {
     j.model.hidden = r.intList("model.hidden", {512, 512}, 1, 1 << 20);
+    for (const char* k : {"model.channels", "model.fc"})
+      if (r.has(k)) r.fail(k, "applies only to model.name = \"cnn\"");
   } else {
+    if (r.has("model.hidden")) r.fail("model.hidden", "applies only to model.name = \"mlp\"");
     j.model.channels = r.intList("model.channels", {32, 64}, 1, 4096);
     if (j.model.channels.size() != 2) r.fail("model.channels", "expected two integers, e.g. [32, 64]");
     j.model.fc = r.integer("model.fc", 128, 1, 1 << 20);

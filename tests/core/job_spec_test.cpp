@@ -1,1 +1,129 @@
+#include "core/job_spec.h"
+
 #include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace morph {
+namespace {
+
+const char* kValid = R"(
+[job]
+name = "t"
+seed = 7
+steps = 10
+[data]
+dataset = "synthetic"
+train_size = 100
+[model]
+name = "mlp"
+hidden = [16]
+[batch]
+global = 32
+virtual_nodes = 4
+[optim]
+name = "adamw"
+lr = 0.001
+)";
+
+// Expects parsing to fail with a message containing every fragment.
+void expectInputError(const std::string& text, std::vector<std::string> fragments,
+                      std::vector<std::string> overrides = {}) {
+  try {
+    parseJob(text, "job.toml", overrides);
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg << " lacks " << f;
+  }
+}
+
+TEST(JobSpec, ParsesValidJobWithDefaults) {
+  JobSpec j = parseJob(kValid, "job.toml");
+  EXPECT_EQ(j.name, "t");
+  EXPECT_EQ(j.seed, 7u);
+  EXPECT_EQ(j.steps, 10);
+  EXPECT_EQ(j.data.train_size, 100);
+  EXPECT_EQ(j.model.hidden, std::vector<int64_t>{16});
+  EXPECT_EQ(j.vnSize(), 8);
+  EXPECT_EQ(j.optim.name, "adamw");
+  EXPECT_DOUBLE_EQ(j.optim.lr, 0.001);
+  EXPECT_EQ(j.reduce_mode, ReduceMode::kExact);
+  EXPECT_EQ(j.threads, 1);
+}
+
+TEST(JobSpec, RejectsUnknownKeyNamingFileAndKey) {
+  expectInputError(std::string(kValid) + "[reduce]\nmodee = \"exact\"\n", {"job.toml", "reduce.modee", "unknown key"});
+}
+
+TEST(JobSpec, RejectsWrongType) {
+  expectInputError(R"([job]
+steps = "ten"
+[data]
+dataset = "synthetic"
+[model]
+name = "mlp"
+[batch]
+global = 32
+)",
+                   {"job.toml", "job.steps", "expected an integer", "a string"});
+}
+
+TEST(JobSpec, RejectsVnCountNotDividingGlobalBatch) {
+  expectInputError(kValid, {"batch.virtual_nodes", "divisor of batch.global = 32", "got 5"},
+                   {"batch.virtual_nodes=5"});
+}
+
+TEST(JobSpec, RejectsMissingDataset) {
+  expectInputError(R"([job]
+steps = 1
+[data]
+dataset = "fashion-mnist"
+path = "/nonexistent/fmnist"
+[model]
+name = "cnn"
+[batch]
+global = 8
+)",
+                   {"data.path", "/nonexistent/fmnist/train-images-idx3-ubyte.gz", "missing"});
+}
+
+TEST(JobSpec, RejectsBadChoiceAndMissingRequired) {
+  expectInputError(kValid, {"model.name", "\"mlp\", \"cnn\"", "\"resnet\""}, {"model.name=resnet"});
+  expectInputError("[job]\nsteps = 1\n[data]\ndataset = \"synthetic\"\n[model]\nname = \"mlp\"\n",
+                   {"batch.global", "missing"});
+  expectInputError("[job\n", {"job.toml:1", "not valid TOML"});
+}
+
+TEST(JobSpec, RequiresExactlyOneOfStepsAndEpochs) {
+  std::string both = kValid;
+  both.replace(both.find("steps = 10"), 10, "steps = 10\nepochs = 2");
+  expectInputError(both, {"job.epochs", "exactly one"});
+  std::string neither = kValid;
+  neither.replace(neither.find("steps = 10"), 10, "");
+  expectInputError(neither, {"job.steps", "exactly one"});
+  // An override of one replaces the other.
+  JobSpec j = parseJob(kValid, "job.toml", {"job.epochs=2"});
+  EXPECT_EQ(j.steps, 0);
+  EXPECT_DOUBLE_EQ(j.epochs, 2.0);
+  EXPECT_EQ(j.resolveSteps(100), 6);  // floor(2 * 100 / 32)
+}
+
+TEST(JobSpec, RejectsKeysOfAnotherModelOrDataset) {
+  expectInputError(kValid, {"model.hidden", "applies only to model.name = \"mlp\""}, {"model.name=cnn"});
+  expectInputError(kValid, {"model.fc", "applies only to model.name = \"cnn\""}, {"model.fc=3"});
+  expectInputError(kValid, {"data.train_size", "synthetic"},
+                   {"data.dataset=fashion-mnist", "data.path=/usr/share/datasets/fashion-mnist"});
+}
+
+TEST(JobSpec, OverridesApplyBeforeValidation) {
+  JobSpec j = parseJob(kValid, "job.toml", {"batch.global=64", "reduce.mode=float", "model.hidden=[8, 8]"});
+  EXPECT_EQ(j.global_batch, 64);
+  EXPECT_EQ(j.reduce_mode, ReduceMode::kFloat);
+  EXPECT_EQ(j.model.hidden, (std::vector<int64_t>{8, 8}));
+  expectInputError(kValid, {"--set", "key=value"}, {"batch.global"});
+  expectInputError(kValid, {"batch.global", "expected an integer"}, {"batch.global=big"});
+}
+
+}  // namespace
+}  // namespace morph

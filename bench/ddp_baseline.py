@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""PyTorch DistributedDataParallel baseline for benchmarking Morph.
+
+Runs the same models, loss, optimiser and "V micro-batches over N workers"
+step structure as Morph, using N CPU processes joined by gloo over TCP:
+
+  * the global batch B is cut into V micro-batches (B/V samples each);
+  * the V micro-batches are split contiguously over the N processes, the
+    first V % N processes getting one extra;
+  * each process runs its micro-batches one after another, accumulating
+    gradients locally (``ddp.no_sync()`` for all but its last micro-batch),
+    so gradients are all-reduced once per step;
+  * the loss is cross-entropy with reduction='sum' per micro-batch, and
+    the all-reduced (averaged over N) gradient is scaled by N/B, so the
+    effective gradient is sum/B;
+  * SGD, lr 0.05, momentum 0.9.
+
+Run with Debian's python (which has torch):
+
+  /usr/bin/python3 bench/ddp_baseline.py --model cnn --workers 2 --json
+"""
+
+import argparse
+import datetime
+import gzip
+import json
+import multiprocessing.connection
+import os
+import socket
+import struct
+import sys
+import time
+import traceback
+
+import numpy as np
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN = 0.2860
+STD = 0.3530
+NUM_SYNTHETIC = 60000
+
+
+# --------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------
+
+def _read_idx(path, magic_expected, ndims):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic = struct.unpack(">I", raw[:4])[0]
+    if magic != magic_expected:
+        raise ValueError("%s: bad magic %#x (expected %#x)" % (path, magic, magic_expected))
+    dims = struct.unpack(">" + "I" * ndims, raw[4:4 + 4 * ndims])
+    header = 4 + 4 * ndims
+    count = int(np.prod(dims))
+    data = np.frombuffer(raw, dtype=np.uint8, count=count, offset=header)
+    if data.size != count:
+        raise ValueError("%s: truncated file" % path)
+    return data.reshape(dims)
+
+
+def load_data(kind):
+    """Returns (images float32 [n,1,28,28], labels int64 [n]) as torch tensors."""
+    import torch
+    if kind == "fashion-mnist":
+        images = _read_idx(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), 0x00000803, 3)
+        labels = _read_idx(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), 0x00000801, 1)
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError("image/label count mismatch")
+        x = torch.from_numpy(images.astype(np.float32))
+        x = (x / 255.0 - MEAN) / STD
+        x = x.reshape(-1, 1, 28, 28).contiguous()
+        y = torch.from_numpy(labels.astype(np.int64))
+        return x, y
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(NUM_SYNTHETIC, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (NUM_SYNTHETIC,), generator=g, dtype=torch.int64)
+    return x, y
+
+
+# --------------------------------------------------------------------------
+# Models (shapes match Morph's)
+# --------------------------------------------------------------------------
+
+def build_model(name):
+    import torch.nn as nn
+    if name == "mlp":
+        return nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(784, 512), nn.ReLU(),
+            nn.Linear(512, 512), nn.ReLU(),
+            nn.Linear(512, 10),
+        )
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 128), nn.ReLU(),
+            nn.Linear(128, 10),
+        )
+    raise ValueError("unknown model %r" % name)
+
+
+# --------------------------------------------------------------------------
+# Work split
+# --------------------------------------------------------------------------
+
+def micro_batch_bounds(global_batch, micro_batches):
+    """[(start, end)] sample offsets within the global batch for each micro-batch.
+
+    B/V samples each; if B % V != 0 the first B % V micro-batches get one extra.
+    """
+    base, rem = divmod(global_batch, micro_batches)
+    bounds, pos = [], 0
+    for j in range(micro_batches):
+        n = base + (1 if j < rem else 0)
+        bounds.append((pos, pos + n))
+        pos += n
+    return bounds
+
+
+def worker_micro_batches(micro_batches, workers, rank):
+    """Contiguous range [first, last) of micro-batch ids owned by `rank`."""
+    base, rem = divmod(micro_batches, workers)
+    first = rank * base + min(rank, rem)
+    count = base + (1 if rank < rem else 0)
+    return first, first + count
+
+
+# --------------------------------------------------------------------------
+# Worker process
+# --------------------------------------------------------------------------
+
+def worker(rank, args, port, result_queue):
+    try:
+        _worker(rank, args, port, result_queue)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _worker(rank, args, port, result_queue):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+                            rank=rank, world_size=args.workers,
+                            timeout=datetime.timedelta(seconds=600))
+    try:
+        x_all, y_all = load_data(args.data)
+        n_samples = x_all.shape[0]
+        B, V, N = args.global_batch, args.micro_batches, args.workers
+
+        torch.manual_seed(0)
+        model = build_model(args.model)
+        # broadcast_buffers=False: BatchNorm running stats stay per-replica, so
+        # the only collective per step is the gradient all-reduce (plus the
+        # one-off parameter broadcast at construction).
+        ddp = DDP(model, broadcast_buffers=args.broadcast_buffers)
+        ddp.train()
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        params = [p for p in ddp.parameters() if p.requires_grad]
+
+        bounds = micro_batch_bounds(B, V)
+        first, last = worker_micro_batches(V, N, rank)
+        mine = bounds[first:last]
+        grad_scale = float(N) / float(B)  # DDP averages over N; want sum / B
+
+        # Same permutation stream on every rank (as with a shared seed).
+        perm_gen = torch.Generator().manual_seed(42)
+        perm = torch.randperm(n_samples, generator=perm_gen)
+        perm_pos = 0
+
+        def next_global_indices():
+            nonlocal perm, perm_pos
+            if perm_pos + B > n_samples:
+                perm = torch.randperm(n_samples, generator=perm_gen)
+                perm_pos = 0
+            idx = perm[perm_pos:perm_pos + B]
+            perm_pos += B
+            return idx
+
+        last_loss = 0.0
+
+        def train_step():
+            nonlocal last_loss
+            idx = next_global_indices()
+            opt.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for k, (s, e) in enumerate(mine):
+                mb_idx = idx[s:e]
+                xb = x_all.index_select(0, mb_idx)
+                yb = y_all.index_select(0, mb_idx)
+                if k + 1 < len(mine):
+                    with ddp.no_sync():
+                        loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
+                        loss.backward()
+                else:
+                    loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
+                    loss.backward()  # all-reduce (average over N) happens here
+                loss_sum += loss.item()
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(grad_scale)
+            opt.step()
+            last_loss = loss_sum
+
+        for _ in range(args.warmup):
+            train_step()
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.steps - args.warmup):
+            train_step()
+        dist.barrier()
+        seconds = time.perf_counter() - t0
+
+        # Mean training loss of the last step over the whole global batch.
+        loss_t = torch.tensor([last_loss], dtype=torch.float64)
+        dist.all_reduce(loss_t)
+        if rank == 0:
+            timed = args.steps - args.warmup
+            result_queue.put({
+                "model": args.model,
+                "workers": N,
+                "global_batch": B,
+                "micro_batches": V,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "timed_steps": timed,
+                "threads": args.threads,
+                "data": args.data,
+                "samples_per_second": B * timed / seconds,
+                "seconds": seconds,
+                "final_loss": loss_t.item() / B,
+            })
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="PyTorch DDP (gloo, CPU) baseline for Morph.")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--workers", type=int, default=1, help="number of processes (N)")
+    p.add_argument("--global-batch", type=int, default=256, help="global batch size (B)")
+    p.add_argument("--micro-batches", type=int, default=8,
+                   help="micro-batches per global batch (V), split over the workers")
+    p.add_argument("--steps", type=int, default=60, help="total steps, including warmup")
+    p.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    p.add_argument("--data", choices=["fashion-mnist", "synthetic"], default="fashion-mnist")
+    p.add_argument("--port", type=int, default=0, help="rendezvous port (0 = pick a free one)")
+    p.add_argument("--broadcast-buffers", action="store_true",
+                   help="let DDP broadcast BatchNorm buffers from rank 0 every forward")
+    p.add_argument("--json", action="store_true", help="print one JSON line with the result")
+    args = p.parse_args(argv)
+
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
+    if args.micro_batches < 1:
+        p.error("--micro-batches must be >= 1")
+    if args.micro_batches < args.workers:
+        p.error("--micro-batches (%d) must be >= --workers (%d)" % (args.micro_batches, args.workers))
+    if args.global_batch < args.micro_batches:
+        p.error("--global-batch must be >= --micro-batches")
+    if args.global_batch > (NUM_SYNTHETIC if args.data == "synthetic" else 60000):
+        p.error("--global-batch larger than the data set")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if args.steps <= args.warmup:
+        p.error("--steps must be greater than --warmup")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    if not (0 <= args.port < 65536):
+        p.error("--port out of range")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    port = args.port or free_port()
+
+    # Keep each child's thread pools at --threads before torch is imported there.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    result_queue = ctx.SimpleQueue()
+    procs = []
+    for rank in range(args.workers):
+        p = ctx.Process(target=worker, args=(rank, args, port, result_queue),
+                        name="ddp-rank%d" % rank)
+        p.start()
+        procs.append(p)
+
+    failed = []
+    try:
+        alive = list(procs)
+        while alive:
+            multiprocessing.connection.wait([p.sentinel for p in alive])
+            still = []
+            for p in alive:
+                if p.is_alive():
+                    still.append(p)
+                else:
+                    p.join()
+                    if p.exitcode != 0:
+                        failed.append((p.name, p.exitcode))
+            alive = still
+            if failed and alive:
+                # A peer died: the others would block in a collective. Stop them.
+                for p in alive:
+                    p.terminate()
+                for p in alive:
+                    p.join(10)
+                    if p.is_alive():
+                        p.kill()
+                        p.join()
+                alive = []
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join()
+        return 130
+
+    if failed:
+        for name, code in failed:
+            print("ddp_baseline: %s exited with code %s" % (name, code), file=sys.stderr)
+        return 1
+    if result_queue.empty():
+        print("ddp_baseline: no result from rank 0", file=sys.stderr)
+        return 1
+    res = result_queue.get()
+
+    human = "ddp model=%s workers=%d samples_per_second=%.1f" % (
+        res["model"], res["workers"], res["samples_per_second"])
+    if args.json:
+        # stdout carries only the JSON line; the human line goes to stderr.
+        print(human, file=sys.stderr)
+        print(json.dumps(res))
+    else:
+        print(human)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

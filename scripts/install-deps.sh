@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what Morph needs to build, test and run its demo on Debian 12 (as root).
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config
+  libtorch-dev libgloo-dev libopenblas0-openmp
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
+  libgtest-dev
+  dataset-fashion-mnist
+  iproute2 procps
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
