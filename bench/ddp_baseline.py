@@ -38,6 +38,7 @@ DATA_DIR = "/usr/share/datasets/fashion-mnist"
 MEAN = 0.2860
 STD = 0.3530
 NUM_SYNTHETIC = 60000
+TEARDOWN_GRACE_S = 120  # how long the launcher waits for stragglers once one rank is done
 
 
 # --------------------------------------------------------------------------
@@ -135,12 +136,21 @@ def worker_micro_batches(micro_batches, workers, rank):
 # --------------------------------------------------------------------------
 
 def worker(rank, args, port, result_queue):
+    # Both paths leave through os._exit: with torch 1.13, letting Python free
+    # the DDP module (Reducer -> ProcessGroupGloo destructor, run with the GIL
+    # held) can deadlock against a gloo worker thread that needs the GIL to
+    # free a tensor. Everything worth keeping has been sent by then.
+    keep = None  # holds the DDP module until os._exit
     try:
-        _worker(rank, args, port, result_queue)
+        keep = _worker(rank, args, port, result_queue)
     except BaseException:
         traceback.print_exc()
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if keep is not None else 1)
 
 
 def _worker(rank, args, port, result_queue):
@@ -160,97 +170,98 @@ def _worker(rank, args, port, result_queue):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
                             rank=rank, world_size=args.workers,
                             timeout=datetime.timedelta(seconds=600))
-    try:
-        x_all, y_all = load_data(args.data)
-        n_samples = x_all.shape[0]
-        B, V, N = args.global_batch, args.micro_batches, args.workers
+    x_all, y_all = load_data(args.data)
+    n_samples = x_all.shape[0]
+    B, V, N = args.global_batch, args.micro_batches, args.workers
 
-        torch.manual_seed(0)
-        model = build_model(args.model)
-        # broadcast_buffers=False: BatchNorm running stats stay per-replica, so
-        # the only collective per step is the gradient all-reduce (plus the
-        # one-off parameter broadcast at construction).
-        ddp = DDP(model, broadcast_buffers=args.broadcast_buffers)
-        ddp.train()
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-        params = [p for p in ddp.parameters() if p.requires_grad]
+    torch.manual_seed(0)
+    model = build_model(args.model)
+    # broadcast_buffers=False: BatchNorm running stats stay per-replica, so
+    # the only collective per step is the gradient all-reduce (plus the
+    # one-off parameter broadcast at construction).
+    ddp = DDP(model, broadcast_buffers=args.broadcast_buffers)
+    ddp.train()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    params = [p for p in ddp.parameters() if p.requires_grad]
 
-        bounds = micro_batch_bounds(B, V)
-        first, last = worker_micro_batches(V, N, rank)
-        mine = bounds[first:last]
-        grad_scale = float(N) / float(B)  # DDP averages over N; want sum / B
+    bounds = micro_batch_bounds(B, V)
+    first, last = worker_micro_batches(V, N, rank)
+    mine = bounds[first:last]
+    grad_scale = float(N) / float(B)  # DDP averages over N; want sum / B
 
-        # Same permutation stream on every rank (as with a shared seed).
-        perm_gen = torch.Generator().manual_seed(42)
-        perm = torch.randperm(n_samples, generator=perm_gen)
-        perm_pos = 0
+    # Same permutation stream on every rank (as with a shared seed).
+    perm_gen = torch.Generator().manual_seed(42)
+    perm = torch.randperm(n_samples, generator=perm_gen)
+    perm_pos = 0
 
-        def next_global_indices():
-            nonlocal perm, perm_pos
-            if perm_pos + B > n_samples:
-                perm = torch.randperm(n_samples, generator=perm_gen)
-                perm_pos = 0
-            idx = perm[perm_pos:perm_pos + B]
-            perm_pos += B
-            return idx
+    def next_global_indices():
+        nonlocal perm, perm_pos
+        if perm_pos + B > n_samples:
+            perm = torch.randperm(n_samples, generator=perm_gen)
+            perm_pos = 0
+        idx = perm[perm_pos:perm_pos + B]
+        perm_pos += B
+        return idx
 
-        last_loss = 0.0
+    last_loss = 0.0
 
-        def train_step():
-            nonlocal last_loss
-            idx = next_global_indices()
-            opt.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for k, (s, e) in enumerate(mine):
-                mb_idx = idx[s:e]
-                xb = x_all.index_select(0, mb_idx)
-                yb = y_all.index_select(0, mb_idx)
-                if k + 1 < len(mine):
-                    with ddp.no_sync():
-                        loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
-                        loss.backward()
-                else:
+    def train_step():
+        nonlocal last_loss
+        idx = next_global_indices()
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for k, (s, e) in enumerate(mine):
+            mb_idx = idx[s:e]
+            xb = x_all.index_select(0, mb_idx)
+            yb = y_all.index_select(0, mb_idx)
+            if k + 1 < len(mine):
+                with ddp.no_sync():
                     loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
-                    loss.backward()  # all-reduce (average over N) happens here
-                loss_sum += loss.item()
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(grad_scale)
-            opt.step()
-            last_loss = loss_sum
+                    loss.backward()
+            else:
+                loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
+                loss.backward()  # all-reduce (average over N) happens here
+            loss_sum += loss.item()
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(grad_scale)
+        opt.step()
+        last_loss = loss_sum
 
-        for _ in range(args.warmup):
-            train_step()
+    for _ in range(args.warmup):
+        train_step()
 
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.steps - args.warmup):
-            train_step()
-        dist.barrier()
-        seconds = time.perf_counter() - t0
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps - args.warmup):
+        train_step()
+    dist.barrier()
+    seconds = time.perf_counter() - t0
 
-        # Mean training loss of the last step over the whole global batch.
-        loss_t = torch.tensor([last_loss], dtype=torch.float64)
-        dist.all_reduce(loss_t)
-        if rank == 0:
-            timed = args.steps - args.warmup
-            result_queue.put({
-                "model": args.model,
-                "workers": N,
-                "global_batch": B,
-                "micro_batches": V,
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "timed_steps": timed,
-                "threads": args.threads,
-                "data": args.data,
-                "samples_per_second": B * timed / seconds,
-                "seconds": seconds,
-                "final_loss": loss_t.item() / B,
-            })
-    finally:
-        dist.destroy_process_group()
+    # Mean training loss of the last step over the whole global batch.
+    loss_t = torch.tensor([last_loss], dtype=torch.float64)
+    dist.all_reduce(loss_t)
+    if rank == 0:
+        timed = args.steps - args.warmup
+        result_queue.put({
+            "model": args.model,
+            "workers": N,
+            "global_batch": B,
+            "micro_batches": V,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "timed_steps": timed,
+            "threads": args.threads,
+            "data": args.data,
+            "samples_per_second": B * timed / seconds,
+            "seconds": seconds,
+            "final_loss": loss_t.item() / B,
+        })
+    # Leaves the process group; `ddp` (still referenced here) keeps the
+    # gloo objects alive until worker() calls os._exit.
+    dist.destroy_process_group()
+    return ddp
 
 
 # --------------------------------------------------------------------------
@@ -320,10 +331,18 @@ def main(argv=None):
         procs.append(p)
 
     failed = []
+    first_clean_exit = None  # time the first child exited cleanly
     try:
         alive = list(procs)
         while alive:
-            multiprocessing.connection.wait([p.sentinel for p in alive])
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=5)
+            if first_clean_exit is not None and alive and \
+                    time.monotonic() - first_clean_exit > TEARDOWN_GRACE_S:
+                # Peers finished long ago; these are stuck (e.g. in teardown).
+                for p in alive:
+                    if p.is_alive():
+                        failed.append((p.name, "stuck after peers finished"))
+                        p.kill()
             still = []
             for p in alive:
                 if p.is_alive():
@@ -331,7 +350,10 @@ def main(argv=None):
                 else:
                     p.join()
                     if p.exitcode != 0:
-                        failed.append((p.name, p.exitcode))
+                        if not any(name == p.name for name, _ in failed):
+                            failed.append((p.name, p.exitcode))
+                    elif first_clean_exit is None:
+                        first_clean_exit = time.monotonic()
             alive = still
             if failed and alive:
                 # A peer died: the others would block in a collective. Stop them.

@@ -37,15 +37,28 @@ class GlooCommunicator : public Communicator {
     run(torch::from_blob(data, {n}, torch::kFloat64), c10d::ReduceOp::MAX);
   }
   void barrier() override { pg_->barrier()->wait(); }
+  std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) override {
+    return start(torch::from_blob(data, {n}, torch::kInt64), c10d::ReduceOp::SUM);
+  }
+  std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) override {
+    return start(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
+  }
 
  private:
-  void run(torch::Tensor t, c10d::ReduceOp op) {
+  struct GlooWork : PendingWork {
+    c10::intrusive_ptr<c10d::Work> work;
+    void wait() override { work->wait(); }
+  };
+  std::unique_ptr<PendingWork> start(torch::Tensor t, c10d::ReduceOp op) {
     bytes_ += t.numel() * t.element_size();
     std::vector<torch::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
-    pg_->allreduce(ts, o)->wait();
+    auto w = std::make_unique<GlooWork>();
+    w->work = pg_->allreduce(ts, o);
+    return w;
   }
+  void run(torch::Tensor t, c10d::ReduceOp op) { start(std::move(t), op)->wait(); }
 
   int rank_, size_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;

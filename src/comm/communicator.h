@@ -17,6 +17,13 @@ class Store;
 
 namespace morph {
 
+// A collective in flight. wait() returns once the data is reduced in place.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -26,6 +33,10 @@ class Communicator {
   virtual void allreduceSum(float* data, int64_t n) = 0;
   virtual void allreduceMax(double* data, int64_t n) = 0;
   virtual void barrier() = 0;
+  // Start an all-reduce and return; `data` must stay live and untouched
+  // until wait(). Every worker starts them in the same order.
+  virtual std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) = 0;
+  virtual std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) = 0;
   // Payload bytes this worker has handed to all-reduces (for benchmarks).
   int64_t bytesReduced() const { return bytes_; }
 
@@ -35,12 +46,23 @@ class Communicator {
 
 class LocalCommunicator : public Communicator {
  public:
+  struct Done : PendingWork {
+    void wait() override {}
+  };
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void allreduceSum(int64_t*, int64_t n) override { bytes_ += n * 8; }
   void allreduceSum(float*, int64_t n) override { bytes_ += n * 4; }
   void allreduceMax(double*, int64_t n) override { bytes_ += n * 8; }
   void barrier() override {}
+  std::unique_ptr<PendingWork> allreduceSumAsync(int64_t*, int64_t n) override {
+    bytes_ += n * 8;
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<PendingWork> allreduceSumAsync(float*, int64_t n) override {
+    bytes_ += n * 4;
+    return std::make_unique<Done>();
+  }
 };
 
 struct GlooOptions {

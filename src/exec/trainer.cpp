@@ -8,6 +8,12 @@
 
 namespace morph {
 
+namespace {
+// Gradient bytes per all-reduce bucket: small enough that the first
+// reductions start early in the last VN's backward pass.
+constexpr int64_t kBucketBytes = 1 << 20;
+}  // namespace
+
 Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
     : job_(job),
       total_steps_(total_steps),
@@ -16,12 +22,11 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
       sampler_(job.seed, train.size(), job.global_batch, job.virtual_nodes),
       prefetch_(train, sampler_) {
   model_->train();
+  params_ = model_->parameters();
   std::vector<int64_t> sizes;
-  for (auto& p : model_->parameters()) {
-    params_.push_back(p);
-    sizes.push_back(p.numel());
-  }
+  for (size_t s = 0; s < params_.size(); ++s) sizes.push_back(params_[params_.size() - 1 - s].numel());
   bns_ = model_->batchNorms();
+  bn_seg_ = sizes.size();
   for (auto* bn : bns_) {
     sizes.push_back(bn->channels());  // mean
     sizes.push_back(bn->channels());  // unbiased variance
@@ -30,6 +35,21 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   sizes.push_back(2);  // loss sum, correct predictions
   acc_ = std::make_unique<GradAccumulator>(sizes, job.reduce_mode, job.headroom_bits);
   opt_ = makeOptimizer(job.optim, params_);
+  seg_ready_.assign(sizes.size(), 0);
+
+  const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
+  for (size_t s = 0; s < bn_seg_;) {
+    Bucket b{s, s};
+    int64_t bytes = 0;
+    while (b.end_seg < bn_seg_ && (bytes == 0 || bytes + sizes[b.end_seg] * elem <= kBucketBytes))
+      bytes += sizes[b.end_seg++] * elem;
+    buckets_.push_back(b);
+    s = b.end_seg;
+  }
+  buckets_.push_back({bn_seg_, sizes.size()});
+
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].register_hook([this, i](const torch::Tensor& g) { onGrad(i, g); });
   setVnRange(0, job.virtual_nodes);
 }
 
@@ -53,22 +73,51 @@ void Trainer::injectGradSpike(int64_t step, int64_t vn, float factor) {
   spike_factor_ = factor;
 }
 
-void Trainer::runVn(int64_t vn, bool spike) {
+// Called by autograd when parameter `param`'s gradient of the current VN is
+// complete (leaf hooks see the summed gradient, tied uses included).
+void Trainer::onGrad(size_t param, const torch::Tensor& grad) {
+  if (!accumulating_) return;
+  const size_t seg = segOf(param);
+  torch::Tensor g = spike_now_ ? grad * spike_factor_ : grad.contiguous();
+  acc_->add(seg, g.data_ptr<float>());
+  seg_ready_[seg] = 1;
+  if (launching_) launchReadyBuckets(false);
+}
+
+// Starts the all-reduce of every bucket whose segments are all complete, in
+// bucket order (every worker issues them in the same order). `all` launches
+// the rest regardless (end of the backward pass).
+void Trainer::launchReadyBuckets(bool all) {
+  while (next_bucket_ < buckets_.size()) {
+    const Bucket& b = buckets_[next_bucket_];
+    if (!all)
+      for (size_t s = b.first_seg; s < b.end_seg; ++s)
+        if (!seg_ready_[s]) return;
+    const int64_t off = acc_->segmentOffset(b.first_seg);
+    const int64_t n = acc_->segmentOffset(b.end_seg - 1) + acc_->segmentSize(b.end_seg - 1) - off;
+    if (acc_->mode() == ReduceMode::kExact) {
+      inflight_.push_back(comm_.allreduceSumAsync(acc_->exactBuffer() + off, n));
+    } else {
+      inflight_.push_back(comm_.allreduceSumAsync(acc_->floatBuffer() + off, n));
+    }
+    ++next_bucket_;
+  }
+}
+
+void Trainer::runVn(int64_t vn, bool last) {
   Batch b = prefetch_.take(step_, vn);
   // The VN's own random stream: the same draws wherever and whenever it runs.
   torch::manual_seed(mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e));
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  std::fill(seg_ready_.begin(), seg_ready_.end(), 0);
   torch::Tensor out = model_->forward(b.x);  // (b, classes)
   torch::Tensor loss = torch::nn::functional::cross_entropy(
       out, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  accumulating_ = true;
+  launching_ = last;
   loss.backward();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    torch::Tensor g = params_[i].grad();
-    if (spike) g.mul_(spike_factor_);
-    MORPH_CHECK(g.is_contiguous(), "gradient not contiguous");
-    acc_->add(i, g.data_ptr<float>());
-  }
-  size_t seg = params_.size();
+  accumulating_ = launching_ = false;
+  size_t seg = bn_seg_;
   for (auto* bn : bns_) {
     acc_->add(seg++, bn->lastMean().contiguous().data_ptr<float>());
     acc_->add(seg++, bn->lastVar().contiguous().data_ptr<float>());
@@ -80,6 +129,7 @@ void Trainer::runVn(int64_t vn, bool spike) {
     stats[1] = static_cast<float>(out.argmax(1).eq(b.y).sum().item<int64_t>());
   }
   acc_->add(stats_seg_, stats);
+  if (last) launchReadyBuckets(true);
 }
 
 StepStats Trainer::step() {
@@ -90,32 +140,29 @@ StepStats Trainer::step() {
   const double t0 = nowSeconds();
   for (st.attempts = 1;; ++st.attempts) {
     acc_->beginStep();
+    next_bucket_ = 0;
     for (size_t k = 0; k < order_.size(); ++k) {
       if (k + 1 < order_.size()) prefetch_.request(step_, order_[k + 1]);
-      const bool spike = st.attempts == 1 && step_ == spike_step_ && order_[k] == spike_vn_;
-      runVn(order_[k], spike);
+      spike_now_ = st.attempts == 1 && step_ == spike_step_ && order_[k] == spike_vn_;
+      runVn(order_[k], k + 1 == order_.size());
     }
+    spike_now_ = false;
     const double r0 = nowSeconds();
-    // Flags and maxima first (a few bytes): on overflow nobody sends the buffer.
+    // The buffer's buckets are in flight (started during the last VN's
+    // backward). The flags and maxima decide whether their sum is usable.
     std::vector<double> flags = acc_->flagsAndMax();
     comm_.allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+    for (auto& w : inflight_) w->wait();
+    inflight_.clear();
     if (GradAccumulator::nonfiniteOf(flags))
       throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
                      "; the last committed step is " + std::to_string(step_ - 1) +
                      " (lower optim.lr or set optim.clip_norm)");
     acc_->updateScales(flags);
-    if (GradAccumulator::overflowOf(flags)) {
-      MORPH_CHECK_LT(st.attempts, 8);
-      st.reduce_seconds += nowSeconds() - r0;
-      continue;  // redo with the scale from the exact maxima just agreed
-    }
-    if (acc_->mode() == ReduceMode::kExact) {
-      comm_.allreduceSum(acc_->exactBuffer(), acc_->totalElements());
-    } else {
-      comm_.allreduceSum(acc_->floatBuffer(), acc_->totalElements());
-    }
     st.reduce_seconds += nowSeconds() - r0;
-    break;
+    if (!GradAccumulator::overflowOf(flags)) break;
+    MORPH_CHECK_LT(st.attempts, 8);
+    // Redo with the scales from the exact maxima just agreed.
   }
   if (!order_.empty() && step_ + 1 < total_steps_) prefetch_.request(step_ + 1, order_.front());
 
@@ -124,9 +171,9 @@ StepStats Trainer::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& g = params_[i].mutable_grad();
     if (!g.defined()) g = torch::empty_like(params_[i]);
-    acc_->read(i, B, g.data_ptr<float>());
+    acc_->read(segOf(i), B, g.data_ptr<float>());
   }
-  size_t seg = params_.size();
+  size_t seg = bn_seg_;
   for (auto* bn : bns_) {
     torch::Tensor mean = torch::empty({bn->channels()}), var = torch::empty({bn->channels()});
     acc_->read(seg++, V, mean.data_ptr<float>());

@@ -64,7 +64,15 @@ class Trainer {
   int64_t modelBytes() const;
 
  private:
-  void runVn(int64_t vn, bool spike);
+  void runVn(int64_t vn, bool last);
+  void onGrad(size_t param, const torch::Tensor& grad);
+  void launchReadyBuckets(bool all);
+  size_t segOf(size_t param) const { return params_.size() - 1 - param; }
+
+  // A bucket is a contiguous run of segments reduced by one all-reduce.
+  struct Bucket {
+    size_t first_seg, end_seg;
+  };
 
   JobSpec job_;
   int64_t total_steps_;
@@ -77,7 +85,16 @@ class Trainer {
   GlobalSampler sampler_;
   Prefetcher prefetch_;
   std::vector<int64_t> order_;
-  size_t stats_seg_ = 0;  // segment holding [loss sum, correct count]
+  // Segment layout: parameters in reverse order (gradients become ready
+  // roughly back to front), then batch-norm mean/var, then [loss, correct].
+  size_t bn_seg_ = 0, stats_seg_ = 0;
+  std::vector<Bucket> buckets_;     // the last one holds the statistics
+  std::vector<char> seg_ready_;     // per segment, for the current VN
+  size_t next_bucket_ = 0;          // next bucket to launch
+  bool accumulating_ = false;       // inside a VN's backward
+  bool launching_ = false;          // last local VN: start reductions early
+  bool spike_now_ = false;
+  std::vector<std::unique_ptr<PendingWork>> inflight_;
   int64_t step_ = 0;
   int64_t spike_step_ = -1, spike_vn_ = -1;
   float spike_factor_ = 1.0f;
