@@ -1,0 +1,131 @@
+// VN overhead: samples/s of a global batch B processed as V virtual nodes by
+// Morph's executor (exact and float reduction) versus a plain libtorch loop
+// doing the same V micro-batches with ordinary float gradient accumulation
+// (torch::nn modules, torch::optim::SGD), in the same process and run.
+// Measurements are interleaved in rounds; the best round of each counts.
+//
+//   build/bench/vn_bench [--model cnn|mlp] [--steps 20] [--rounds 3] [--vns 1,4,16]
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "core/job_spec.h"
+#include "core/sys.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "exec/trainer.h"
+
+using namespace morph;
+
+namespace {
+
+struct PlainNet : torch::nn::Module {
+  explicit PlainNet(const std::string& model) {
+    if (model == "cnn") {
+      seq = register_module(
+          "seq", torch::nn::Sequential(
+                     torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1).bias(false)),
+                     torch::nn::BatchNorm2d(32), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
+                     torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)),
+                     torch::nn::BatchNorm2d(64), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
+                     torch::nn::Flatten(), torch::nn::Linear(64 * 7 * 7, 128), torch::nn::ReLU(),
+                     torch::nn::Linear(128, 10)));
+    } else {
+      seq = register_module("seq", torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
+                                                         torch::nn::ReLU(), torch::nn::Linear(512, 512),
+                                                         torch::nn::ReLU(), torch::nn::Linear(512, 10)));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return seq->forward(x); }
+  torch::nn::Sequential seq{nullptr};
+};
+
+// The plain loop: same samples, same micro-batches (gathered on the main
+// thread, as a simple DataLoader-less loop would).
+double plainSamplesPerSecond(const std::string& model, const Dataset& train, int64_t B, int64_t V,
+                             int64_t steps) {
+  torch::manual_seed(1);
+  auto net = std::make_shared<PlainNet>(model);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  GlobalSampler sampler(1, train.size(), B, V);
+  double t0 = 0;
+  for (int64_t s = 0; s < steps + 2; ++s) {
+    if (s == 2) t0 = nowSeconds();  // two warm-up steps
+    opt.zero_grad();
+    for (int64_t v = 0; v < V; ++v) {
+      Batch b = train.gather(sampler.vnIndices(s, v));
+      torch::Tensor loss = torch::nn::functional::cross_entropy(
+          net->forward(b.x), b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      loss.backward();
+    }
+    for (auto& p : net->parameters()) p.mutable_grad().div_(static_cast<double>(B));
+    opt.step();
+  }
+  return static_cast<double>(B * steps) / (nowSeconds() - t0);
+}
+
+double morphSamplesPerSecond(const std::string& model, const Dataset& train, int64_t B, int64_t V,
+                             int64_t steps, const char* mode, int64_t* buffer_bytes, int64_t* model_bytes) {
+  std::ostringstream toml;
+  toml << "[job]\nsteps = " << steps + 2 << "\n[data]\ndataset = \"synthetic\"\n[model]\nname = \"" << model
+       << "\"\n[batch]\nglobal = " << B << "\nvirtual_nodes = " << V
+       << "\n[optim]\nlr = 0.05\nmomentum = 0.9\n[reduce]\nmode = \"" << mode << "\"\n";
+  JobSpec job = parseJob(toml.str(), "bench");
+  LocalCommunicator comm;
+  Trainer tr(job, job.steps, train, comm);
+  *buffer_bytes = tr.accumulator().bufferBytes();
+  *model_bytes = tr.modelBytes();
+  tr.step();
+  tr.step();
+  double t0 = nowSeconds();
+  while (tr.nextStep() < job.steps) tr.step();
+  return static_cast<double>(B * steps) / (nowSeconds() - t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "cnn", vns_arg = "1,4,16";
+  int64_t steps = 20, rounds = 3, B = 256;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--vns")) vns_arg = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--global")) B = std::atoll(argv[i + 1]);
+  }
+  pinThreads(1);
+  std::printf("blas: %s\n", checkBlas(true).c_str());
+  DataSpec ds;
+  ds.dataset = "fashion-mnist";
+  ds.path = "/usr/share/datasets/fashion-mnist";
+  DataPair data = loadDatasets(ds, 1);
+  std::vector<int64_t> vns;
+  std::stringstream ss(vns_arg);
+  for (std::string t; std::getline(ss, t, ',');) vns.push_back(std::stoll(t));
+
+  std::printf("model %s, global batch %lld, %lld timed steps, best of %lld rounds, 1 thread\n", model.c_str(),
+              static_cast<long long>(B), static_cast<long long>(steps), static_cast<long long>(rounds));
+  std::printf("%4s %12s %12s %12s %8s %8s %12s\n", "V", "plain", "exact", "float", "ex/plain", "fl/plain",
+              "t_ex/t_fl");
+  double one_big = 0;
+  for (int64_t V : vns) {
+    double plain = 0, exact = 0, flt = 0;
+    int64_t buf = 0, mbytes = 0, fbuf = 0;
+    for (int64_t r = 0; r < rounds; ++r) {
+      plain = std::max(plain, plainSamplesPerSecond(model, *data.train, B, V, steps));
+      exact = std::max(exact, morphSamplesPerSecond(model, *data.train, B, V, steps, "exact", &buf, &mbytes));
+      flt = std::max(flt, morphSamplesPerSecond(model, *data.train, B, V, steps, "float", &fbuf, &mbytes));
+    }
+    if (V == 1) one_big = plain;
+    std::printf("%4lld %12.0f %12.0f %12.0f %8.3f %8.3f %12.3f\n", static_cast<long long>(V), plain, exact, flt,
+                exact / plain, flt / plain, flt / exact);
+    std::fflush(stdout);
+    if (V == vns.back())
+      std::printf("gradient buffer %lld bytes (exact), %lld bytes (float); model parameters %lld bytes\n",
+                  static_cast<long long>(buf), static_cast<long long>(fbuf), static_cast<long long>(mbytes));
+  }
+  if (one_big > 0) std::printf("one big batch (plain, V=1): %.0f samples/s\n", one_big);
+  return 0;
+}
