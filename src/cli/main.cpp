@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--host", run.host,
                       "this machine's address as other workers reach it (default 127.0.0.1)");
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
+  run_cmd->add_option("--resume", run.resume,
+                      "continue from the newest intact checkpoint in this folder (e.g. runs/NAME/checkpoints)");
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
 
   morph::WorkerOptions worker;

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "ckpt/checkpoint_store.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/job_spec.h"
@@ -53,10 +54,11 @@ int64_t warmupSteps(int64_t steps) { return std::min<int64_t>(5, steps / 10); }
 // (the in-process runner or the manager).
 class RunLog {
  public:
-  RunLog(const std::string& dir, const JobSpec& job, int64_t steps, bool quiet)
+  // `append`: a resumed run adds to the metrics of the run it continues.
+  RunLog(const std::string& dir, const JobSpec& job, int64_t steps, bool quiet, bool append)
       : job_(job), steps_(steps), quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0) {
     std::filesystem::create_directories(dir);
-    metrics_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::trunc);
+    metrics_.open(std::filesystem::path(dir) / "metrics.jsonl", append ? std::ios::app : std::ios::trunc);
     if (!metrics_) throw InputError(dir + ": cannot write metrics.jsonl");
     start_ = nowSeconds();
   }
@@ -66,7 +68,8 @@ class RunLog {
     metrics_.flush();
     const int64_t step = line.at("step").get<int64_t>();
     const bool eval = line.contains("test_accuracy");
-    if (step >= warmupSteps(steps_)) {
+    if (first_step_ < 0) first_step_ = step;
+    if (step >= first_step_ + warmupSteps(steps_ - first_step_)) {
       steady_samples_ += job_.global_batch;
       steady_seconds_ += line.at("step_seconds").get<double>();
     }
@@ -118,15 +121,18 @@ class RunLog {
   std::ofstream metrics_;
   double start_ = 0, steady_seconds_ = 0, final_loss_ = NAN, test_accuracy_ = NAN, test_loss_ = NAN;
   int64_t steady_samples_ = 0;
+  int64_t first_step_ = -1;
 };
 
 // The training loop every worker runs. The reporter (rank 0) evaluates and
 // emits one metrics line per step.
 std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Dataset& test,
-                      bool reporter, int workers, int generation,
+                      bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit) {
   while (tr.nextStep() < steps) {
     StepStats st = tr.step();
+    // The step is committed: every worker holds its result.
+    if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
     if (!reporter) continue;
     json line = {{"step", st.step},
                  {"loss", st.loss},
@@ -147,7 +153,45 @@ std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Data
     }
     emit(line);
   }
+  if (ckpt) ckpt->flush();
   return tr.hash();
+}
+
+// Test hook (MORPH_TEST_CRASH_IN_CHECKPOINT=<step>): the process dies halfway
+// through writing the first layer file of that step's checkpoint, as a
+// machine losing power would.
+class CrashingFileSystem : public PosixFileSystem {
+ public:
+  explicit CrashingFileSystem(int64_t step) : tag_(".tmp-" + checkpointDirName(step)) {}
+  void writeFile(const std::string& path, const std::string& bytes) override {
+    if (path.find(tag_) != std::string::npos && path.find("layer-") != std::string::npos) {
+      PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
+      std::fprintf(stderr, "morph: test hook: crashing while writing %s\n", path.c_str());
+      _exit(9);
+    }
+    PosixFileSystem::writeFile(path, bytes);
+  }
+
+ private:
+  std::string tag_;
+};
+
+std::unique_ptr<FileSystem> checkpointFileSystem() {
+  if (const char* s = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT"))
+    return std::make_unique<CrashingFileSystem>(std::atoll(s));
+  return std::make_unique<PosixFileSystem>();
+}
+
+// Loads the newest good checkpoint of `dir` into `tr`; reports rejected ones.
+void resumeFrom(const std::string& dir, Trainer& tr, bool report) {
+  PosixFileSystem fs;
+  std::vector<std::string> problems;
+  std::optional<CheckpointData> ck = loadLatestGood(dir, fs, &problems);
+  if (report)
+    for (const auto& p : problems) std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", p.c_str());
+  if (!ck) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
+  tr.importState(*ck);
+  if (report) std::printf("morph: resuming from %s at step %lld\n", (std::filesystem::path(dir) / checkpointDirName(ck->step)).c_str(), static_cast<long long>(ck->step));
 }
 
 void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
@@ -193,10 +237,16 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   DataPair data = loadDatasets(job.data, job.seed);
   const int64_t steps = job.resolveSteps(data.train->size());
   const std::string dir = outDir(o, job);
-  RunLog log(dir, job, steps, o.quiet);
   LocalCommunicator comm;
   Trainer tr(job, steps, *data.train, comm);
-  std::string hash = trainLoop(job, steps, tr, *data.test, true, 1, 0,
+  if (!o.resume.empty()) resumeFrom(o.resume, tr, true);
+  RunLog log(dir, job, steps, o.quiet, !o.resume.empty());
+  auto fs = checkpointFileSystem();
+  std::unique_ptr<CheckpointWriter> ckpt;
+  if (job.checkpoint_every > 0)
+    ckpt = std::make_unique<CheckpointWriter>((std::filesystem::path(dir) / "checkpoints").string(), fs.get(),
+                                              static_cast<int>(job.checkpoint_keep));
+  std::string hash = trainLoop(job, steps, tr, *data.test, true, 1, 0, ckpt.get(),
                                [&](const json& l) { log.record(l); });
   writeSummary(dir, job, steps, 1, log, hash, peakRssBytes());
   std::printf("model_hash: %s\n", hash.c_str());
@@ -270,6 +320,8 @@ int runManager(const RunOptions& o, JobSpec job) {
   setString(*store, "job/origin", o.job_path);
   setString(*store, "job/overrides", joinLines(effectiveOverrides(o)));
   setString(*store, "job/world", std::to_string(n));
+  setString(*store, "job/out", std::filesystem::absolute(dir).string());
+  setString(*store, "job/resume", o.resume.empty() ? "" : std::filesystem::absolute(o.resume).string());
   json pj = {{"generation", 0}, {"world", n}, {"vn_ranges", json::array()}};
   for (auto& r : plan) pj["vn_ranges"].push_back({r.first, r.second});
   setString(*store, "gen/0/plan", pj.dump());
@@ -324,7 +376,8 @@ int runManager(const RunOptions& o, JobSpec job) {
     }
     if (steps < 0 && store->check({"job/steps"})) {
       steps = std::stoll(getString(*store, "job/steps"));
-      log = std::make_unique<RunLog>(dir, job, steps, o.quiet);
+      next = std::stoll(getString(*store, "job/start_step"));
+      log = std::make_unique<RunLog>(dir, job, steps, o.quiet, !o.resume.empty());
     }
     bool progressed = false;
     while (log && next < steps && store->check({"metrics/" + std::to_string(next)})) {
@@ -402,7 +455,6 @@ int runWorker(const WorkerOptions& o) {
   checkBlas(rank == 0);
   DataPair data = loadDatasets(job.data, job.seed);
   const int64_t steps = job.resolveSteps(data.train->size());
-  if (rank == 0) setString(*store, "job/steps", std::to_string(steps));
 
   json plan = json::parse(getString(*store, "gen/0/plan"));
   auto range = plan.at("vn_ranges").at(rank);
@@ -414,7 +466,18 @@ int runWorker(const WorkerOptions& o) {
 
   Trainer tr(job, steps, *data.train, *comm);
   tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
-  std::string hash = trainLoop(job, steps, tr, *data.test, rank == 0, world, 0, [&](const json& l) {
+  const std::string resume = getString(*store, "job/resume");
+  if (!resume.empty()) resumeFrom(resume, tr, rank == 0);
+  if (rank == 0) {
+    setString(*store, "job/start_step", std::to_string(tr.nextStep()));
+    setString(*store, "job/steps", std::to_string(steps));
+  }
+  auto fs = checkpointFileSystem();
+  std::unique_ptr<CheckpointWriter> ckpt;
+  if (job.checkpoint_every > 0 && rank == 0)
+    ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
+                                              static_cast<int>(job.checkpoint_keep));
+  std::string hash = trainLoop(job, steps, tr, *data.test, rank == 0, world, 0, ckpt.get(), [&](const json& l) {
     setString(*store, "metrics/" + std::to_string(l.at("step").get<int64_t>()), l.dump());
   });
   json res = {{"model_hash", hash}, {"peak_rss_bytes", peakRssBytes()}, {"bytes_reduced", comm->bytesReduced()}};

@@ -23,6 +23,7 @@ struct RunOptions {
   std::string host = "127.0.0.1";  // address by which workers reach the manager
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
+  std::string resume;    // checkpoint folder to continue from ("" = start fresh)
 };
 
 struct WorkerOptions {

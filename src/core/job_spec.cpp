@@ -289,6 +289,8 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.eval_every = r.integer("eval.every", 0, 0, INT64_MAX / 2);
   j.eval_batch = r.integer("eval.batch", 1000, 1, 1 << 20);
   j.log_every = r.integer("log.every", 10, 1, INT64_MAX / 2);
+  j.checkpoint_every = r.integer("checkpoint.every", 0, 0, INT64_MAX / 2);
+  j.checkpoint_keep = r.integer("checkpoint.keep", 3, 1, 1000);
 
   r.rejectUnknown();
   return j;

@@ -58,6 +58,8 @@ struct JobSpec {
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
   int64_t log_every = 10;
+  int64_t checkpoint_every = 0;  // steps; 0 = no checkpoints
+  int64_t checkpoint_keep = 3;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Steps for a dataset of `train_size` samples (resolves `epochs`).

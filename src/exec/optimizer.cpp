@@ -29,16 +29,14 @@ class Sgd : public Optimizer {
     }
     ++steps_;
   }
-  std::vector<torch::Tensor> state() override {
-    std::vector<torch::Tensor> s = momentum_;
-    s.push_back(torch::tensor({steps_}, torch::kInt64));
-    return s;
+  std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) override {
+    if (momentum_.empty()) return {};
+    return {{"momentum", momentum_[i]}};
   }
 
  private:
   OptimSpec spec_;
   std::vector<torch::Tensor> params_, momentum_;
-  int64_t steps_ = 0;
 };
 
 class AdamW : public Optimizer {
@@ -64,17 +62,13 @@ class AdamW : public Optimizer {
       p.addcdiv_(m_[i], denom, -lr / bc1);
     }
   }
-  std::vector<torch::Tensor> state() override {
-    std::vector<torch::Tensor> s = m_;
-    s.insert(s.end(), v_.begin(), v_.end());
-    s.push_back(torch::tensor({steps_}, torch::kInt64));
-    return s;
+  std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) override {
+    return {{"exp_avg", m_[i]}, {"exp_avg_sq", v_[i]}};
   }
 
  private:
   OptimSpec spec_;
   std::vector<torch::Tensor> params_, m_, v_;
-  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -15,8 +15,15 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter from its .grad() (the mean gradient).
   virtual void step(double lr) = 0;
-  // Tensors that make up the optimiser state, in a fixed order.
-  virtual std::vector<torch::Tensor> state() = 0;
+  // The live state tensors of parameter i, named ("momentum"; "exp_avg",
+  // "exp_avg_sq"); empty when the optimiser keeps none for it.
+  virtual std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) = 0;
+  // Steps taken so far (bias correction, first-step momentum).
+  int64_t stepCount() const { return steps_; }
+  void setStepCount(int64_t n) { steps_ = n; }
+
+ protected:
+  int64_t steps_ = 0;
 };
 
 std::unique_ptr<Optimizer> makeOptimizer(const OptimSpec& spec, std::vector<torch::Tensor> params);

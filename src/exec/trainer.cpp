@@ -209,6 +209,92 @@ EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
 
 std::string Trainer::hash() const { return modelHash(*model_); }
 
+std::string Trainer::jobId() const {
+  return job_.name + "/" + job_.model.name + "/" + std::to_string(job_.seed);
+}
+
+namespace {
+size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return i;
+  MORPH_CHECK(false, "parameter not found");
+}
+}  // namespace
+
+CheckpointData Trainer::exportState() const {
+  CheckpointData d;
+  d.step = step_;
+  d.job_id = jobId();
+  d.meta = {{"format", "morph-train-state"},
+            {"version", 1},
+            {"step", step_},
+            {"optim_steps", opt_->stepCount()},
+            {"scales", acc_->scales()}};
+  for (size_t l = 0; l < model_->size(); ++l) {
+    NamedTensors layer;
+    Layer& m = model_->layer(l);
+    for (const auto& p : m.named_parameters(true)) {
+      layer.emplace_back("param/" + p.key(), p.value());
+      for (auto& [sname, st] : opt_->paramState(indexOf(params_, p.value())))
+        layer.emplace_back("optim/" + p.key() + "/" + sname, st);
+    }
+    for (const auto& b : m.named_buffers(true)) layer.emplace_back("buffer/" + b.key(), b.value());
+    d.layers.emplace_back(model_->layerName(l), std::move(layer));
+  }
+  return d;
+}
+
+void Trainer::importState(const CheckpointData& d) {
+  if (d.job_id != jobId())
+    throw InputError("checkpoint of step " + std::to_string(d.step) + " belongs to job '" + d.job_id +
+                     "', not to '" + jobId() + "'");
+  CheckpointData mine = exportState();
+  if (d.layers.size() != mine.layers.size())
+    throw InputError("checkpoint has " + std::to_string(d.layers.size()) + " layers, the model " +
+                     std::to_string(mine.layers.size()));
+  torch::NoGradGuard no_grad;
+  for (size_t l = 0; l < mine.layers.size(); ++l) {
+    const auto& [name, want] = mine.layers[l];
+    const auto& [got_name, got] = d.layers[l];
+    if (got_name != name || got.size() != want.size())
+      throw InputError("checkpoint layer " + std::to_string(l) + " is '" + got_name + "' with " +
+                       std::to_string(got.size()) + " tensors; the model's is '" + name + "' with " +
+                       std::to_string(want.size()));
+    for (size_t k = 0; k < want.size(); ++k) {
+      if (got[k].first != want[k].first || !got[k].second.sizes().equals(want[k].second.sizes()) ||
+          got[k].second.scalar_type() != want[k].second.scalar_type())
+        throw InputError("checkpoint tensor " + name + "/" + got[k].first + " does not match the model's " +
+                         name + "/" + want[k].first);
+      want[k].second.copy_(got[k].second);
+    }
+  }
+  step_ = d.meta.at("step").get<int64_t>();
+  opt_->setStepCount(d.meta.at("optim_steps").get<int64_t>());
+  auto scales = d.meta.at("scales").get<std::vector<int>>();
+  MORPH_CHECK_EQ(scales.size(), acc_->scales().size());
+  acc_->setScales(scales);
+}
+
+std::vector<torch::Tensor> Trainer::stateTensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, layer] : exportState().layers)
+    for (const auto& [tname, t] : layer) out.push_back(t);
+  return out;
+}
+
+std::vector<int64_t> Trainer::stateMeta() const {
+  std::vector<int64_t> m{step_, opt_->stepCount()};
+  for (int s : acc_->scales()) m.push_back(s);
+  return m;
+}
+
+void Trainer::setStateMeta(const std::vector<int64_t>& m) {
+  MORPH_CHECK_EQ(m.size(), 2 + acc_->scales().size());
+  step_ = m[0];
+  opt_->setStepCount(m[1]);
+  acc_->setScales(std::vector<int>(m.begin() + 2, m.end()));
+}
+
 int64_t Trainer::modelBytes() const {
   int64_t bytes = 0;
   for (const auto& p : params_) bytes += p.numel() * p.element_size();

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_store.h"
 #include "comm/communicator.h"
 #include "core/job_spec.h"
 #include "data/dataset.h"
@@ -56,6 +57,21 @@ class Trainer {
 
   StepStats step();  // runs step nextStep()
   EvalStats evaluate(const Dataset& test, int64_t batch);
+
+  // Training state: everything a resumed or joining worker needs to continue
+  // bit for bit (parameters, buffers, optimiser state, scale state, step).
+  // Per layer, so that a pipeline stage can load its own layer range. The
+  // tensors are the live ones: snapshot them before training on.
+  CheckpointData exportState() const;
+  // Throws InputError naming what does not fit when `data` is not a state of
+  // this job's model.
+  void importState(const CheckpointData& data);
+  // The same state as live tensors in a fixed order plus integers, for
+  // broadcasting it to workers that join.
+  std::vector<torch::Tensor> stateTensors() const;
+  std::vector<int64_t> stateMeta() const;  // step, optimiser steps, scales...
+  void setStateMeta(const std::vector<int64_t>& meta);
+  std::string jobId() const;
 
   int64_t nextStep() const { return step_; }
   LayerList& model() { return *model_; }

@@ -15,18 +15,19 @@ VnBatchNorm::VnBatchNorm(int64_t channels, double momentum, double eps)
 torch::Tensor VnBatchNorm::forward(const torch::Tensor& x) {
   if (!is_training())
     return torch::batch_norm(x, weight_, bias_, running_mean_, running_var_, false, 0.0, eps_, false);
+  // Training mode without running statistics: normalises with the VN's own
+  // batch statistics and has no side effect. The kernel hands back the batch
+  // mean and 1/sqrt(biased var + eps), from which we recover the statistics
+  // instead of making another pass over x.
+  auto [y, mean, invstd] = at::native_batch_norm(x, weight_, bias_, {}, {}, true, 0.0, eps_);
   {
     torch::NoGradGuard no_grad;
-    std::vector<int64_t> dims{0};
-    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-    int64_t n = x.numel() / channels_;
-    auto vm = torch::var_mean(x, dims, /*unbiased=*/false);
-    last_var_ = std::get<0>(vm) * (static_cast<double>(n) / static_cast<double>(std::max<int64_t>(n - 1, 1)));
-    last_mean_ = std::get<1>(vm);
+    const int64_t n = x.numel() / channels_;
+    const double unbias = static_cast<double>(n) / static_cast<double>(std::max<int64_t>(n - 1, 1));
+    last_mean_ = mean.detach().clone();
+    last_var_ = (invstd.detach().pow(-2) - eps_).clamp_min_(0.0).mul_(unbias);
   }
-  // Training-mode batch norm without running statistics: normalises with the
-  // VN's own batch statistics and leaves no side effect.
-  return torch::batch_norm(x, weight_, bias_, {}, {}, true, 0.0, eps_, false);
+  return y;
 }
 
 void VnBatchNorm::commitRunningStats(const torch::Tensor& mean, const torch::Tensor& var) {

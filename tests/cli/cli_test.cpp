@@ -193,3 +193,68 @@ TEST_F(Cli, CorruptDataFileExitsTwo) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string checkpointJob() {
+  std::string body = kJob;
+  body.replace(body.find("steps = 3"), 9, "steps = 6");
+  return body + "[checkpoint]\nevery = 2\nkeep = 3\n";
+}
+
+// Kill the job while it writes the checkpoint of step 6 (half a layer file on
+// disk); resume from the newest intact one on another worker count: the same
+// model as the uninterrupted run.
+TEST_F(Cli, CrashDuringCheckpointThenResumeOnOtherWorkerCounts) {
+  std::string j = job(checkpointJob());
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const std::string want = lastLineHash(ref.out);
+
+  // The hook is set in the environment of this one command.
+  std::string env_cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6 " + std::string(MORPH_BINARY) + " run " + j +
+                        " --quiet --out " + out("crash") + " > /dev/null 2>&1";
+  int status = std::system(env_cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 9) << "the test hook should have killed the run";
+  const std::string ckdir = out("crash") + "/checkpoints";
+  ASSERT_TRUE(fs::exists(ckdir + "/step-000000000004"));
+  EXPECT_FALSE(fs::exists(ckdir + "/step-000000000006"));
+
+  for (std::string workers : {"", " --workers 2", " --workers 3"}) {
+    Result r = run("run " + j + " --quiet --resume " + ckdir + workers + " --out " + out("resumed"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming from"), std::string::npos) << r.out;
+    EXPECT_EQ(lastLineHash(r.out), want) << "resumed with" << workers << "\n" << r.out;
+  }
+}
+
+// A flipped byte in the newest checkpoint is detected; the previous one is
+// used and the final model is still the same.
+TEST_F(Cli, CorruptNewestCheckpointFallsBackToPrevious) {
+  std::string j = job(checkpointJob());
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const std::string ckdir = out("ref") + "/checkpoints";
+  const fs::path victim = fs::path(ckdir) / "step-000000000006" / "layer-001.bin";
+  ASSERT_TRUE(fs::exists(victim));
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c;
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  Result r = run("run " + j + " --quiet --resume " + ckdir + " --out " + out("resumed"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("layer-001.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step-000000000004"), std::string::npos) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), lastLineHash(ref.out));
+  // Nothing intact at all: exit code 2 naming the folder.
+  Result none = run("run " + j + " --quiet --resume " + out("nothing") + " --out " + out("x"));
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find(out("nothing")), std::string::npos) << none.out;
+}
+
+}  // namespace
