@@ -43,6 +43,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
   run_cmd->add_option("--resume", run.resume,
                       "continue from the newest intact checkpoint in this folder (e.g. runs/NAME/checkpoints)");
+  run_cmd->add_option("--heartbeat-interval", run.heartbeat_interval_s, "seconds between worker heartbeats")
+      ->check(CLI::Range(0.001, 60.0));
+  run_cmd->add_option("--heartbeat-timeout", run.heartbeat_timeout_s,
+                      "seconds of silence after which a remote worker is declared dead")
+      ->check(CLI::Range(0.01, 3600.0));
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
 
   morph::WorkerOptions worker;
@@ -50,6 +55,14 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--join", worker.join, "HOST:PORT of the job's manager")->required();
   worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
       ->check(CLI::Range(0.1, 3600.0));
+
+  std::string ctl_join;
+  int resize_workers = 0;
+  auto* resize_cmd = app.add_subcommand("resize", "ask a running job to grow or shrink");
+  resize_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
+  resize_cmd->add_option("--workers", resize_workers, "the new number of workers")->required()->check(CLI::Range(1, 4096));
+  auto* status_cmd = app.add_subcommand("status", "membership, generation, step and throughput of a running job");
+  status_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
 
   try {
     app.parse(argc, argv);
@@ -65,6 +78,8 @@ int main(int argc, char** argv) {
       if (run.workers == 0 && run.spawn >= 0) throw morph::InputError("--spawn needs --workers");
       return morph::runJob(run);
     }
+    if (*resize_cmd) return morph::runResize(ctl_join, resize_workers);
+    if (*status_cmd) return morph::runStatus(ctl_join);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

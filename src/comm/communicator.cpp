@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "core/error.h"
@@ -16,7 +18,7 @@ class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                    const GlooOptions& o)
-      : rank_(rank), size_(size) {
+      : rank_(rank), size_(size), should_abort_(o.should_abort), poll_(o.poll_interval) {
     auto opts = c10d::ProcessGroupGloo::Options::create();
     opts->timeout = o.timeout;
     opts->devices.push_back(o.interface_addr.empty()
@@ -34,9 +36,28 @@ class GlooCommunicator : public Communicator {
     run(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
   }
   void allreduceMax(double* data, int64_t n) override {
-    run(torch::from_blob(data, {n}, torch::kFloat64), c10d::ReduceOp::MAX);
+    // An owned copy: if this collective is abandoned, a late write by
+    // Gloo's thread lands in the copy, not in the caller's memory.
+    torch::Tensor t = torch::from_blob(data, {n}, torch::kFloat64).clone();
+    run(t, c10d::ReduceOp::MAX);
+    std::memcpy(data, t.data_ptr<double>(), static_cast<size_t>(n) * sizeof(double));
   }
-  void barrier() override { pg_->barrier()->wait(); }
+  void barrier() override {
+    auto w = std::make_unique<GlooWork>();
+    w->comm = this;
+    w->work = pg_->barrier();
+    w->wait();
+  }
+  void broadcast(torch::Tensor& t, int root) override {
+    std::vector<torch::Tensor> ts{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    auto w = std::make_unique<GlooWork>();
+    w->comm = this;
+    w->work = pg_->broadcast(ts, o);
+    w->wait();
+    bytes_ += t.numel() * t.element_size();
+  }
   std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) override {
     return start(torch::from_blob(data, {n}, torch::kInt64), c10d::ReduceOp::SUM);
   }
@@ -47,7 +68,37 @@ class GlooCommunicator : public Communicator {
  private:
   struct GlooWork : PendingWork {
     c10::intrusive_ptr<c10d::Work> work;
-    void wait() override { work->wait(); }
+    const GlooCommunicator* comm;
+    void wait() override {
+      if (!comm->should_abort_) {
+        waitOrThrow(std::chrono::milliseconds(0));
+        return;
+      }
+      while (!waitOrThrow(comm->poll_))
+        if (comm->should_abort_()) throw CommFailure("collective abandoned: the generation was aborted");
+    }
+    // True once complete; throws CommFailure if the collective failed. A
+    // timed-out wait(timeout) throws too, so completion and failure are read
+    // from the work itself, never inferred from the exception.
+    bool waitOrThrow(std::chrono::milliseconds timeout) {
+      try {
+        if (timeout.count() == 0) {
+          work->wait();
+        } else {
+          work->wait(timeout);
+        }
+      } catch (const std::exception&) {
+      }
+      if (!work->isCompleted()) return false;
+      if (std::exception_ptr ex = work->exception()) {
+        try {
+          std::rethrow_exception(ex);
+        } catch (const std::exception& e) {
+          throw CommFailure(std::string("collective failed: ") + e.what());
+        }
+      }
+      return true;
+    }
   };
   std::unique_ptr<PendingWork> start(torch::Tensor t, c10d::ReduceOp op) {
     bytes_ += t.numel() * t.element_size();
@@ -55,12 +106,19 @@ class GlooCommunicator : public Communicator {
     c10d::AllreduceOptions o;
     o.reduceOp = op;
     auto w = std::make_unique<GlooWork>();
-    w->work = pg_->allreduce(ts, o);
+    w->comm = this;
+    try {
+      w->work = pg_->allreduce(ts, o);
+    } catch (const std::exception& e) {
+      throw CommFailure(std::string("collective failed to start: ") + e.what());
+    }
     return w;
   }
   void run(torch::Tensor t, c10d::ReduceOp op) { start(std::move(t), op)->wait(); }
 
   int rank_, size_;
+  std::function<bool()> should_abort_;
+  std::chrono::milliseconds poll_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };
 

@@ -6,16 +6,26 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <memory>
 #include <string>
 
 #include <c10/util/intrusive_ptr.h>
+#include <torch/torch.h>
 
 namespace c10d {
 class Store;
 }
 
 namespace morph {
+
+// A collective failed or was aborted: a peer died or the control plane
+// abandoned the generation. The operation did not complete.
+class CommFailure : public std::runtime_error {
+ public:
+  explicit CommFailure(const std::string& what) : std::runtime_error(what) {}
+};
 
 // A collective in flight. wait() returns once the data is reduced in place.
 class PendingWork {
@@ -33,6 +43,8 @@ class Communicator {
   virtual void allreduceSum(float* data, int64_t n) = 0;
   virtual void allreduceMax(double* data, int64_t n) = 0;
   virtual void barrier() = 0;
+  // Replaces `t` (contiguous, owned by the caller) on every rank with root's.
+  virtual void broadcast(torch::Tensor& t, int root) = 0;
   // Start an all-reduce and return; `data` must stay live and untouched
   // until wait(). Every worker starts them in the same order.
   virtual std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) = 0;
@@ -55,6 +67,7 @@ class LocalCommunicator : public Communicator {
   void allreduceSum(float*, int64_t n) override { bytes_ += n * 4; }
   void allreduceMax(double*, int64_t n) override { bytes_ += n * 8; }
   void barrier() override {}
+  void broadcast(torch::Tensor&, int) override {}
   std::unique_ptr<PendingWork> allreduceSumAsync(int64_t*, int64_t n) override {
     bytes_ += n * 8;
     return std::make_unique<Done>();
@@ -68,6 +81,11 @@ class LocalCommunicator : public Communicator {
 struct GlooOptions {
   std::string interface_addr;  // local address Gloo binds to ("" = from hostname)
   std::chrono::milliseconds timeout{60000};
+  // Polled (every poll_interval) while waiting for a collective; returning
+  // true abandons it with CommFailure. Lets the control plane free workers
+  // blocked on a peer that died without closing its connections.
+  std::function<bool()> should_abort;
+  std::chrono::milliseconds poll_interval{20};
 };
 
 // A process group over `store` (already prefixed for the generation).

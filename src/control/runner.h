@@ -3,6 +3,7 @@
 //    with --workers N it becomes the manager (hosts the c10d TCPStore,
 //    computes the VN plan, starts local workers, writes the outputs).
 //  - runWorker(): `morph worker --join HOST:PORT`.
+//  - runResize(), runStatus(): talk to a running manager.
 // Control-plane keys are specified in docs/control_plane.md.
 #pragma once
 
@@ -24,6 +25,8 @@ struct RunOptions {
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
   std::string resume;    // checkpoint folder to continue from ("" = start fresh)
+  double heartbeat_interval_s = 0.1;  // workers' pulse
+  double heartbeat_timeout_s = 2.0;   // silence after which a worker is declared dead
 };
 
 struct WorkerOptions {
@@ -34,6 +37,10 @@ struct WorkerOptions {
 // Both return the process exit code (0, 2 or 3); errors are printed.
 int runJob(const RunOptions& opts);
 int runWorker(const WorkerOptions& opts);
+// `morph resize`: asks the job at join (HOST:PORT) to run on `workers`.
+int runResize(const std::string& join, int workers);
+// `morph status`: prints the manager's status record.
+int runStatus(const std::string& join);
 
 // Contiguous VN ranges for `workers` workers: the first V % W get one more.
 // Throws InputError when a worker would get no VN.

@@ -17,7 +17,7 @@ constexpr int64_t kBucketBytes = 1 << 20;
 Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
     : job_(job),
       total_steps_(total_steps),
-      comm_(comm),
+      comm_(&comm),
       model_(buildModel(job.model, job.seed)),
       sampler_(job.seed, train.size(), job.global_batch, job.virtual_nodes),
       prefetch_(train, sampler_) {
@@ -33,6 +33,7 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   }
   stats_seg_ = sizes.size();
   sizes.push_back(2);  // loss sum, correct predictions
+  seg_sizes_ = sizes;
   acc_ = std::make_unique<GradAccumulator>(sizes, job.reduce_mode, job.headroom_bits);
   opt_ = makeOptimizer(job.optim, params_);
   seg_ready_.assign(sizes.size(), 0);
@@ -51,6 +52,16 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].register_hook([this, i](const torch::Tensor& g) { onGrad(i, g); });
   setVnRange(0, job.virtual_nodes);
+}
+
+void Trainer::abandonStep() {
+  std::vector<int> scales = acc_->scales();
+  for (auto& w : inflight_) graveyard_work_.push_back(std::move(w));
+  inflight_.clear();
+  graveyard_acc_.push_back(std::move(acc_));
+  acc_ = std::make_unique<GradAccumulator>(seg_sizes_, job_.reduce_mode, job_.headroom_bits);
+  acc_->setScales(scales);
+  accumulating_ = launching_ = spike_now_ = false;
 }
 
 void Trainer::setVnRange(int64_t begin, int64_t end) {
@@ -96,9 +107,9 @@ void Trainer::launchReadyBuckets(bool all) {
     const int64_t off = acc_->segmentOffset(b.first_seg);
     const int64_t n = acc_->segmentOffset(b.end_seg - 1) + acc_->segmentSize(b.end_seg - 1) - off;
     if (acc_->mode() == ReduceMode::kExact) {
-      inflight_.push_back(comm_.allreduceSumAsync(acc_->exactBuffer() + off, n));
+      inflight_.push_back(comm_->allreduceSumAsync(acc_->exactBuffer() + off, n));
     } else {
-      inflight_.push_back(comm_.allreduceSumAsync(acc_->floatBuffer() + off, n));
+      inflight_.push_back(comm_->allreduceSumAsync(acc_->floatBuffer() + off, n));
     }
     ++next_bucket_;
   }
@@ -151,7 +162,11 @@ StepStats Trainer::step() {
     // The buffer's buckets are in flight (started during the last VN's
     // backward). The flags and maxima decide whether their sum is usable.
     std::vector<double> flags = acc_->flagsAndMax();
-    comm_.allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+    const size_t nflags = flags.size();
+    flags.insert(flags.end(), control_.begin(), control_.end());
+    comm_->allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+    reduced_control_.assign(flags.begin() + static_cast<std::ptrdiff_t>(nflags), flags.end());
+    flags.resize(nflags);
     for (auto& w : inflight_) w->wait();
     inflight_.clear();
     if (GradAccumulator::nonfiniteOf(flags))

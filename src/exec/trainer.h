@@ -46,6 +46,19 @@ class Trainer {
   // `train` must outlive the trainer; `comm` too. total_steps feeds the LR schedule.
   Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm);
 
+  // The communicator of the current generation (must outlive its use).
+  void setCommunicator(Communicator* comm) { comm_ = comm; }
+  // After a CommFailure in step(): the step did not commit. Collectives of
+  // the failed generation may still write into their buffers, so those are
+  // set aside (never reused) and a fresh accumulator with the same scale
+  // state takes over.
+  void abandonStep();
+  // Control values that ride on the step's MAX all-reduce of flags (for the
+  // control plane: pending generation, leave requests); reducedControl() is
+  // their maximum over workers once step() returns.
+  void setControl(std::vector<double> local) { control_ = std::move(local); }
+  const std::vector<double>& reducedControl() const { return reduced_control_; }
+
   // VNs [begin, end) of every step are this worker's.
   void setVnRange(int64_t begin, int64_t end);
   // Processing order of the local VNs (a permutation of the range); tests
@@ -92,7 +105,7 @@ class Trainer {
 
   JobSpec job_;
   int64_t total_steps_;
-  Communicator& comm_;
+  Communicator* comm_;
   std::shared_ptr<LayerList> model_;
   std::vector<torch::Tensor> params_;
   std::vector<VnBatchNorm*> bns_;
@@ -111,6 +124,11 @@ class Trainer {
   bool launching_ = false;          // last local VN: start reductions early
   bool spike_now_ = false;
   std::vector<std::unique_ptr<PendingWork>> inflight_;
+  std::vector<int64_t> seg_sizes_;
+  std::vector<double> control_, reduced_control_;
+  // Buffers and works of abandoned steps: kept alive, never touched again.
+  std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;
+  std::vector<std::unique_ptr<PendingWork>> graveyard_work_;
   int64_t step_ = 0;
   int64_t spike_step_ = -1, spike_vn_ = -1;
   float spike_factor_ = 1.0f;

@@ -1,0 +1,140 @@
+// Pieces shared by the in-process runner, the manager and the worker.
+// Private to src/control.
+#pragma once
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "ckpt/checkpoint_store.h"
+#include "control/runner.h"
+#include "core/error.h"
+#include "core/job_spec.h"
+#include "core/sys.h"
+#include "data/dataset.h"
+#include "exec/trainer.h"
+
+namespace morph {
+namespace detail {
+
+using json = nlohmann::json;
+
+// Steps excluded from the steady-state throughput (allocator and cache warm-up).
+inline int64_t warmupSteps(int64_t steps) { return std::min<int64_t>(5, steps / 10); }
+
+// metrics.jsonl and the progress display. Owned by whoever writes the outputs
+// (the in-process runner or the manager).
+class RunLog {
+ public:
+  // `append`: a resumed run adds to the metrics of the run it continues.
+  RunLog(const std::string& dir, const JobSpec& job, int64_t steps, bool quiet, bool append)
+      : job_(job), steps_(steps), quiet_(quiet), tty_(isatty(STDOUT_FILENO) != 0) {
+    std::filesystem::create_directories(dir);
+    metrics_.open(std::filesystem::path(dir) / "metrics.jsonl", append ? std::ios::app : std::ios::trunc);
+    if (!metrics_) throw InputError(dir + ": cannot write metrics.jsonl");
+    start_ = nowSeconds();
+  }
+
+  void record(const json& line) {
+    metrics_ << line.dump() << '\n';
+    metrics_.flush();
+    const int64_t step = line.at("step").get<int64_t>();
+    const bool eval = line.contains("test_accuracy");
+    if (first_step_ < 0) first_step_ = step;
+    if (step >= first_step_ + warmupSteps(steps_ - first_step_)) {
+      steady_samples_ += job_.global_batch;
+      steady_seconds_ += line.at("step_seconds").get<double>();
+    }
+    final_loss_ = line.at("loss").get<double>();
+    if (eval) {
+      test_accuracy_ = line.at("test_accuracy").get<double>();
+      test_loss_ = line.at("test_loss").get<double>();
+    }
+    if (quiet_) return;
+    const bool last = step + 1 == steps_;
+    char buf[256];
+    if (tty_) {
+      const int width = 30;
+      int filled = static_cast<int>(width * (step + 1) / steps_);
+      double elapsed = nowSeconds() - start_;
+      double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(steps_ - step - 1);
+      std::snprintf(buf, sizeof buf, "\r[%-*s] step %lld/%lld  loss %.4f  %.0f samples/s  eta %.0fs ",
+                    width, std::string(static_cast<size_t>(filled), '#').c_str(),
+                    static_cast<long long>(step + 1), static_cast<long long>(steps_), final_loss_,
+                    line.at("samples_per_second").get<double>(), eta);
+      std::fputs(buf, stdout);
+      if (eval || last) std::fputs("\n", stdout);
+    } else if ((step + 1) % job_.log_every == 0 || last || step == 0) {
+      std::snprintf(buf, sizeof buf, "step %lld/%lld loss %.4f lr %.5g samples/s %.0f\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(steps_), final_loss_,
+                    line.at("lr").get<double>(), line.at("samples_per_second").get<double>());
+      std::fputs(buf, stdout);
+    }
+    if (eval) {
+      std::snprintf(buf, sizeof buf, "eval after step %lld: test_accuracy %.4f test_loss %.4f\n",
+                    static_cast<long long>(step + 1), test_accuracy_, test_loss_);
+      std::fputs(buf, stdout);
+    }
+    std::fflush(stdout);
+  }
+
+  double steadySamplesPerSecond() const {
+    return steady_seconds_ > 0 ? static_cast<double>(steady_samples_) / steady_seconds_ : 0.0;
+  }
+  double finalLoss() const { return final_loss_; }
+  double testAccuracy() const { return test_accuracy_; }
+  double testLoss() const { return test_loss_; }
+  double wallSeconds() const { return nowSeconds() - start_; }
+
+ private:
+  const JobSpec& job_;
+  int64_t steps_;
+  bool quiet_, tty_;
+  std::ofstream metrics_;
+  double start_ = 0, steady_seconds_ = 0, final_loss_ = NAN, test_accuracy_ = NAN, test_loss_ = NAN;
+  int64_t steady_samples_ = 0;
+  int64_t first_step_ = -1;
+};
+
+// Runs steps until `steps`; the reporter (rank 0) evaluates and emits one
+// metrics line per step; `ckpt` (may be null) receives a checkpoint every
+// job.checkpoint_every steps. Returns the model hash.
+std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Dataset& test,
+                      bool reporter, int workers, int generation, CheckpointWriter* ckpt,
+                      const std::function<void(const json&)>& emit);
+// The metrics line of a committed step (evaluates when one is due).
+json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
+              int workers, int64_t generation);
+
+std::unique_ptr<FileSystem> checkpointFileSystem();
+// Loads the newest intact checkpoint of `dir`; reports damaged ones on
+// stderr. Throws InputError when there is none.
+void resumeFrom(const std::string& dir, Trainer& tr, bool report);
+void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
+                  const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes);
+std::vector<std::string> effectiveOverrides(const RunOptions& o);
+std::string outDir(const RunOptions& o, const JobSpec& job);
+std::string readFile(const std::string& path);
+std::string getString(c10d::Store& s, const std::string& key);
+void setString(c10d::Store& s, const std::string& key, const std::string& value);
+std::string joinLines(const std::vector<std::string>& v);
+std::vector<std::string> splitLines(const std::string& s);
+// "HOST:PORT" -> (host, port); throws InputError naming `flag`.
+std::pair<std::string, int> parseHostPort(const std::string& s, const std::string& flag);
+// Newest intact checkpoint step under `dir`, or -1.
+int64_t newestGoodCheckpoint(const std::string& dir);
+
+}  // namespace detail
+
+int runManager(const RunOptions& o, const JobSpec& job);
+
+}  // namespace morph

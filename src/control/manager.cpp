@@ -1,0 +1,472 @@
+// Manager: hosts the job's c10d TCPStore, tracks membership (registrations,
+// heartbeats, local child exits, leave posts), turns every membership change
+// into a new generation with a new VN plan, and writes the job's outputs.
+// It never trains and never touches tensors. Protocol: docs/distributed.md.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <map>
+#include <set>
+#include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "control/internal.h"
+
+namespace morph {
+
+using namespace detail;
+
+namespace {
+
+struct WorkerInfo {
+  pid_t pid = -1;        // local child, or -1
+  bool alive = true;
+  bool placeable = false;  // data loaded ("workers/<id>/ready")
+  std::string hb;        // last heartbeat value seen
+  double hb_time = 0;    // when it last changed
+};
+
+class Manager {
+ public:
+  Manager(const RunOptions& o, const JobSpec& job) : o_(o), job_(job), target_(o.workers) {}
+  int run();
+
+ private:
+  void spawn(int count);
+  void pollRegistrations();
+  void pollChildren();
+  void pollHeartbeats();
+  void pollResizeRequests();
+  void pollMetrics();
+  void updateStatus();
+  void startTransition(const std::string& cause);
+  bool transitionComplete();
+  void publish();
+  [[noreturn]] void noWorkerLeft(const std::string& why);
+  void markDead(int64_t id, const std::string& why);
+  std::string key(int64_t g, const std::string& what, int64_t id) const {
+    return "gen/" + std::to_string(g) + "/" + what + "/" + std::to_string(id);
+  }
+  void killChildren() {
+    for (auto& [id, w] : workers_)
+      if (w.pid > 0 && w.alive) kill(w.pid, SIGKILL);
+    for (pid_t p : unregistered_pids_) kill(p, SIGKILL);
+  }
+
+  const RunOptions& o_;
+  const JobSpec& job_;
+  std::string dir_;
+  int target_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  int port_ = 0;
+  double hb_interval_ = 0.1, hb_timeout_ = 2.0;
+  std::map<int64_t, WorkerInfo> workers_;
+  std::set<pid_t> unregistered_pids_;
+  std::vector<int64_t> members_;
+  int64_t gen_ = -1;
+  bool in_transition_ = false;
+  std::string transition_cause_;
+  double transition_start_ = 0;
+  int64_t resize_seq_ = 0;
+  std::unique_ptr<RunLog> log_;
+  int64_t steps_ = -1, next_ = 0, committed_ = -1;
+  json resizes_ = json::array();
+  // The resize whose first committed step we are waiting for.
+  json pending_resize_;
+  int64_t pending_gen_ = -1;
+  double pending_since_ = 0, last_hb_poll_ = 0, last_status_ = 0, last_sps_ = 0;
+};
+
+void Manager::spawn(int count) {
+  const std::string join = o_.host + ":" + std::to_string(port_);
+  for (int i = 0; i < count; ++i) {
+    pid_t pid = fork();
+    if (pid < 0) throw JobError("cannot start a worker process");
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the manager dies
+      execl(o_.self_exe.c_str(), o_.self_exe.c_str(), "worker", "--join", join.c_str(),
+            static_cast<char*>(nullptr));
+      std::perror("morph: exec worker");
+      _exit(3);
+    }
+    unregistered_pids_.insert(pid);
+  }
+}
+
+void Manager::pollRegistrations() {
+  const int64_t n = store_->add("workers/next_id", 0);
+  for (int64_t id = static_cast<int64_t>(workers_.size()); id < n; ++id) {
+    const std::string k = "workers/" + std::to_string(id) + "/pid";
+    if (!store_->check({k})) return;  // registered but not yet announced: next time
+    WorkerInfo w;
+    pid_t pid = static_cast<pid_t>(std::stol(getString(*store_, k)));
+    if (unregistered_pids_.erase(pid)) w.pid = pid;
+    w.hb_time = nowSeconds();
+    workers_[id] = w;
+  }
+  for (auto& [id, w] : workers_)
+    if (w.alive && !w.placeable) w.placeable = store_->check({"workers/" + std::to_string(id) + "/ready"});
+}
+
+void Manager::markDead(int64_t id, const std::string& why) {
+  WorkerInfo& w = workers_[id];
+  if (!w.alive) return;
+  w.alive = false;
+  if (w.pid > 0) kill(w.pid, SIGKILL);
+  const bool member = std::find(members_.begin(), members_.end(), id) != members_.end();
+  if (member) {
+    std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
+    // Survivors blocked on the dead peer bail out of their collectives.
+    setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
+    if (!in_transition_) startTransition("failure");
+  }
+}
+
+void Manager::pollChildren() {
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    const bool bad_input = WIFEXITED(status) && WEXITSTATUS(status) == 2;
+    int64_t id = -1;
+    for (auto& [wid, w] : workers_)
+      if (w.pid == pid) id = wid;
+    unregistered_pids_.erase(pid);
+    if (bad_input) {
+      killChildren();
+      while (waitpid(-1, nullptr, 0) > 0) {
+      }
+      throw InputError("a worker rejected the job's input (its message is above)");
+    }
+    if (id < 0) continue;
+    const std::string k = key(gen_, "left", id);
+    if (gen_ >= 0 && store_->check({k})) {
+      workers_[id].alive = false;  // left gracefully; the transition handles it
+    } else {
+      markDead(id, WIFEXITED(status) ? "exited with code " + std::to_string(WEXITSTATUS(status))
+                                     : "was killed by signal " + std::to_string(WTERMSIG(status)));
+    }
+  }
+}
+
+void Manager::pollHeartbeats() {
+  const double now = nowSeconds();
+  if (now - last_hb_poll_ < hb_interval_) return;
+  last_hb_poll_ = now;
+  for (auto& [id, w] : workers_) {
+    if (!w.alive) continue;
+    const std::string k = "workers/" + std::to_string(id) + "/hb";
+    if (store_->check({k})) {
+      std::string v = getString(*store_, k);
+      if (v != w.hb) {
+        w.hb = v;
+        w.hb_time = now;
+        continue;
+      }
+    }
+    if (now - w.hb_time > hb_timeout_) {
+      // A worker that left gracefully stops its heartbeat too.
+      if (gen_ >= 0 && store_->check({key(gen_, "left", id)})) {
+        w.alive = false;
+      } else {
+        markDead(id, "missed its heartbeats for " + std::to_string(now - w.hb_time) + " s");
+      }
+    }
+  }
+}
+
+void Manager::pollResizeRequests() {
+  const int64_t seq = store_->add("ctl/resize_seq", 0);
+  if (seq == resize_seq_) return;
+  resize_seq_ = seq;
+  int want = std::stoi(getString(*store_, "ctl/resize_target"));
+  if (want < 1 || want > job_.virtual_nodes) {
+    std::fprintf(stderr, "morph: ignoring resize to %d workers (1..%lld)\n", want,
+                 static_cast<long long>(job_.virtual_nodes));
+    return;
+  }
+  std::printf("morph: resize requested: %d -> %d workers\n", target_, want);
+  std::fflush(stdout);
+  int alive = 0;
+  for (auto& [id, w] : workers_) alive += w.alive;
+  alive += static_cast<int>(unregistered_pids_.size());
+  target_ = want;
+  if (want > alive) spawn(want - alive);
+}
+
+void Manager::pollMetrics() {
+  if (!log_ && store_->check({"job/steps"})) {
+    steps_ = std::stoll(getString(*store_, "job/steps"));
+    next_ = std::stoll(getString(*store_, "job/start_step"));
+    log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
+  }
+  while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
+    json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
+    log_->record(line);
+    last_sps_ = line.at("samples_per_second").get<double>();
+    committed_ = next_++;
+    if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
+      pending_resize_["seconds"] = nowSeconds() - pending_since_;
+      resizes_.push_back(pending_resize_);
+      if (!o_.quiet)
+        std::printf("morph: generation %lld: %s, %d -> %d workers, first step committed after %.3f s\n",
+                    static_cast<long long>(pending_gen_), pending_resize_["cause"].get<std::string>().c_str(),
+                    pending_resize_["from"].get<int>(), pending_resize_["to"].get<int>(),
+                    pending_resize_["seconds"].get<double>());
+      pending_gen_ = -1;
+    }
+    std::fflush(stdout);
+  }
+}
+
+void Manager::updateStatus() {
+  const double now = nowSeconds();
+  if (now - last_status_ < 0.5) return;
+  last_status_ = now;
+  int alive = 0;
+  for (auto& [id, w] : workers_) alive += w.alive;
+  json s = {{"generation", gen_},     {"members", members_},          {"workers", members_.size()},
+            {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
+            {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
+            {"resizes", resizes_.size()}};
+  setString(*store_, "status", s.dump());
+}
+
+void Manager::startTransition(const std::string& cause) {
+  in_transition_ = true;
+  transition_cause_ = cause;
+  transition_start_ = nowSeconds();
+}
+
+// Every member of the current generation has died, left, or reported its
+// committed step (ready).
+bool Manager::transitionComplete() {
+  for (int64_t id : members_) {
+    if (!workers_[id].alive) continue;
+    if (store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)})) continue;
+    if (nowSeconds() - transition_start_ > 60.0) {
+      markDead(id, "did not answer a generation change within 60 s");
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+void Manager::noWorkerLeft(const std::string& why) {
+  const int64_t ck = newestGoodCheckpoint(dir_ + "/checkpoints");
+  std::string ckmsg = ck >= 0 ? dir_ + "/checkpoints/" + checkpointDirName(ck) + " (resume with --resume " +
+                                    dir_ + "/checkpoints)"
+                              : "none";
+  killChildren();
+  throw JobError(why + "; the last committed step is " + std::to_string(committed_) +
+                 ", the newest good checkpoint " + ckmsg);
+}
+
+void Manager::publish() {
+  const int64_t g = gen_ + 1;
+  std::vector<int64_t> survivors;
+  int64_t best = -1;
+  std::map<int64_t, int64_t> committed;
+  bool someone_left = false;
+  for (int64_t id : members_) {
+    if (store_->check({key(gen_, "left", id)})) {
+      someone_left = true;
+      workers_[id].alive = false;  // it exits on its own
+    }
+    if (!workers_[id].alive || !store_->check({key(gen_, "ready", id)})) continue;
+    committed[id] = std::stoll(getString(*store_, key(gen_, "ready", id)));
+    survivors.push_back(id);
+    best = std::max(best, committed[id]);
+  }
+  if (gen_ >= 0 && survivors.empty()) noWorkerLeft("no worker is left");
+  // Rank 0 may have lagged one step behind the others (its reduction of
+  // that step failed, theirs completed): take that step's line from a
+  // member that committed it.
+  for (int64_t id : survivors) {
+    const std::string lk = key(gen_, "line", id);
+    if (!store_->check({lk})) continue;
+    json line = json::parse(getString(*store_, lk));
+    const std::string mk = "metrics/" + line.at("step").dump();
+    if (!store_->check({mk})) setString(*store_, mk, line.dump());
+  }
+  std::vector<int64_t> candidates = survivors;
+  for (auto& [id, w] : workers_)
+    if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
+      candidates.push_back(id);
+  const size_t size = std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
+                                        static_cast<size_t>(job_.virtual_nodes)});
+  std::vector<int64_t> next(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
+  std::vector<int64_t> released(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
+  int source = 0;
+  for (size_t r = 0; r < next.size(); ++r)
+    if (committed.count(next[r]) && committed[next[r]] == best) {
+      source = static_cast<int>(r);
+      break;
+    }
+  json plan = {{"generation", g}, {"members", next}, {"released", released}, {"source", source},
+               {"vn_ranges", json::array()}};
+  for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
+    plan["vn_ranges"].push_back({r.first, r.second});
+  setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
+  setString(*store_, "gen/current", std::to_string(g));
+  if (!o_.quiet || gen_ < 0) {
+    std::string text;
+    for (size_t r = 0; r < next.size(); ++r)
+      text += " w" + std::to_string(next[r]) + "=[" + plan["vn_ranges"][r][0].dump() + "," +
+              plan["vn_ranges"][r][1].dump() + ")";
+    std::printf("morph: generation %lld, %zu workers, VN plan:%s\n", static_cast<long long>(g), next.size(),
+                text.c_str());
+  }
+  if (gen_ >= 0) {
+    std::string cause = transition_cause_;
+    if (cause.empty()) cause = someone_left ? "leave" : "failure";
+    pending_resize_ = {{"step", best}, {"from", static_cast<int>(members_.size())},
+                       {"to", static_cast<int>(next.size())}, {"cause", cause}};
+    pending_gen_ = g;
+    pending_since_ = transition_start_;
+  }
+  for (int64_t id : released) workers_[id].alive = false;  // they exit on reading the plan
+  std::fflush(stdout);
+  members_ = next;
+  gen_ = g;
+  in_transition_ = false;
+  transition_cause_.clear();
+}
+
+int Manager::run() {
+  assignVns(job_.virtual_nodes, o_.workers);  // validates the worker count
+  const int spawn_count = o_.spawn < 0 ? o_.workers : o_.spawn;
+  if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
+  dir_ = outDir(o_, job_);
+  std::filesystem::create_directories(dir_);
+  hb_interval_ = o_.heartbeat_interval_s;
+  hb_timeout_ = o_.heartbeat_timeout_s;
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o_.port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(60);
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    throw InputError("--port " + std::to_string(o_.port) + ": cannot host the job's store: " + e.what());
+  }
+  port_ = store_->getPort();
+  setString(*store_, "job/text", readFile(o_.job_path));
+  setString(*store_, "job/origin", o_.job_path);
+  setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
+  setString(*store_, "job/out", std::filesystem::absolute(dir_).string());
+  setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
+  setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
+  setString(*store_, "gen/want", "0");
+  std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
+  if (spawn_count < o_.workers)
+    std::printf("morph: waiting for %d more: morph worker --join %s:%d\n", o_.workers - spawn_count,
+                o_.host.c_str(), port_);
+  std::fflush(stdout);
+  spawn(spawn_count);
+
+  const double start = nowSeconds();
+  while (true) {
+    pollRegistrations();
+    pollChildren();
+    pollHeartbeats();
+    pollResizeRequests();
+    pollMetrics();
+    updateStatus();
+    if (gen_ < 0) {
+      int placeable = 0;
+      for (auto& [id, w] : workers_) placeable += w.alive && w.placeable;
+      if (placeable >= target_) publish();
+      else if (spawn_count == o_.workers && nowSeconds() - start > 120)
+        throw JobError("workers did not start within 120 s");
+    } else if (in_transition_) {
+      if (transitionComplete()) publish();
+    } else {
+      bool posted = false;
+      for (int64_t id : members_)
+        posted = posted || store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)});
+      int joiners = 0;
+      for (auto& [id, w] : workers_)
+        joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
+      const int size = static_cast<int>(members_.size());
+      if (posted) {
+        startTransition("");  // a leave, or a failure a survivor saw first
+      } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
+        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        startTransition(resize_seq_ > 0 ? "request" : "join");
+      } else if (size > target_) {
+        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        startTransition("request");
+      }
+    }
+    if (log_ && next_ == steps_ && gen_ >= 0 && !in_transition_) {
+      std::vector<std::string> keys;
+      for (int64_t id : members_) keys.push_back("result/" + std::to_string(id));
+      if (store_->check(keys)) break;
+    }
+    bool anyone = !unregistered_pids_.empty();
+    for (auto& [id, w] : workers_) anyone = anyone || w.alive;
+    if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+  std::string hash;
+  int64_t peak = 0;
+  for (int64_t id : members_) {
+    json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
+    std::string h = res.at("model_hash").get<std::string>();
+    if (hash.empty()) hash = h;
+    if (h != hash)
+      throw JobError("workers disagree on the model after the last step (" + hash + " vs " + h +
+                     " on worker " + std::to_string(id) + "): a bug in Morph, please report it");
+    peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
+  }
+  setString(*store_, "job/finished", "1");
+  for (auto& [id, w] : workers_)
+    if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
+  writeSummary(dir_, job_, steps_, static_cast<int>(members_.size()), *log_, hash, peak, resizes_);
+  std::printf("model_hash: %s\n", hash.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int runManager(const RunOptions& o, const JobSpec& job) { return Manager(o, job).run(); }
+
+int runResize(const std::string& join, int workers) {
+  auto [host, port] = parseHostPort(join, "--join");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.timeout = std::chrono::seconds(5);
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception&) {
+    throw InputError("cannot reach the manager at " + join);
+  }
+  setString(*store, "ctl/resize_target", std::to_string(workers));
+  store->add("ctl/resize_seq", 1);
+  std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
+  return 0;
+}
+
+int runStatus(const std::string& join) {
+  auto [host, port] = parseHostPort(join, "--join");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.timeout = std::chrono::seconds(5);
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception&) {
+    throw InputError("cannot reach the manager at " + join);
+  }
+  store->wait({"status"}, std::chrono::seconds(5));
+  std::printf("%s\n", json::parse(getString(*store, "status")).dump(2).c_str());
+  return 0;
+}
+
+}  // namespace morph

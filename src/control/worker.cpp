@@ -1,0 +1,234 @@
+// Worker agent: joins a job's store, waits for a generation that includes
+// it, trains its VNs, and regroups when membership changes — without
+// restarting and without losing a committed step. Protocol:
+// docs/distributed.md ("Generations").
+#include <signal.h>
+
+#include <atomic>
+#include <csignal>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/communicator.h"
+#include "control/internal.h"
+
+namespace morph {
+
+using namespace detail;
+
+namespace {
+
+volatile std::sig_atomic_t g_leave_requested = 0;
+void onTerm(int) { g_leave_requested = 1; }
+
+c10::intrusive_ptr<c10d::TCPStore> connectStore(const std::string& host, int port, double timeout_s,
+                                                const std::string& join) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = false;
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception&) {
+    throw InputError("cannot reach the manager at " + join + " within " +
+                     std::to_string(static_cast<int>(timeout_s)) +
+                     " s; is `morph run` running there, and is the port open?");
+  }
+}
+
+// Sends this worker's pulse to the manager on a store connection of its own.
+class Heartbeat {
+ public:
+  Heartbeat(c10::intrusive_ptr<c10d::TCPStore> store, int64_t id, double interval_s)
+      : store_(std::move(store)), key_("workers/" + std::to_string(id) + "/hb"), interval_(interval_s),
+        thread_([this] { loop(); }) {}
+  ~Heartbeat() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (int64_t n = 0; !stop_; ++n) {
+      try {
+        setString(*store_, key_, std::to_string(n));
+      } catch (const std::exception&) {
+        return;  // the manager is gone; the main thread will notice too
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(interval_));
+    }
+  }
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::string key_;
+  double interval_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Every member of a new generation receives the state of `source` (the
+// member with the newest committed step): parameters, buffers, optimiser
+// state, scale state and the step counter.
+void syncState(Trainer& tr, Communicator& comm, int source) {
+  if (comm.size() == 1) return;
+  std::vector<int64_t> meta = tr.stateMeta();
+  torch::Tensor m = torch::tensor(meta, torch::kInt64);
+  comm.broadcast(m, source);
+  std::vector<torch::Tensor> state = tr.stateTensors();
+  std::vector<torch::Tensor> flat;
+  for (auto& t : state) {
+    MORPH_CHECK(t.scalar_type() == torch::kFloat32, "state tensors are float32");
+    flat.push_back(t.detach().reshape({-1}));
+  }
+  torch::Tensor all = torch::cat(flat);
+  comm.broadcast(all, source);
+  if (comm.rank() != source) {
+    torch::NoGradGuard no_grad;
+    int64_t off = 0;
+    for (auto& t : state) {
+      t.copy_(all.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+    tr.setStateMeta(std::vector<int64_t>(m.data_ptr<int64_t>(), m.data_ptr<int64_t>() + m.numel()));
+  }
+}
+
+}  // namespace
+
+int runWorker(const WorkerOptions& o) {
+  auto [host, port] = parseHostPort(o.join, "--join");
+  const std::string iface = localAddressToward(host, port);
+  auto store = connectStore(host, port, o.connect_timeout_s, o.join);
+  store->setTimeout(std::chrono::seconds(300));
+
+  JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
+                         splitLines(getString(*store, "job/overrides")));
+  json hb = json::parse(getString(*store, "job/heartbeat"));
+  const int64_t id = store->add("workers/next_id", 1) - 1;
+  const std::string me = std::to_string(id);
+  setString(*store, "workers/" + me + "/pid", std::to_string(getpid()));
+  setString(*store, "workers/" + me + "/addr", iface);
+  Heartbeat heartbeat(connectStore(host, port, o.connect_timeout_s, o.join), id, hb.at("interval").get<double>());
+  struct sigaction sa {};
+  sa.sa_handler = onTerm;
+  sigaction(SIGTERM, &sa, nullptr);
+
+  pinThreads(job.threads);
+  checkBlas(id == 0);
+  DataPair data = loadDatasets(job.data, job.seed);
+  const int64_t steps = job.resolveSteps(data.train->size());
+  setString(*store, "workers/" + me + "/ready", "1");  // data loaded: may be placed in a generation
+
+  LocalCommunicator none;
+  Trainer tr(job, steps, *data.train, none);
+  const std::string resume = getString(*store, "job/resume");
+  if (!resume.empty()) resumeFrom(resume, tr, id == 0);
+  if (id == 0) {
+    setString(*store, "job/start_step", std::to_string(tr.nextStep()));
+    setString(*store, "job/steps", std::to_string(steps));
+  }
+  auto fs = checkpointFileSystem();
+  std::unique_ptr<CheckpointWriter> ckpt;
+  // Process groups of past generations: never destroyed, since their threads
+  // may still be blocked on a dead peer until Gloo's own timeout.
+  std::vector<std::unique_ptr<Communicator>> comms;
+
+  int64_t gen = -1;
+  json last_line;  // metrics of the last step this worker committed
+  // Reports the committed step when leaving a generation (ready or left).
+  auto report = [&](const std::string& what) {
+    const std::string gk = "gen/" + std::to_string(gen) + "/";
+    if (!last_line.is_null()) setString(*store, gk + "line/" + me, last_line.dump());
+    setString(*store, gk + what + "/" + me, std::to_string(tr.nextStep()));
+  };
+  while (true) {
+    // Wait for a generation newer than ours.
+    json plan;
+    while (true) {
+      if (store->check({"job/finished"})) return 0;
+      if (store->check({"gen/current"})) {
+        int64_t g = std::stoll(getString(*store, "gen/current"));
+        if (g > gen) {
+          plan = json::parse(getString(*store, "gen/" + std::to_string(g) + "/plan"));
+          gen = g;
+          break;
+        }
+      }
+      if (g_leave_requested) return 0;  // not in a generation: nothing to hand over
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const auto& members = plan.at("members");
+    int rank = -1;
+    for (size_t r = 0; r < members.size(); ++r)
+      if (members[r].get<int64_t>() == id) rank = static_cast<int>(r);
+    if (rank < 0) {
+      for (const auto& r : plan.at("released"))
+        if (r.get<int64_t>() == id) return 0;  // asked to leave (resize down)
+      continue;                                // not placed yet: wait for the next one
+    }
+    const int world = static_cast<int>(members.size());
+    const std::string gkey = "gen/" + std::to_string(gen);
+    GlooOptions go;
+    go.interface_addr = iface;
+    go.timeout = std::chrono::seconds(30);
+    go.should_abort = [&store, gkey] { return store->check({gkey + "/abort"}); };
+    try {
+      try {
+        comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", store),
+                                             rank, world, go));
+      } catch (const std::exception& e) {
+        throw CommFailure(std::string("cannot form generation ") + std::to_string(gen) + ": " + e.what());
+      }
+      Communicator& comm = *comms.back();
+      tr.setCommunicator(&comm);
+      syncState(tr, comm, plan.at("source").get<int>());
+      auto range = plan.at("vn_ranges").at(rank);
+      tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+      if (rank == 0 && job.checkpoint_every > 0 && !ckpt)
+        ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
+                                                  static_cast<int>(job.checkpoint_keep));
+      bool regroup = false;
+      while (tr.nextStep() < steps && !regroup) {
+        const double want = std::stod(getString(*store, "gen/want"));
+        tr.setControl({want, g_leave_requested ? 1.0 : 0.0});
+        StepStats st = tr.step();
+        // Committed on every member of this generation: all hold the same
+        // reduced loss, so any member can stand in for rank 0's line.
+        last_line = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr},
+                     {"samples_per_second", static_cast<double>(job.global_batch) / st.seconds},
+                     {"workers", world}, {"generation", gen}, {"train_accuracy", st.train_accuracy},
+                     {"grad_norm", st.grad_norm}, {"attempts", st.attempts}, {"step_seconds", st.seconds},
+                     {"reduce_seconds", st.reduce_seconds}};
+        if (rank == 0) {
+          if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
+          json line = stepLine(job, steps, st, tr, *data.test, world, gen);
+          setString(*store, "metrics/" + std::to_string(st.step), line.dump());
+        }
+        const auto& ctl = tr.reducedControl();
+        regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
+      }
+      if (ckpt) ckpt->flush();
+      if (regroup) {
+        if (g_leave_requested) {
+          report("left");
+          return 0;
+        }
+        report("ready");
+        continue;
+      }
+      json res = {{"model_hash", tr.hash()},
+                  {"peak_rss_bytes", peakRssBytes()},
+                  {"bytes_reduced", comm.bytesReduced()},
+                  {"generation", gen}};
+      setString(*store, "result/" + me, res.dump());
+      store->wait({"job/finished"}, std::chrono::hours(1));
+      return 0;
+    } catch (const CommFailure& e) {
+      // The step in flight did not commit; report what did and regroup.
+      tr.abandonStep();
+      report("ready");
+    }
+  }
+}
+
+}  // namespace morph
