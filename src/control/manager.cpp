@@ -68,6 +68,7 @@ class Manager {
   bool in_transition_ = false;
   std::string transition_cause_;
   double transition_start_ = 0;
+  double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
   std::unique_ptr<RunLog> log_;
   int64_t steps_ = -1, next_ = 0, committed_ = -1;
@@ -236,6 +237,7 @@ void Manager::startTransition(const std::string& cause) {
   in_transition_ = true;
   transition_cause_ = cause;
   transition_start_ = nowSeconds();
+  transition_unix_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // Every member of the current generation has died, left, or reported its
@@ -321,8 +323,11 @@ void Manager::publish() {
   if (gen_ >= 0) {
     std::string cause = transition_cause_;
     if (cause.empty()) cause = someone_left ? "leave" : "failure";
-    pending_resize_ = {{"step", best}, {"from", static_cast<int>(members_.size())},
-                       {"to", static_cast<int>(next.size())}, {"cause", cause}};
+    pending_resize_ = {{"step", best},
+                       {"from", static_cast<int>(members_.size())},
+                       {"to", static_cast<int>(next.size())},
+                       {"cause", cause},
+                       {"detected_unix_time", transition_unix_}};
     pending_gen_ = g;
     pending_since_ = transition_start_;
   }

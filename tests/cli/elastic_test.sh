@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A job on 3 workers: one is SIGKILLed mid-step, another joins later, one
+# leaves gracefully (SIGTERM). The final model must equal the undisturbed
+# single-process run's, and summary.json must list the three resizes.
+set -euo pipefail
+MORPH=$1
+work=$(mktemp -d)
+cleanup() {
+  pkill -9 -f "morph worker --join 127.0.0.1:${port:-none}" 2>/dev/null || true
+  [[ -n "${mpid:-}" ]] && kill -9 "$mpid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+cat > "$work/job.toml" <<'TOML'
+[job]
+name = "elastic"
+seed = 4
+steps = 2500
+[data]
+dataset = "synthetic"
+train_size = 600
+test_size = 60
+[model]
+name = "mlp"
+hidden = [24]
+[batch]
+global = 36
+virtual_nodes = 12
+[optim]
+lr = 0.02
+momentum = 0.9
+TOML
+
+ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
+
+"$MORPH" run "$work/job.toml" --quiet --workers 3 --out "$work/el" > "$work/manager.log" 2>&1 &
+mpid=$!
+wait_for() {  # wait_for DESCRIPTION COMMAND...: poll up to 60 s
+  local what=$1; shift
+  for _ in $(seq 1 600); do
+    if "$@" > /dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  echo "timed out waiting for: $what"; cat "$work/manager.log"; exit 1
+}
+lines() { [[ -f "$work/el/metrics.jsonl" ]] && (( $(wc -l < "$work/el/metrics.jsonl") >= $1 )); }
+generation() { grep -q "\"generation\":$1[,}]" "$work/el/metrics.jsonl"; }
+
+wait_for "manager port" grep -q "manager on port" "$work/manager.log"
+port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager.log")
+wait_for "training to start" lines 50
+mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
+(( ${#pids[@]} == 3 )) || { echo "expected 3 workers, found ${#pids[@]}"; exit 1; }
+
+kill -9 "${pids[1]}"
+wait_for "the failure to be survived" generation 1
+"$MORPH" worker --join "127.0.0.1:$port" > "$work/joiner.log" 2>&1 &
+wait_for "the joiner to be placed" generation 2
+kill -TERM "${pids[2]}"
+wait_for "the leave to be handled" generation 3
+steps_done=$(wc -l < "$work/el/metrics.jsonl")
+(( steps_done < 2500 )) || { echo "the job ended before the last membership change"; exit 1; }
+
+wait "$mpid"
+mpid=""
+got=$(tail -n 1 "$work/manager.log")
+echo "undisturbed single process: $ref"
+echo "kill + join + leave:        $got"
+[[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ"; cat "$work/manager.log"; exit 1; }
+causes=$(/usr/bin/env python3 -c "import json,sys; print(' '.join(r['cause'] for r in json.load(open(sys.argv[1]))['resizes']))" "$work/el/summary.json" 2>/dev/null || grep -o '"cause": "[a-z]*"' "$work/el/summary.json" | cut -d'"' -f4 | tr '\n' ' ')
+echo "resizes: $causes"
+[[ "$causes" == "failure join leave"* ]] || { echo "FAIL: expected resizes failure, join, leave"; exit 1; }
+# Every step's metrics line is there exactly once.
+(( $(wc -l < "$work/el/metrics.jsonl") == 2500 )) || { echo "FAIL: metrics lines"; exit 1; }
+echo "elastic test passed"
