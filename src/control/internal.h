@@ -120,7 +120,8 @@ std::unique_ptr<FileSystem> checkpointFileSystem();
 // stderr. Throws InputError when there is none.
 void resumeFrom(const std::string& dir, Trainer& tr, bool report);
 void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
-                  const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes);
+                  const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes,
+                  const json& extra = json::object());
 std::vector<std::string> effectiveOverrides(const RunOptions& o);
 std::string outDir(const RunOptions& o, const JobSpec& job);
 std::string readFile(const std::string& path);

@@ -71,7 +71,7 @@ class Manager {
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
   std::unique_ptr<RunLog> log_;
-  int64_t steps_ = -1, next_ = 0, committed_ = -1;
+  int64_t steps_ = -1, next_ = 0, committed_ = -1, first_step_ = 0;
   json resizes_ = json::array();
   // The resize whose first committed step we are waiting for.
   json pending_resize_;
@@ -198,7 +198,7 @@ void Manager::pollResizeRequests() {
 void Manager::pollMetrics() {
   if (!log_ && store_->check({"job/steps"})) {
     steps_ = std::stoll(getString(*store_, "job/steps"));
-    next_ = std::stoll(getString(*store_, "job/start_step"));
+    next_ = first_step_ = std::stoll(getString(*store_, "job/start_step"));
     log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
   }
   while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
@@ -419,7 +419,7 @@ int Manager::run() {
   }
 
   std::string hash;
-  int64_t peak = 0;
+  int64_t peak = 0, bytes = 0;
   for (int64_t id : members_) {
     json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
     std::string h = res.at("model_hash").get<std::string>();
@@ -428,11 +428,16 @@ int Manager::run() {
       throw JobError("workers disagree on the model after the last step (" + hash + " vs " + h +
                      " on worker " + std::to_string(id) + "): a bug in Morph, please report it");
     peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
+    bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
   }
   setString(*store_, "job/finished", "1");
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
-  writeSummary(dir_, job_, steps_, static_cast<int>(members_.size()), *log_, hash, peak, resizes_);
+  json extra = json::object();
+  // All-reduce payload per step of a worker that stayed throughout.
+  if (resizes_.empty() && steps_ > first_step_)
+    extra["reduce_payload_bytes_per_step"] = static_cast<double>(bytes) / static_cast<double>(steps_ - first_step_);
+  writeSummary(dir_, job_, steps_, static_cast<int>(members_.size()), *log_, hash, peak, resizes_, extra);
   std::printf("model_hash: %s\n", hash.c_str());
   return 0;
 }

@@ -100,7 +100,8 @@ void resumeFrom(const std::string& dir, Trainer& tr, bool report) {
 }
 
 void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
-                  const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes) {
+                  const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes,
+                  const json& extra) {
   json s = {{"model_hash", hash},
             {"job", job.name},
             {"steps", steps},
@@ -116,6 +117,7 @@ void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int
             {"wall_seconds", log.wallSeconds()},
             {"peak_rss_bytes", peak_rss},
             {"resizes", resizes}};
+  s.update(extra);
   std::string tmp = (std::filesystem::path(dir) / "summary.json.tmp").string();
   {
     std::ofstream out(tmp, std::ios::trunc);

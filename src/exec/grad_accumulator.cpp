@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "exec/fixed_point.h"
@@ -52,19 +53,28 @@ void GradAccumulator::add(size_t seg, const float* values) {
     overflow_ = overflow_ || r.overflow;
     nonfinite_ = nonfinite_ || r.nonfinite;
   } else {
+    // A vectorisable add; Inf and NaN propagate into the sum, which
+    // flagsAndMax() checks once per step.
     float* acc = float_.data() + off;
-    for (int64_t i = 0; i < n; ++i) {
-      acc[i] += values[i];
-      if (!std::isfinite(values[i])) nonfinite_ = true;
-    }
+    for (int64_t i = 0; i < n; ++i) acc[i] += values[i];
   }
 }
 
 std::vector<double> GradAccumulator::flagsAndMax() const {
+  bool nonfinite = nonfinite_;
+  if (mode_ == ReduceMode::kFloat) {
+    uint32_t all_ones = 0;  // exponent bits all set <=> Inf or NaN
+    for (float v : float_) {
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      all_ones |= ((bits >> 23) & 0xFFu) == 0xFFu;
+    }
+    nonfinite = nonfinite || all_ones != 0;
+  }
   std::vector<double> f;
   f.reserve(2 + max_.size());
   f.push_back(overflow_ ? 1.0 : 0.0);
-  f.push_back(nonfinite_ ? 1.0 : 0.0);
+  f.push_back(nonfinite ? 1.0 : 0.0);
   f.insert(f.end(), max_.begin(), max_.end());
   return f;
 }

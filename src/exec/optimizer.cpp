@@ -91,16 +91,23 @@ double learningRate(const OptimSpec& s, int64_t step, int64_t total_steps) {
 }
 
 double gradNorm(const std::vector<torch::Tensor>& params) {
-  double sum = 0.0;
+  // Eight interleaved partial sums, combined in a fixed order: vectorisable,
+  // and the same bits on every worker (they hold the same gradients).
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (const auto& p : params) {
     torch::Tensor g = p.grad().contiguous();
     const float* d = g.data_ptr<float>();
-    for (int64_t i = 0, n = g.numel(); i < n; ++i) sum += static_cast<double>(d[i]) * d[i];
+    const int64_t n = g.numel();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(d[i + k]) * d[i + k];
+    for (; i < n; ++i) part[0] += static_cast<double>(d[i]) * d[i];
   }
-  return std::sqrt(sum);
+  return std::sqrt(((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])));
 }
 
 double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
+  if (max_norm <= 0.0) return 0.0;  // no clipping: skip the pass
   const double norm = gradNorm(params);
   if (max_norm > 0.0 && norm > max_norm) {
     torch::NoGradGuard no_grad;

@@ -36,7 +36,7 @@ double learningRate(const OptimSpec& spec, int64_t step, int64_t total_steps);
 // the same bits on every worker holding the same gradients.
 double gradNorm(const std::vector<torch::Tensor>& params);
 // Scales gradients so that their global norm is at most max_norm; returns the
-// norm before clipping.
+// norm before clipping (0 without computing it when max_norm <= 0).
 double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
 
 }  // namespace morph

@@ -30,7 +30,7 @@ struct StepStats {
   double loss = 0.0;            // mean training loss over the global batch
   double train_accuracy = 0.0;  // over the global batch
   double lr = 0.0;
-  double grad_norm = 0.0;
+  double grad_norm = 0.0;       // before clipping; 0 when clipping is off
   int attempts = 1;             // > 1 when the fixed-point bound forced a redo
   double seconds = 0.0;         // wall time of the step on this worker
   double reduce_seconds = 0.0;  // of which spent in collectives
