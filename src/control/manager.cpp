@@ -70,6 +70,8 @@ class Manager {
   double transition_start_ = 0;
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
+  int64_t events_seen_ = 0;
+  double last_slow_poll_ = 0;  // registrations and resize requests
   std::unique_ptr<RunLog> log_;
   int64_t steps_ = -1, next_ = 0, committed_ = -1, first_step_ = 0;
   json resizes_ = json::array();
@@ -86,6 +88,9 @@ void Manager::spawn(int count) {
     if (pid < 0) throw JobError("cannot start a worker process");
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the manager dies
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
       execl(o_.self_exe.c_str(), o_.self_exe.c_str(), "worker", "--join", join.c_str(),
             static_cast<char*>(nullptr));
       std::perror("morph: exec worker");
@@ -209,8 +214,7 @@ void Manager::pollMetrics() {
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
       pending_resize_["seconds"] = nowSeconds() - pending_since_;
       resizes_.push_back(pending_resize_);
-      if (!o_.quiet)
-        std::printf("morph: generation %lld: %s, %d -> %d workers, first step committed after %.3f s\n",
+      std::printf("morph: generation %lld: %s, %d -> %d workers, first step committed after %.3f s\n",
                     static_cast<long long>(pending_gen_), pending_resize_["cause"].get<std::string>().c_str(),
                     pending_resize_["from"].get<int>(), pending_resize_["to"].get<int>(),
                     pending_resize_["seconds"].get<double>());
@@ -229,7 +233,7 @@ void Manager::updateStatus() {
   json s = {{"generation", gen_},     {"members", members_},          {"workers", members_.size()},
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
-            {"resizes", resizes_.size()}};
+            {"resizes", resizes_}};
   setString(*store_, "status", s.dump());
 }
 
@@ -371,14 +375,27 @@ int Manager::run() {
     std::printf("morph: waiting for %d more: morph worker --join %s:%d\n", o_.workers - spawn_count,
                 o_.host.c_str(), port_);
   std::fflush(stdout);
+  sigset_t block;
+  sigemptyset(&block);
+  sigaddset(&block, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &block, nullptr);
   spawn(spawn_count);
 
   const double start = nowSeconds();
+  // SIGCHLD ends the loop's wait at once, so a local worker's death is seen
+  // without busy polling (children get the mask restored before exec).
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
   while (true) {
-    pollRegistrations();
+    const double now = nowSeconds();
+    if (gen_ < 0 || in_transition_ || now - last_slow_poll_ > 0.05) {
+      last_slow_poll_ = now;
+      pollRegistrations();
+      pollResizeRequests();
+    }
     pollChildren();
     pollHeartbeats();
-    pollResizeRequests();
     pollMetrics();
     updateStatus();
     if (gen_ < 0) {
@@ -390,9 +407,15 @@ int Manager::run() {
     } else if (in_transition_) {
       if (transitionComplete()) publish();
     } else {
+      // Members bump "events" after posting ready/left: one read instead of
+      // two per member.
+      const int64_t events = store_->add("events", 0);
       bool posted = false;
-      for (int64_t id : members_)
-        posted = posted || store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)});
+      if (events != events_seen_) {
+        events_seen_ = events;
+        for (int64_t id : members_)
+          posted = posted || store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)});
+      }
       int joiners = 0;
       for (auto& [id, w] : workers_)
         joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
@@ -415,7 +438,8 @@ int Manager::run() {
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
     if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const timespec wait = {0, in_transition_ || gen_ < 0 ? 1000000L : 5000000L};
+    sigtimedwait(&chld, nullptr, &wait);
   }
 
   std::string hash;

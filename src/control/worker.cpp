@@ -140,6 +140,7 @@ int runWorker(const WorkerOptions& o) {
     const std::string gk = "gen/" + std::to_string(gen) + "/";
     if (!last_line.is_null()) setString(*store, gk + "line/" + me, last_line.dump());
     setString(*store, gk + what + "/" + me, std::to_string(tr.nextStep()));
+    store->add("events", 1);  // wakes the manager's membership check
   };
   while (true) {
     // Wait for a generation newer than ours.

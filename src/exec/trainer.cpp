@@ -10,8 +10,13 @@ namespace morph {
 
 namespace {
 // Gradient bytes per all-reduce bucket: small enough that the first
-// reductions start early in the last VN's backward pass.
-constexpr int64_t kBucketBytes = 1 << 20;
+// reductions start early in the last VN's backward pass, large enough that
+// per-collective latency does not dominate. MORPH_BUCKET_BYTES overrides it
+// (a tuning knob; it never changes results).
+int64_t bucketBytes() {
+  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) return std::max<int64_t>(1, std::atoll(s));
+  return int64_t{25} << 20;  // as DDP
+}
 }  // namespace
 
 Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
@@ -39,6 +44,7 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   seg_ready_.assign(sizes.size(), 0);
 
   const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
+  const int64_t kBucketBytes = bucketBytes();
   for (size_t s = 0; s < bn_seg_;) {
     Bucket b{s, s};
     int64_t bytes = 0;
