@@ -80,16 +80,17 @@ def run(binary, hidden, tag, tmp):
         wait(lambda: os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 20, "training")
         workers = subprocess.run(["pgrep", "-f", f"^{binary} worker --join 127.0.0.1:{p}"], capture_output=True,
                                  text=True).stdout.split()
-        joiner = subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{p}"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        wait(lambda: generation_seen(metrics, 1), "the join")
-        time.sleep(0.5)
-        os.kill(int(workers[2]), signal.SIGTERM)
-        wait(lambda: generation_seen(metrics, 2), "the leave")
-        time.sleep(0.5)
+        # A failure (3 -> 2), then a join (2 -> 3), then a leave (3 -> 2).
         killed_at = time.time()
         os.kill(int(workers[1]), signal.SIGKILL)
-        wait(lambda: generation_seen(metrics, 3), "the failure")
+        wait(lambda: generation_seen(metrics, 1), "the failure")
+        time.sleep(0.5)
+        subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{p}"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        wait(lambda: generation_seen(metrics, 2), "the join")
+        time.sleep(0.5)
+        os.kill(int(workers[2]), signal.SIGTERM)
+        wait(lambda: generation_seen(metrics, 3), "the leave")
         time.sleep(0.5)
         steps = [json.loads(line) for line in open(metrics)]
         step_time = sorted(s["step_seconds"] for s in steps[-20:])[10]

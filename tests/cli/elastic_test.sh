@@ -73,4 +73,22 @@ echo "resizes: $causes"
 [[ "$causes" == "failure join leave"* ]] || { echo "FAIL: expected resizes failure, join, leave"; exit 1; }
 # Every step's metrics line is there exactly once.
 (( $(wc -l < "$work/el/metrics.jsonl") == 2500 )) || { echo "FAIL: metrics lines"; exit 1; }
+
+# No worker left: the job stops with exit code 3, naming the last committed
+# step and the newest good checkpoint to resume from.
+"$MORPH" run "$work/job.toml" --quiet --workers 1 --out "$work/alone" --set checkpoint.every=20 \
+  > "$work/alone.log" 2>&1 &
+mpid=$!
+wait_for "the lone worker to train" grep -q '"step":60,' "$work/alone/metrics.jsonl"
+port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/alone.log")
+pkill -9 -f "^$MORPH worker --join 127.0.0.1:$port"
+set +e
+wait "$mpid"
+rc=$?
+set -e
+mpid=""
+echo "$(tail -n 1 "$work/alone.log")"
+(( rc == 3 )) || { echo "FAIL: expected exit code 3, got $rc"; cat "$work/alone.log"; exit 1; }
+grep -q "last committed step is" "$work/alone.log" || { echo "FAIL: no committed step named"; exit 1; }
+grep -q "checkpoints/step-" "$work/alone.log" || { echo "FAIL: no checkpoint named"; exit 1; }
 echo "elastic test passed"

@@ -74,4 +74,32 @@ echo "two hosts:      $got (host B received $rx bytes over $vb)"
 [[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ"; cat "$work/manager.log" "$work/worker.log"; exit 1; }
 # 4 steps of int64 gradients of a ~7k-parameter model (56 KB a step) crossed the link.
 ((rx > 100000)) || { echo "FAIL: too little traffic crossed the veth link"; exit 1; }
+
+# A host lost: the worker in host B is killed; the manager notices the silence
+# of its heartbeats (1 s), host A's worker carries on alone, same model.
+sed -i 's/^steps = 4$/steps = 400/' "$work/job.toml"
+ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref2" | tail -n 1)
+ip netns exec "$nsa" "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1 --host "$host_a" \
+  --heartbeat-timeout 1 --out "$work/lost" > "$work/manager2.log" 2>&1 &
+mpid=$!
+port=""
+for _ in $(seq 1 200); do
+  port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager2.log")
+  [[ -n "$port" ]] && break
+  sleep 0.05
+done
+ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" > "$work/worker2.log" 2>&1 &
+bpid=$!
+for _ in $(seq 1 600); do
+  [[ -f "$work/lost/metrics.jsonl" ]] && (( $(wc -l < "$work/lost/metrics.jsonl") >= 20 )) && break
+  sleep 0.1
+done
+kill -9 "$bpid"
+wait "$mpid"
+mpid=""
+got=$(tail -n 1 "$work/manager2.log")
+echo "host B lost mid-run: $got (single process: $ref)"
+[[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ after losing host B"; cat "$work/manager2.log"; exit 1; }
+grep -q "missed its heartbeats\|was killed\|exited" "$work/manager2.log" || { echo "FAIL: loss not reported"; cat "$work/manager2.log"; exit 1; }
+grep -q '"cause": "failure"' "$work/lost/summary.json" || { echo "FAIL: no failure resize"; exit 1; }
 echo "netns test passed"
