@@ -27,12 +27,12 @@ def run(binary, job, steps, every, out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     root = os.path.join(HERE, "..", "examples")
     print(f"{'job':>12} {'steps':>6} {'no ckpt':>9} {'ckpt/50':>9} {'ratio':>7} {'checkpoints':>12}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, steps in (("fmnist-mlp", 400), ("fmnist-cnn", 150)):
+        for name, steps in (("fmnist-mlp", 600), ("fmnist-cnn", 200)):
             job = os.path.join(root, name + ".toml")
             base = ck = 0.0
             for r in range(a.rounds):

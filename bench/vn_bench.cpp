@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--vns")) vns_arg = argv[i + 1];
     else if (!std::strcmp(argv[i], "--global")) B = std::atoll(argv[i + 1]);
   }
+  tuneAllocator();  // as the morph binary does; the plain loop benefits too
   pinThreads(1);
   std::printf("blas: %s\n", checkBlas(true).c_str());
   DataSpec ds;

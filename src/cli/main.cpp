@@ -9,6 +9,7 @@
 
 #include "control/runner.h"
 #include "core/error.h"
+#include "core/sys.h"
 
 namespace {
 
@@ -21,6 +22,7 @@ std::string selfExe(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  morph::tuneAllocator();
   CLI::App app{"morph: training that decouples the model from the hardware it runs on"};
   app.require_subcommand(1);
 

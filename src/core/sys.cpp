@@ -1,6 +1,7 @@
 #include "core/sys.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -27,6 +28,11 @@ void pinThreads(int threads) {
   using SetThreads = void (*)(int);
   if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
     f(threads);
+}
+
+void tuneAllocator() {
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
 std::string checkBlas(bool warn) {

@@ -10,6 +10,11 @@ namespace morph {
 // Call early, before any tensor work.
 void pinThreads(int threads);
 
+// Keeps glibc from returning large freed blocks to the kernel: otherwise
+// every VN's gradient buffers (megabytes) are mmapped, page-faulted and
+// unmapped again (measured: 20-25% of an MLP step). Call first in main().
+void tuneAllocator();
+
 // Name of the BLAS the process calls ("openblas ..." or "reference"); warns on
 // stderr once when it is the slow reference BLAS.
 std::string checkBlas(bool warn);
