@@ -117,7 +117,6 @@ int runWorker(const WorkerOptions& o) {
   checkBlas(id == 0);
   DataPair data = loadDatasets(job.data, job.seed);
   const int64_t steps = job.resolveSteps(data.train->size());
-  setString(*store, "workers/" + me + "/ready", "1");  // data loaded: may be placed in a generation
 
   LocalCommunicator none;
   Trainer tr(job, steps, *data.train, none);
@@ -129,6 +128,9 @@ int runWorker(const WorkerOptions& o) {
   }
   auto fs = checkpointFileSystem();
   std::unique_ptr<CheckpointWriter> ckpt;
+  // Data loaded and model built: from now on this worker can join a
+  // generation within milliseconds.
+  setString(*store, "workers/" + me + "/ready", "1");
   // Process groups of past generations: never destroyed, since their threads
   // may still be blocked on a dead peer until Gloo's own timeout.
   std::vector<std::unique_ptr<Communicator>> comms;
