@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "ckpt/checkpoint_store.h"
@@ -131,6 +132,9 @@ std::string joinLines(const std::vector<std::string>& v);
 std::vector<std::string> splitLines(const std::string& s);
 // "HOST:PORT" -> (host, port); throws InputError naming `flag`.
 std::pair<std::string, int> parseHostPort(const std::string& s, const std::string& flag);
+// A store client of the manager at `join` (HOST:PORT); InputError naming the
+// address when it cannot be reached within timeout_s.
+c10::intrusive_ptr<c10d::TCPStore> connectToManager(const std::string& join, double timeout_s);
 // Newest intact checkpoint step under `dir`, or -1.
 int64_t newestGoodCheckpoint(const std::string& dir);
 

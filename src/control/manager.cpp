@@ -471,16 +471,7 @@ int Manager::run() {
 int runManager(const RunOptions& o, const JobSpec& job) { return Manager(o, job).run(); }
 
 int runResize(const std::string& join, int workers) {
-  auto [host, port] = parseHostPort(join, "--join");
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.timeout = std::chrono::seconds(5);
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception&) {
-    throw InputError("cannot reach the manager at " + join);
-  }
+  auto store = connectToManager(join, 5.0);
   setString(*store, "ctl/resize_target", std::to_string(workers));
   store->add("ctl/resize_seq", 1);
   std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
@@ -488,16 +479,7 @@ int runResize(const std::string& join, int workers) {
 }
 
 int runStatus(const std::string& join) {
-  auto [host, port] = parseHostPort(join, "--join");
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.timeout = std::chrono::seconds(5);
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception&) {
-    throw InputError("cannot reach the manager at " + join);
-  }
+  auto store = connectToManager(join, 5.0);
   store->wait({"status"}, std::chrono::seconds(5));
   std::printf("%s\n", json::parse(getString(*store, "status")).dump(2).c_str());
   return 0;

@@ -199,6 +199,20 @@ std::pair<std::string, int> parseHostPort(const std::string& s, const std::strin
   return {s.substr(0, colon), port};
 }
 
+c10::intrusive_ptr<c10d::TCPStore> connectToManager(const std::string& join, double timeout_s) {
+  auto [host, port] = parseHostPort(join, "--join");
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = false;
+  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception&) {
+    throw InputError("cannot reach the manager at " + join + " within " + std::to_string(static_cast<int>(timeout_s)) +
+                     " s; is `morph run` running there, and is the port open?");
+  }
+}
+
 int64_t newestGoodCheckpoint(const std::string& dir) {
   PosixFileSystem fs;
   std::vector<std::string> problems;

@@ -22,21 +22,6 @@ namespace {
 volatile std::sig_atomic_t g_leave_requested = 0;
 void onTerm(int) { g_leave_requested = 1; }
 
-c10::intrusive_ptr<c10d::TCPStore> connectStore(const std::string& host, int port, double timeout_s,
-                                                const std::string& join) {
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = false;
-  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception&) {
-    throw InputError("cannot reach the manager at " + join + " within " +
-                     std::to_string(static_cast<int>(timeout_s)) +
-                     " s; is `morph run` running there, and is the port open?");
-  }
-}
-
 // Sends this worker's pulse to the manager on a store connection of its own.
 class Heartbeat {
  public:
@@ -98,7 +83,7 @@ void syncState(Trainer& tr, Communicator& comm, int source) {
 int runWorker(const WorkerOptions& o) {
   auto [host, port] = parseHostPort(o.join, "--join");
   const std::string iface = localAddressToward(host, port);
-  auto store = connectStore(host, port, o.connect_timeout_s, o.join);
+  auto store = connectToManager(o.join, o.connect_timeout_s);
   store->setTimeout(std::chrono::seconds(300));
 
   JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
@@ -108,7 +93,7 @@ int runWorker(const WorkerOptions& o) {
   const std::string me = std::to_string(id);
   setString(*store, "workers/" + me + "/pid", std::to_string(getpid()));
   setString(*store, "workers/" + me + "/addr", iface);
-  Heartbeat heartbeat(connectStore(host, port, o.connect_timeout_s, o.join), id, hb.at("interval").get<double>());
+  Heartbeat heartbeat(connectToManager(o.join, o.connect_timeout_s), id, hb.at("interval").get<double>());
   struct sigaction sa {};
   sa.sa_handler = onTerm;
   sigaction(SIGTERM, &sa, nullptr);

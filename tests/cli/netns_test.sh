@@ -52,18 +52,22 @@ lr = 0.05
 momentum = 0.9
 TOML
 
+managerPort() {  # managerPort LOG: the port the manager printed, waiting up to 10 s
+  local p=""
+  for _ in $(seq 1 200); do
+    p=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$1")
+    [[ -n "$p" ]] && { echo "$p"; return 0; }
+    sleep 0.05
+  done
+  echo "manager did not start" >&2; cat "$1" >&2; return 1
+}
+
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 
 ip netns exec "$nsa" "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1 --host "$host_a" \
   --out "$work/two" > "$work/manager.log" 2>&1 &
 mpid=$!
-port=""
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager.log")
-  [[ -n "$port" ]] && break
-  sleep 0.05
-done
-[[ -n "$port" ]] || { echo "manager did not start"; cat "$work/manager.log"; exit 1; }
+port=$(managerPort "$work/manager.log")
 ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" > "$work/worker.log" 2>&1
 wait "$mpid"
 mpid=""
@@ -82,12 +86,7 @@ ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref2" | tail -n 1)
 ip netns exec "$nsa" "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1 --host "$host_a" \
   --heartbeat-timeout 1 --out "$work/lost" > "$work/manager2.log" 2>&1 &
 mpid=$!
-port=""
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager2.log")
-  [[ -n "$port" ]] && break
-  sleep 0.05
-done
+port=$(managerPort "$work/manager2.log")
 ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" > "$work/worker2.log" 2>&1 &
 bpid=$!
 for _ in $(seq 1 600); do
