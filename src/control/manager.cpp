@@ -121,7 +121,8 @@ void Manager::markDead(int64_t id, const std::string& why) {
   w.alive = false;
   if (w.pid > 0) kill(w.pid, SIGKILL);
   const bool member = std::find(members_.begin(), members_.end(), id) != members_.end();
-  if (member) {
+  const bool all_steps_done = log_ && next_ >= steps_;  // nothing left to recompute
+  if (member && !all_steps_done) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
     setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
@@ -431,9 +432,16 @@ int Manager::run() {
       }
     }
     if (log_ && next_ == steps_ && gen_ >= 0 && !in_transition_) {
+      // Results of every member still alive (one that died after the last
+      // step may or may not have posted one).
       std::vector<std::string> keys;
-      for (int64_t id : members_) keys.push_back("result/" + std::to_string(id));
-      if (store_->check(keys)) break;
+      int posted = 0;
+      for (int64_t id : members_) {
+        const std::string k = "result/" + std::to_string(id);
+        if (workers_[id].alive) keys.push_back(k);
+        posted += store_->check({k});
+      }
+      if (posted > 0 && store_->check(keys)) break;
     }
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
@@ -445,6 +453,7 @@ int Manager::run() {
   std::string hash;
   int64_t peak = 0, bytes = 0;
   for (int64_t id : members_) {
+    if (!store_->check({"result/" + std::to_string(id)})) continue;
     json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
     std::string h = res.at("model_hash").get<std::string>();
     if (hash.empty()) hash = h;
