@@ -6,7 +6,7 @@ packages=(
   libtorch-dev libgloo-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   libgtest-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
   iproute2 procps
 )
 missing=()

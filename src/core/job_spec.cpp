@@ -224,7 +224,9 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   if (has_epochs) j.epochs = r.number("job.epochs", 0, 1e-9, 1e6);
   j.threads = static_cast<int>(r.integer("job.threads", 1, 1, 256));
 
-  j.data.dataset = r.choice("data.dataset", "", {"fashion-mnist", "synthetic"}, true);
+  j.data.dataset = r.choice("data.dataset", "", {"fashion-mnist", "synthetic", "fortunes-char"}, true);
+  if (j.data.dataset != "fortunes-char" && r.has("data.seq_len"))
+    r.fail("data.seq_len", "applies only to data.dataset = \"fortunes-char\"");
   if (j.data.dataset == "fashion-mnist") {
     j.data.path = r.str("data.path", "/usr/share/datasets/fashion-mnist");
     for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -237,14 +239,41 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     }
     for (const char* k : {"data.train_size", "data.test_size"})
       if (r.has(k)) r.fail(k, "applies only to data.dataset = \"synthetic\"");
+  } else if (j.data.dataset == "fortunes-char") {
+    j.data.path = r.str("data.path", "/usr/share/games/fortunes");
+    j.data.seq_len = r.integer("data.seq_len", 64, 2, 4096);
+    if (!std::filesystem::is_directory(j.data.path))
+      r.fail("data.path", "expected the folder of the fortunes text files, but " + j.data.path +
+                              " is missing (apt-get install fortunes)");
+    for (const char* k : {"data.train_size", "data.test_size"})
+      if (r.has(k)) r.fail(k, "applies only to data.dataset = \"synthetic\"");
   } else {
     j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
     j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);
   }
 
-  j.model.name = r.choice("model.name", "", {"mlp", "cnn"}, true);
+  j.model.name = r.choice("model.name", "", {"mlp", "cnn", "gpt-mini"}, true);
   j.model.dropout = r.number("model.dropout", 0.0, 0.0, 0.99);
-  if (j.model.name == "mlp") {
+  const bool is_text = j.data.dataset == "fortunes-char";
+  if (is_text != (j.model.name == "gpt-mini"))
+    r.fail("model.name", is_text ? "data.dataset = \"fortunes-char\" needs model.name = \"gpt-mini\""
+                              : "\"gpt-mini\" needs data.dataset = \"fortunes-char\"");
+  if (j.model.name != "gpt-mini")
+    for (const char* k : {"model.layers", "model.dim", "model.heads"})
+      if (r.has(k)) r.fail(k, "applies only to model.name = \"gpt-mini\"");
+  if (j.model.name == "gpt-mini") {
+    j.model.layers = r.integer("model.layers", 2, 1, 64);
+    j.model.dim = r.integer("model.dim", 64, 1, 8192);
+    j.model.heads = r.integer("model.heads", 4, 1, 256);
+    if (j.model.dim % j.model.heads != 0) {
+      std::ostringstream os;
+      os << "expected a divisor of model.dim = " << j.model.dim << ", got " << j.model.heads;
+      r.fail("model.heads", os.str());
+    }
+    j.model.seq_len = j.data.seq_len;
+    for (const char* k : {"model.hidden", "model.channels", "model.fc"})
+      if (r.has(k)) r.fail(k, "does not apply to model.name = \"gpt-mini\"");
+  } else if (j.model.name == "mlp") {
     j.model.hidden = r.intList("model.hidden", {512, 512}, 1, 1 << 20);
     for (const char* k : {"model.channels", "model.fc"})
       if (r.has(k)) r.fail(k, "applies only to model.name = \"cnn\"");

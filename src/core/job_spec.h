@@ -13,17 +13,20 @@ namespace morph {
 enum class ReduceMode { kExact, kFloat };
 
 struct DataSpec {
-  std::string dataset;  // "fashion-mnist" | "synthetic"
+  std::string dataset;  // "fashion-mnist" | "synthetic" | "fortunes-char"
   std::string path;     // folder with the dataset's files
+  int64_t seq_len = 0;     // fortunes-char: characters per sample
   int64_t train_size = 0;  // synthetic only
   int64_t test_size = 0;   // synthetic only
 };
 
 struct ModelSpec {
-  std::string name;              // "mlp" | "cnn"
+  std::string name;              // "mlp" | "cnn" | "gpt-mini"
   std::vector<int64_t> hidden;   // mlp hidden widths
   std::vector<int64_t> channels; // cnn conv channels
   int64_t fc = 0;                // cnn fully connected width
+  int64_t layers = 0, dim = 0, heads = 0;  // gpt-mini
+  int64_t seq_len = 0;           // gpt-mini: context length (= data.seq_len)
   double dropout = 0.0;
 };
 
@@ -62,6 +65,9 @@ struct JobSpec {
   int64_t checkpoint_keep = 3;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
+  // Loss terms per sample: 1 for classification, seq_len for a language
+  // model. The step's loss and gradient are means over all of them.
+  int64_t targetsPerSample() const { return model.name == "gpt-mini" ? data.seq_len : 1; }
   // Steps for a dataset of `train_size` samples (resolves `epochs`).
   int64_t resolveSteps(int64_t train_size) const;
 };

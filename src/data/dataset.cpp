@@ -3,7 +3,10 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 #include "data/sampler.h"
@@ -147,11 +150,64 @@ std::unique_ptr<Dataset> makeSynthetic(int64_t n, uint64_t seed, uint64_t split)
 
 }  // namespace
 
+TextDataset::TextDataset(torch::Tensor bytes, int64_t first_window, int64_t windows, int64_t seq_len)
+    : bytes_(std::move(bytes)), first_(first_window), windows_(windows), seq_len_(seq_len) {
+  MORPH_CHECK_LE((first_ + windows_) * seq_len_ + 1, bytes_.numel());
+}
+
+Batch TextDataset::gather(const int64_t* idx, int64_t n) const {
+  torch::Tensor x = torch::empty({n, seq_len_}, torch::kInt64);
+  torch::Tensor y = torch::empty({n, seq_len_}, torch::kInt64);
+  const uint8_t* src = bytes_.data_ptr<uint8_t>();
+  int64_t* xd = x.data_ptr<int64_t>();
+  int64_t* yd = y.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    MORPH_CHECK(idx[i] >= 0 && idx[i] < windows_, "sample index out of range");
+    const uint8_t* w = src + (first_ + idx[i]) * seq_len_;
+    for (int64_t t = 0; t < seq_len_; ++t) {
+      xd[i * seq_len_ + t] = w[t];
+      yd[i * seq_len_ + t] = w[t + 1];
+    }
+  }
+  return {x, y};
+}
+
+DataPair loadFortunes(const std::string& dir, int64_t seq_len) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && !e.is_symlink() && ext != ".dat" && ext != ".u8") files.push_back(e.path());
+  }
+  if (ec) throw InputError(dir + ": cannot list the fortunes folder (" + ec.message() + ")");
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw InputError(f.string() + ": cannot read");
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const int64_t windows = (static_cast<int64_t>(text.size()) - 1) / seq_len;
+  if (windows < 20)
+    throw InputError(dir + ": " + std::to_string(text.size()) + " bytes of text is too little for data.seq_len = " +
+                     std::to_string(seq_len) + " (apt-get install fortunes)");
+  torch::Tensor bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  const int64_t test = std::max<int64_t>(1, windows / 20);
+  DataPair p;
+  p.train = std::make_unique<TextDataset>(bytes, 0, windows - test, seq_len);
+  p.test = std::make_unique<TextDataset>(bytes, windows - test, test, seq_len);
+  return p;
+}
+
 DataPair loadDatasets(const DataSpec& spec, uint64_t seed) {
   DataPair p;
   if (spec.dataset == "fashion-mnist") {
     p.train = loadFashionSplit(spec.path, "train");
     p.test = loadFashionSplit(spec.path, "t10k");
+  } else if (spec.dataset == "fortunes-char") {
+    p = loadFortunes(spec.path, spec.seq_len);
   } else if (spec.dataset == "synthetic") {
     p.train = makeSynthetic(spec.train_size, seed, 1);
     p.test = makeSynthetic(spec.test_size, seed, 2);

@@ -14,8 +14,8 @@
 namespace morph {
 
 struct Batch {
-  torch::Tensor x;  // (b, C, H, W) float32, normalised
-  torch::Tensor y;  // (b) int64 class labels
+  torch::Tensor x;  // images: (b, C, H, W) float32, normalised; text: (b, T) int64 bytes
+  torch::Tensor y;  // images: (b) int64 class labels; text: (b, T) int64 next bytes
 };
 
 class Dataset {
@@ -46,13 +46,30 @@ class ImageDataset : public Dataset {
   float mean_, inv_std_;
 };
 
-// Reads one IDX file (gzip-compressed); `expected_dims` is 3 for images and
-// 1 for labels. Throws InputError naming the file on any inconsistency.
-torch::Tensor readIdxGz(const std::string& path, int expected_dims);
-
 struct DataPair {
   std::unique_ptr<Dataset> train, test;
 };
+
+// Character-level text: sample i is the window of T+1 bytes starting at
+// byte i*T of the corpus; x is its first T bytes, y the T bytes after each.
+class TextDataset : public Dataset {
+ public:
+  TextDataset(torch::Tensor bytes, int64_t first_window, int64_t windows, int64_t seq_len);
+  int64_t size() const override { return windows_; }
+  Batch gather(const int64_t* idx, int64_t n) const override;
+
+ private:
+  torch::Tensor bytes_;  // (N) uint8, the whole corpus (shared by both splits)
+  int64_t first_, windows_, seq_len_;
+};
+
+// The fortunes corpus: every text file of `dir` (not the .dat/.u8 indexes),
+// in name order, concatenated. The last 5% of windows are the test split.
+DataPair loadFortunes(const std::string& dir, int64_t seq_len);
+
+// Reads one IDX file (gzip-compressed); `expected_dims` is 3 for images and
+// 1 for labels. Throws InputError naming the file on any inconsistency.
+torch::Tensor readIdxGz(const std::string& path, int expected_dims);
 
 // Loads the job's dataset (train and test split). Throws InputError.
 DataPair loadDatasets(const DataSpec& spec, uint64_t seed);

@@ -127,9 +127,12 @@ void Trainer::runVn(int64_t vn, bool last) {
   torch::manual_seed(mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e));
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   std::fill(seg_ready_.begin(), seg_ready_.end(), 0);
-  torch::Tensor out = model_->forward(b.x);  // (b, classes)
+  // (b, classes), or (b, T, vocab) for a language model: one row per target.
+  torch::Tensor out = model_->forward(b.x);
+  out = out.reshape({-1, out.size(-1)});
+  torch::Tensor y = b.y.reshape({-1});
   torch::Tensor loss = torch::nn::functional::cross_entropy(
-      out, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
   accumulating_ = true;
   launching_ = last;
   loss.backward();
@@ -143,7 +146,7 @@ void Trainer::runVn(int64_t vn, bool last) {
   {
     torch::NoGradGuard no_grad;
     stats[0] = loss.item<float>();
-    stats[1] = static_cast<float>(out.argmax(1).eq(b.y).sum().item<int64_t>());
+    stats[1] = static_cast<float>(out.argmax(1).eq(y).sum().item<int64_t>());
   }
   acc_->add(stats_seg_, stats);
   if (last) launchReadyBuckets(true);
@@ -187,7 +190,8 @@ StepStats Trainer::step() {
   }
   if (!order_.empty() && step_ + 1 < total_steps_) prefetch_.request(step_ + 1, order_.front());
 
-  const double B = static_cast<double>(job_.global_batch);
+  // Means over all loss terms of the step (samples x targets per sample).
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& g = params_[i].mutable_grad();
@@ -219,13 +223,16 @@ EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
   for (int64_t i = 0; i < n; i += batch) {
     Batch b = test.range(i, std::min(n, i + batch));
     torch::Tensor out = model_->forward(b.x);
+    out = out.reshape({-1, out.size(-1)});
+    torch::Tensor y = b.y.reshape({-1});
     loss += torch::nn::functional::cross_entropy(
-                out, b.y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                 .item<double>();
-    correct += out.argmax(1).eq(b.y).sum().item<int64_t>();
+    correct += out.argmax(1).eq(y).sum().item<int64_t>();
   }
   model_->train();
-  return {static_cast<double>(correct) / static_cast<double>(n), loss / static_cast<double>(n)};
+  const double targets = static_cast<double>(n * job_.targetsPerSample());
+  return {static_cast<double>(correct) / targets, loss / targets};
 }
 
 std::string Trainer::hash() const { return modelHash(*model_); }

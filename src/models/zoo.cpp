@@ -103,6 +103,80 @@ class ConvBlock : public Layer {
   std::shared_ptr<VnBatchNorm> bn_;
 };
 
+// gpt-mini: token + position embedding. (b, T) int64 -> (b, T, C)
+class Embed : public Layer {
+ public:
+  Embed(int64_t vocab, int64_t seq_len, int64_t dim, double p) : p_(p) {
+    token_ = register_parameter("token", torch::randn({vocab, dim}) * 0.02);
+    position_ = register_parameter("position", torch::randn({seq_len, dim}) * 0.02);
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    torch::Tensor y = torch::embedding(token_, x) + position_.narrow(0, 0, x.size(1));
+    return vnDropout(y, p_, is_training());
+  }
+  const torch::Tensor& tokenWeight() const { return token_; }
+
+ private:
+  torch::Tensor token_, position_;
+  double p_;
+};
+
+// Pre-norm transformer block: causal self-attention, then a 4x MLP, each
+// added to the residual stream. (b, T, C) -> (b, T, C)
+class Block : public Layer {
+ public:
+  Block(int64_t dim, int64_t heads, double p) : heads_(heads), p_(p) {
+    ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    qkv_ = register_module("qkv", torch::nn::Linear(dim, 3 * dim));
+    proj_ = register_module("proj", torch::nn::Linear(dim, dim));
+    ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    fc1_ = register_module("fc1", torch::nn::Linear(dim, 4 * dim));
+    fc2_ = register_module("fc2", torch::nn::Linear(4 * dim, dim));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads_;
+    auto qkv = qkv_->forward(ln1_->forward(x)).chunk(3, -1);
+    auto split = [&](const torch::Tensor& z) { return z.view({b, t, heads_, d}).transpose(1, 2); };
+    torch::Tensor q = split(qkv[0]), k = split(qkv[1]), v = split(qkv[2]);  // (b, H, T, D)
+    torch::Tensor att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    torch::Tensor future = torch::ones({t, t}, torch::kBool).triu(1);
+    att = torch::softmax(att.masked_fill(future, -INFINITY), -1);
+    torch::Tensor y = att.matmul(v).transpose(1, 2).contiguous().view({b, t, c});
+    torch::Tensor h = x + vnDropout(proj_->forward(y), p_, is_training());
+    return h + vnDropout(fc2_->forward(torch::gelu(fc1_->forward(ln2_->forward(h)))), p_, is_training());
+  }
+
+ private:
+  int64_t heads_;
+  double p_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
+};
+
+class FinalNorm : public Layer {
+ public:
+  explicit FinalNorm(int64_t dim) {
+    ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override { return ln_->forward(x); }
+
+ private:
+  torch::nn::LayerNorm ln_{nullptr};
+};
+
+// Output head tied to the token embedding: logits = x E^T, (b, T, C) ->
+// (b, T, vocab). It owns no parameter; the embedding's weight receives the
+// gradient of both uses through autograd. (In a pipeline the two uses sit on
+// different stages and their gradients must be summed across them.)
+class TiedHead : public Layer {
+ public:
+  explicit TiedHead(std::shared_ptr<Embed> embed) : embed_(std::move(embed)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return x.matmul(embed_->tokenWeight().t()); }
+
+ private:
+  std::shared_ptr<Embed> embed_;  // not registered: the weight belongs to "embed"
+};
+
 }  // namespace
 
 std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed) {
@@ -125,6 +199,14 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed) {
     m->add("flatten", std::make_shared<Flatten>());
     m->add("fc", std::make_shared<Dense>(spec.channels[1] * 7 * 7, spec.fc, true, spec.dropout));
     m->add("head", std::make_shared<Dense>(spec.fc, classes, false, 0.0));
+  } else if (spec.name == "gpt-mini") {
+    const int64_t vocab = 256;  // bytes
+    auto embed = std::make_shared<Embed>(vocab, spec.seq_len, spec.dim, spec.dropout);
+    m->add("embed", embed);
+    for (int64_t i = 0; i < spec.layers; ++i)
+      m->add("block" + std::to_string(i + 1), std::make_shared<Block>(spec.dim, spec.heads, spec.dropout));
+    m->add("norm", std::make_shared<FinalNorm>(spec.dim));
+    m->add("head", std::make_shared<TiedHead>(embed));
   } else {
     throw InputError("unknown model '" + spec.name + "'");
   }

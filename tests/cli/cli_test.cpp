@@ -134,6 +134,41 @@ TEST_F(Cli, HashIdenticalForAnyWorkerCount) {
   }
 }
 
+// The same for the character-level transformer on the fortunes corpus.
+TEST_F(Cli, GptMiniHashIdenticalForAnyWorkerCount) {
+  std::string j = job(R"([job]
+seed = 2
+steps = 3
+[data]
+dataset = "fortunes-char"
+seq_len = 16
+[model]
+name = "gpt-mini"
+layers = 1
+dim = 16
+heads = 2
+dropout = 0.1
+[batch]
+global = 24
+virtual_nodes = 6
+[optim]
+name = "adamw"
+lr = 0.003
+clip_norm = 1.0
+[eval]
+batch = 512
+)", "gpt.toml");
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  for (int w = 2; w <= 3; ++w) {
+    Result r = run("run " + j + " --quiet --workers " + std::to_string(w) + " --out " + out("w" + std::to_string(w)));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(lastLineHash(r.out), lastLineHash(ref.out)) << w << " workers";
+  }
+  nlohmann::json s = nlohmann::json::parse(std::ifstream(out("ref") + "/summary.json"));
+  EXPECT_GT(s["test_loss"].get<double>(), 0.0);
+}
+
 TEST_F(Cli, FloatModeRunsOnSeveralWorkers) {
   std::string j = job(kJob);
   Result r = run("run " + j + " --quiet --workers 2 --set reduce.mode=float --out " + out("f"));

@@ -116,6 +116,26 @@ TEST(JobSpec, RejectsKeysOfAnotherModelOrDataset) {
                    {"data.dataset=fashion-mnist", "data.path=/usr/share/datasets/fashion-mnist"});
 }
 
+TEST(JobSpec, GptMiniNeedsTextAndValidHeads) {
+  expectInputError(kValid, {"model.name", "fortunes-char"}, {"model.name=gpt-mini"});
+  const std::string text = R"([job]
+steps = 1
+[data]
+dataset = "fortunes-char"
+[model]
+name = "gpt-mini"
+dim = 30
+heads = 4
+[batch]
+global = 8
+)";
+  expectInputError(text, {"model.heads", "divisor of model.dim = 30"});
+  JobSpec j = parseJob(text, "job.toml", {"model.dim=32", "data.seq_len=8"});
+  EXPECT_EQ(j.model.seq_len, 8);
+  EXPECT_EQ(j.targetsPerSample(), 8);
+  expectInputError(text, {"data.path", "/nope", "apt-get install fortunes"}, {"model.dim=32", "data.path=/nope"});
+}
+
 TEST(JobSpec, OverridesApplyBeforeValidation) {
   JobSpec j = parseJob(kValid, "job.toml", {"batch.global=64", "reduce.mode=float", "model.hidden=[8, 8]"});
   EXPECT_EQ(j.global_batch, 64);

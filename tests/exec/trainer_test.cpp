@@ -11,14 +11,15 @@ namespace {
 JobSpec smallJob(const std::string& model, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> ov = {"model.name=" + model};
   ov.insert(ov.end(), extra.begin(), extra.end());
+  const std::string data = model == "gpt-mini"
+                               ? "dataset = \"fortunes-char\"\nseq_len = 16\n"
+                               : "dataset = \"synthetic\"\ntrain_size = 200\ntest_size = 50\n";
   return parseJob(R"(
 [job]
 seed = 3
 steps = 4
 [data]
-dataset = "synthetic"
-train_size = 200
-test_size = 50
+)" + data + R"(
 [model]
 name = "mlp"
 [batch]
@@ -33,6 +34,7 @@ momentum = 0.9
 
 std::vector<std::string> modelKeys(const std::string& model) {
   if (model == "mlp") return {"model.hidden=[32, 16]", "model.dropout=0.2"};
+  if (model == "gpt-mini") return {"model.layers=1", "model.dim=16", "model.heads=2", "model.dropout=0.1"};
   return {"model.channels=[4, 8]", "model.fc=16"};
 }
 
@@ -88,7 +90,27 @@ TEST_P(TrainerModels, GradientSpikeRedoesStepAndStaysOrderIndependent) {
   EXPECT_NE(a, train(job, {}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TrainerModels, ::testing::Values("mlp", "cnn"));
+INSTANTIATE_TEST_SUITE_P(Models, TrainerModels, ::testing::Values("mlp", "cnn", "gpt-mini"));
+
+// The tied head owns no parameter: the embedding's weight is counted once
+// and receives the gradient of both of its uses.
+TEST(Trainer, GptMiniTiesTheHeadToTheEmbedding) {
+  JobSpec job = smallJob("gpt-mini", modelKeys("gpt-mini"));
+  DataPair data = loadDatasets(job.data, job.seed);
+  LocalCommunicator comm;
+  Trainer tr(job, job.steps, *data.train, comm);
+  int64_t embed_params = 0, head_params = 0;
+  for (size_t l = 0; l < tr.model().size(); ++l) {
+    int64_t n = static_cast<int64_t>(tr.model().layer(l).parameters().size());
+    if (tr.model().layerName(l) == "embed") embed_params = n;
+    if (tr.model().layerName(l) == "head") head_params = n;
+  }
+  EXPECT_EQ(embed_params, 2);  // token, position
+  EXPECT_EQ(head_params, 0);
+  StepStats st = tr.step();
+  EXPECT_TRUE(std::isfinite(st.loss));
+  EXPECT_GT(st.loss, 3.0);  // about ln(256) = 5.5 at the start
+}
 
 TEST(Trainer, LearnsSyntheticTask) {
   JobSpec job = smallJob("mlp", {"model.hidden=[64]", "job.steps=30"});
