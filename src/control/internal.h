@@ -112,6 +112,9 @@ class RunLog {
 std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Dataset& test,
                       bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit);
+// The metrics line of a committed step, without evaluation: the same on
+// every member (they hold the same reduced values).
+json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation);
 // The metrics line of a committed step (evaluates when one is due).
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
               int workers, int64_t generation);

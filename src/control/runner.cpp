@@ -27,9 +27,8 @@ std::vector<std::pair<int64_t, int64_t>> assignVns(int64_t virtual_nodes, int wo
 namespace detail {
 
 
-json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
-              int workers, int64_t generation) {
-  json line = {{"step", st.step},
+json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation) {
+  return {{"step", st.step},
                {"loss", st.loss},
                {"lr", st.lr},
                {"samples_per_second", static_cast<double>(job.global_batch) / st.seconds},
@@ -40,6 +39,11 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& t
                {"attempts", st.attempts},
                {"step_seconds", st.seconds},
                {"reduce_seconds", st.reduce_seconds}};
+}
+
+json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
+              int workers, int64_t generation) {
+  json line = commitLine(job, st, workers, generation);
   const bool last = st.step + 1 == steps;
   if (last || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0)) {
     EvalStats e = tr.evaluate(test, job.eval_batch);

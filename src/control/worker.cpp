@@ -182,11 +182,7 @@ int runWorker(const WorkerOptions& o) {
         StepStats st = tr.step();
         // Committed on every member of this generation: all hold the same
         // reduced loss, so any member can stand in for rank 0's line.
-        last_line = {{"step", st.step}, {"loss", st.loss}, {"lr", st.lr},
-                     {"samples_per_second", static_cast<double>(job.global_batch) / st.seconds},
-                     {"workers", world}, {"generation", gen}, {"train_accuracy", st.train_accuracy},
-                     {"grad_norm", st.grad_norm}, {"attempts", st.attempts}, {"step_seconds", st.seconds},
-                     {"reduce_seconds", st.reduce_seconds}};
+        last_line = commitLine(job, st, world, gen);
         if (rank == 0) {
           if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
           json line = stepLine(job, steps, st, tr, *data.test, world, gen);
