@@ -42,12 +42,6 @@ class GlooCommunicator : public Communicator {
     run(t, c10d::ReduceOp::MAX);
     std::memcpy(data, t.data_ptr<double>(), static_cast<size_t>(n) * sizeof(double));
   }
-  void barrier() override {
-    auto w = std::make_unique<GlooWork>();
-    w->comm = this;
-    w->work = pg_->barrier();
-    w->wait();
-  }
   void broadcast(torch::Tensor& t, int root) override {
     std::vector<torch::Tensor> ts{t};
     c10d::BroadcastOptions o;

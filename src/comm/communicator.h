@@ -42,7 +42,6 @@ class Communicator {
   virtual void allreduceSum(int64_t* data, int64_t n) = 0;
   virtual void allreduceSum(float* data, int64_t n) = 0;
   virtual void allreduceMax(double* data, int64_t n) = 0;
-  virtual void barrier() = 0;
   // Replaces `t` (contiguous, owned by the caller) on every rank with root's.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   // Start an all-reduce and return; `data` must stay live and untouched
@@ -66,7 +65,6 @@ class LocalCommunicator : public Communicator {
   void allreduceSum(int64_t*, int64_t n) override { bytes_ += n * 8; }
   void allreduceSum(float*, int64_t n) override { bytes_ += n * 4; }
   void allreduceMax(double*, int64_t n) override { bytes_ += n * 8; }
-  void barrier() override {}
   void broadcast(torch::Tensor&, int) override {}
   std::unique_ptr<PendingWork> allreduceSumAsync(int64_t*, int64_t n) override {
     bytes_ += n * 8;

@@ -128,7 +128,6 @@ void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int
                   const json& extra = json::object());
 std::vector<std::string> effectiveOverrides(const RunOptions& o);
 std::string outDir(const RunOptions& o, const JobSpec& job);
-std::string readFile(const std::string& path);
 std::string getString(c10d::Store& s, const std::string& key);
 void setString(c10d::Store& s, const std::string& key, const std::string& value);
 std::string joinLines(const std::vector<std::string>& v);
@@ -143,6 +142,7 @@ int64_t newestGoodCheckpoint(const std::string& dir);
 
 }  // namespace detail
 
-int runManager(const RunOptions& o, const JobSpec& job);
+// `job_text` is the job file's text as validated into `job`.
+int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_text);
 
 }  // namespace morph

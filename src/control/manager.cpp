@@ -29,7 +29,8 @@ struct WorkerInfo {
 
 class Manager {
  public:
-  Manager(const RunOptions& o, const JobSpec& job) : o_(o), job_(job), target_(o.workers) {}
+  Manager(const RunOptions& o, const JobSpec& job, const std::string& job_text)
+      : o_(o), job_(job), job_text_(job_text), target_(o.workers) {}
   int run();
 
  private:
@@ -56,6 +57,7 @@ class Manager {
 
   const RunOptions& o_;
   const JobSpec& job_;
+  const std::string& job_text_;
   std::string dir_;
   int target_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
@@ -364,7 +366,7 @@ int Manager::run() {
     throw InputError("--port " + std::to_string(o_.port) + ": cannot host the job's store: " + e.what());
   }
   port_ = store_->getPort();
-  setString(*store_, "job/text", readFile(o_.job_path));
+  setString(*store_, "job/text", job_text_);
   setString(*store_, "job/origin", o_.job_path);
   setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
   setString(*store_, "job/out", std::filesystem::absolute(dir_).string());
@@ -477,7 +479,9 @@ int Manager::run() {
 
 }  // namespace
 
-int runManager(const RunOptions& o, const JobSpec& job) { return Manager(o, job).run(); }
+int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_text) {
+  return Manager(o, job, job_text).run();
+}
 
 int runResize(const std::string& join, int workers) {
   auto store = connectToManager(join, 5.0);

@@ -164,14 +164,6 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   return 0;
 }
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open job file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string getString(c10d::Store& s, const std::string& key) {
   auto v = s.get(key);
   return std::string(v.begin(), v.end());
@@ -227,9 +219,11 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
 }  // namespace detail
 
 int runJob(const RunOptions& o) {
-  JobSpec job = loadJobFile(o.job_path, effectiveOverrides(o));
+  // Read once: the manager sends workers the very text it validated.
+  const std::string text = readJobFile(o.job_path);
+  JobSpec job = parseJob(text, o.job_path, effectiveOverrides(o));
   if (o.workers == 0) return runInProcess(o, job);
-  return runManager(o, job);
+  return runManager(o, job, text);
 }
 
 }  // namespace morph

@@ -325,12 +325,16 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   return j;
 }
 
-JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides) {
+std::string readJobFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open job file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parseJob(ss.str(), path, overrides);
+  return ss.str();
+}
+
+JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides) {
+  return parseJob(readJobFile(path), path, overrides);
 }
 
 }  // namespace morph

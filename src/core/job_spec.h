@@ -75,6 +75,8 @@ struct JobSpec {
 // Loads and validates `path`, applying `overrides` ("key.path=value", value in
 // TOML syntax, bare words taken as strings) first. Throws InputError.
 JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides = {});
+// The text of a job file; InputError when it cannot be read.
+std::string readJobFile(const std::string& path);
 // Same, from TOML text; `origin` names the source in messages.
 JobSpec parseJob(const std::string& toml_text, const std::string& origin,
                  const std::vector<std::string>& overrides = {});
