@@ -17,6 +17,7 @@ class Sgd : public Optimizer {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       torch::Tensor& p = params_[i];
+      if (!p.grad().defined()) continue;  // another pipeline stage's parameter
       torch::Tensor g = p.grad();
       if (spec_.weight_decay != 0.0) g = g.add(p, spec_.weight_decay);
       if (spec_.momentum > 0.0) {
@@ -54,6 +55,7 @@ class AdamW : public Optimizer {
     const double bc2 = 1.0 - std::pow(spec_.beta2, static_cast<double>(steps_));
     for (size_t i = 0; i < params_.size(); ++i) {
       torch::Tensor& p = params_[i];
+      if (!p.grad().defined()) continue;  // another pipeline stage's parameter
       const torch::Tensor& g = p.grad();
       if (spec_.weight_decay != 0.0) p.mul_(1.0 - lr * spec_.weight_decay);
       m_[i].mul_(spec_.beta1).add_(g, 1.0 - spec_.beta1);
@@ -90,30 +92,44 @@ double learningRate(const OptimSpec& s, int64_t step, int64_t total_steps) {
   return s.lr;
 }
 
-double gradNorm(const std::vector<torch::Tensor>& params) {
+double squaredNorm(const torch::Tensor& grad) {
   // Eight interleaved partial sums, combined in a fixed order: vectorisable,
-  // and the same bits on every worker (they hold the same gradients).
+  // and the same bits on every worker holding the same gradient.
   double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (const auto& p : params) {
-    torch::Tensor g = p.grad().contiguous();
-    const float* d = g.data_ptr<float>();
-    const int64_t n = g.numel();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(d[i + k]) * d[i + k];
-    for (; i < n; ++i) part[0] += static_cast<double>(d[i]) * d[i];
-  }
-  return std::sqrt(((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])));
+  torch::Tensor g = grad.contiguous();
+  const float* d = g.data_ptr<float>();
+  const int64_t n = g.numel();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(d[i + k]) * d[i + k];
+  for (; i < n; ++i) part[0] += static_cast<double>(d[i]) * d[i];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+double normOfSquares(const std::vector<double>& squares) {
+  double sum = 0.0;
+  for (double s : squares) sum += s;
+  return std::sqrt(sum);
+}
+
+double gradNorm(const std::vector<torch::Tensor>& params) {
+  std::vector<double> sq;
+  for (const auto& p : params) sq.push_back(squaredNorm(p.grad()));
+  return normOfSquares(sq);
+}
+
+void clipToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
+  if (max_norm <= 0.0 || norm <= max_norm) return;
+  torch::NoGradGuard no_grad;
+  const double coef = max_norm / (norm + 1e-6);
+  for (const auto& p : params)
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
 }
 
 double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
   if (max_norm <= 0.0) return 0.0;  // no clipping: skip the pass
   const double norm = gradNorm(params);
-  if (max_norm > 0.0 && norm > max_norm) {
-    torch::NoGradGuard no_grad;
-    const double coef = max_norm / (norm + 1e-6);
-    for (const auto& p : params) p.mutable_grad().mul_(coef);
-  }
+  clipToNorm(params, norm, max_norm);
   return norm;
 }
 

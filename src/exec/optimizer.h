@@ -32,9 +32,15 @@ std::unique_ptr<Optimizer> makeOptimizer(const OptimSpec& spec, std::vector<torc
 // from lr/warmup to lr, then constant or cosine decay to min_lr.
 double learningRate(const OptimSpec& spec, int64_t step, int64_t total_steps);
 
-// Global L2 norm of the gradients, summed in double in a fixed order, so it is
-// the same bits on every worker holding the same gradients.
+// Global L2 norm of the gradients: each tensor's sum of squares in double,
+// then those sums added in parameter order, so it is the same bits on every
+// worker holding the same gradients, and a pipeline can assemble it from
+// the per-tensor sums of its stages.
+double squaredNorm(const torch::Tensor& grad);
+double normOfSquares(const std::vector<double>& squares);  // sqrt of the ordered sum
 double gradNorm(const std::vector<torch::Tensor>& params);
+// Scales the defined gradients by max_norm / norm when norm > max_norm > 0.
+void clipToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm);
 // Scales gradients so that their global norm is at most max_norm; returns the
 // norm before clipping (0 without computing it when max_norm <= 0).
 double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);

@@ -19,13 +19,20 @@ int64_t bucketBytes() {
 }
 }  // namespace
 
+size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return i;
+  MORPH_CHECK(false, "parameter not found");
+}
+
 Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
     : job_(job),
       total_steps_(total_steps),
       comm_(&comm),
       model_(buildModel(job.model, job.seed)),
       sampler_(job.seed, train.size(), job.global_batch, job.virtual_nodes),
-      prefetch_(train, sampler_) {
+      prefetch_(train, sampler_),
+      train_(&train) {
   model_->train();
   params_ = model_->parameters();
   std::vector<int64_t> sizes;
@@ -42,6 +49,7 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   acc_ = std::make_unique<GradAccumulator>(sizes, job.reduce_mode, job.headroom_bits);
   opt_ = makeOptimizer(job.optim, params_);
   seg_ready_.assign(sizes.size(), 0);
+  seg_need_.assign(sizes.size(), 1);
 
   const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
   const int64_t kBucketBytes = bucketBytes();
@@ -57,6 +65,14 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
 
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].register_hook([this, i](const torch::Tensor& g) { onGrad(i, g); });
+  // A tied use's gradient is quantised separately and added into the owner's
+  // segment: q(a) + q(b), which a pipeline can reproduce across stages.
+  for (size_t l = 0; l < model_->size(); ++l)
+    for (auto& [alias, owner] : model_->layer(l).tiedLeaves()) {
+      const size_t i = indexOf(params_, owner);
+      ++seg_need_[segOf(i)];
+      alias.register_hook([this, i](const torch::Tensor& g) { onGrad(i, g); });
+    }
   setVnRange(0, job.virtual_nodes);
 }
 
@@ -91,13 +107,14 @@ void Trainer::injectGradSpike(int64_t step, int64_t vn, float factor) {
 }
 
 // Called by autograd when parameter `param`'s gradient of the current VN is
-// complete (leaf hooks see the summed gradient, tied uses included).
+// complete (a leaf hook sees the sum over the leaf's uses; a tied alias is a
+// leaf of its own).
 void Trainer::onGrad(size_t param, const torch::Tensor& grad) {
   if (!accumulating_) return;
   const size_t seg = segOf(param);
   torch::Tensor g = spike_now_ ? grad * spike_factor_ : grad.contiguous();
   acc_->add(seg, g.data_ptr<float>());
-  seg_ready_[seg] = 1;
+  ++seg_ready_[seg];
   if (launching_) launchReadyBuckets(false);
 }
 
@@ -109,7 +126,7 @@ void Trainer::launchReadyBuckets(bool all) {
     const Bucket& b = buckets_[next_bucket_];
     if (!all)
       for (size_t s = b.first_seg; s < b.end_seg; ++s)
-        if (!seg_ready_[s]) return;
+        if (seg_ready_[s] < seg_need_[s]) return;
     const int64_t off = acc_->segmentOffset(b.first_seg);
     const int64_t n = acc_->segmentOffset(b.end_seg - 1) + acc_->segmentSize(b.end_seg - 1) - off;
     if (acc_->mode() == ReduceMode::kExact) {
@@ -123,12 +140,11 @@ void Trainer::launchReadyBuckets(bool all) {
 
 void Trainer::runVn(int64_t vn, bool last) {
   Batch b = prefetch_.take(step_, vn);
-  // The VN's own random stream: the same draws wherever and whenever it runs.
-  torch::manual_seed(mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e));
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   std::fill(seg_ready_.begin(), seg_ready_.end(), 0);
   // (b, classes), or (b, T, vocab) for a language model: one row per target.
-  torch::Tensor out = model_->forward(b.x);
+  // The VN's own random streams: the same draws wherever and whenever it runs.
+  torch::Tensor out = model_->forwardRange(b.x, 0, model_->size(), vnSeed(vn));
   out = out.reshape({-1, out.size(-1)});
   torch::Tensor y = b.y.reshape({-1});
   torch::Tensor loss = torch::nn::functional::cross_entropy(
@@ -152,8 +168,13 @@ void Trainer::runVn(int64_t vn, bool last) {
   if (last) launchReadyBuckets(true);
 }
 
+uint64_t Trainer::vnSeed(int64_t vn) const {
+  return mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e);
+}
+
 StepStats Trainer::step() {
   MORPH_CHECK_LT(step_, total_steps_);
+  if (pipelined()) return pipelineStep();
   StepStats st;
   st.step = step_;
   st.lr = learningRate(job_.optim, step_, total_steps_);
@@ -240,14 +261,6 @@ std::string Trainer::hash() const { return modelHash(*model_); }
 std::string Trainer::jobId() const {
   return job_.name + "/" + job_.model.name + "/" + std::to_string(job_.seed);
 }
-
-namespace {
-size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t) {
-  for (size_t i = 0; i < v.size(); ++i)
-    if (v[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return i;
-  MORPH_CHECK(false, "parameter not found");
-}
-}  // namespace
 
 CheckpointData Trainer::exportState() const {
   CheckpointData d;

@@ -15,6 +15,12 @@ namespace morph {
 class Layer : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // Parameters this layer uses but another layer owns (a tied output head):
+  // pairs of (alias, owner). The alias is a leaf of its own that shares the
+  // owner's storage, so the two uses' gradients arrive separately (each is
+  // quantised on its own, as they must be when the layers sit on different
+  // pipeline stages) and the executor adds both into the owner's gradient.
+  virtual std::vector<std::pair<torch::Tensor, torch::Tensor>> tiedLeaves() { return {}; }
 };
 
 // Batch norm whose training-mode forward normalises with the VN's own batch
@@ -45,6 +51,10 @@ class LayerList : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return forwardRange(std::move(x), 0, size()); }
   // Runs layers [begin, end).
   torch::Tensor forwardRange(torch::Tensor x, size_t begin, size_t end);
+  // The same in training: reseeds the default generator before each layer i
+  // from (vn_seed, i), so a layer's random draws (dropout) do not depend on
+  // where a pipeline stage starts, or on whether the forward is a recompute.
+  torch::Tensor forwardRange(torch::Tensor x, size_t begin, size_t end, uint64_t vn_seed);
   size_t size() const { return layers_.size(); }
   const std::string& layerName(size_t i) const { return names_[i]; }
   Layer& layer(size_t i) { return *layers_[i]; }

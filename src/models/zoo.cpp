@@ -46,6 +46,14 @@ torch::Tensor LayerList::forwardRange(torch::Tensor x, size_t begin, size_t end)
   return x;
 }
 
+torch::Tensor LayerList::forwardRange(torch::Tensor x, size_t begin, size_t end, uint64_t vn_seed) {
+  for (size_t i = begin; i < end; ++i) {
+    torch::manual_seed(mixSeed(vn_seed, i, 0x1a7e));
+    x = layers_[i]->forward(x);
+  }
+  return x;
+}
+
 std::vector<VnBatchNorm*> LayerList::batchNorms() {
   std::vector<VnBatchNorm*> out;
   for (const auto& m : modules(/*include_self=*/false))
@@ -56,7 +64,8 @@ std::vector<VnBatchNorm*> LayerList::batchNorms() {
 namespace {
 
 // Dropout drawing from the default generator, which the executor reseeds
-// from (seed, step, vn) before each VN, so recomputation sees the same mask.
+// from (seed, step, vn, layer) before each layer, so recomputation and any
+// stage cut see the same mask.
 torch::Tensor vnDropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p == 0.0) return x;
   torch::Tensor mask = torch::empty_like(x).bernoulli_(1.0 - p);
@@ -165,16 +174,23 @@ class FinalNorm : public Layer {
 };
 
 // Output head tied to the token embedding: logits = x E^T, (b, T, C) ->
-// (b, T, vocab). It owns no parameter; the embedding's weight receives the
-// gradient of both uses through autograd. (In a pipeline the two uses sit on
-// different stages and their gradients must be summed across them.)
+// (b, T, vocab). It owns no parameter: it reads the embedding's weight
+// through an alias (same storage, a leaf of its own), whose gradient the
+// executor adds into the embedding's. In a pipeline the embedding and the
+// head sit on different stages, each with a copy of the weight, and the two
+// partial gradients are summed exactly across them.
 class TiedHead : public Layer {
  public:
-  explicit TiedHead(std::shared_ptr<Embed> embed) : embed_(std::move(embed)) {}
-  torch::Tensor forward(const torch::Tensor& x) override { return x.matmul(embed_->tokenWeight().t()); }
+  explicit TiedHead(std::shared_ptr<Embed> embed)
+      : embed_(std::move(embed)), alias_(embed_->tokenWeight().detach().requires_grad_(true)) {}
+  torch::Tensor forward(const torch::Tensor& x) override { return x.matmul(alias_.t()); }
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> tiedLeaves() override {
+    return {{alias_, embed_->tokenWeight()}};
+  }
 
  private:
   std::shared_ptr<Embed> embed_;  // not registered: the weight belongs to "embed"
+  torch::Tensor alias_;
 };
 
 }  // namespace
