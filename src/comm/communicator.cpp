@@ -58,13 +58,24 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) override {
     return start(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
   }
+  std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag) override {
+    bytes_sent_ += t.numel() * t.element_size();
+    return p2p(t, [&](std::vector<torch::Tensor>& ts) { return pg_->send(ts, peer, tag); });
+  }
+  std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag) override {
+    return p2p(t, [&](std::vector<torch::Tensor>& ts) { return pg_->recv(ts, peer, tag); });
+  }
 
  private:
   struct GlooWork : PendingWork {
     c10::intrusive_ptr<c10d::Work> work;
     const GlooCommunicator* comm;
+    // Gloo's send/recv cannot be waited on with a timeout (a timed-out wait
+    // poisons the whole context), so they block until done or failed.
+    bool p2p = false;
+    torch::Tensor keep;
     void wait() override {
-      if (!comm->should_abort_) {
+      if (!comm->should_abort_ || p2p) {
         waitOrThrow(std::chrono::milliseconds(0));
         return;
       }
@@ -109,6 +120,21 @@ class GlooCommunicator : public Communicator {
     return w;
   }
   void run(torch::Tensor t, c10d::ReduceOp op) { start(std::move(t), op)->wait(); }
+  template <class F>
+  std::unique_ptr<PendingWork> p2p(torch::Tensor& t, F&& post) {
+    MORPH_CHECK(t.is_contiguous(), "send/recv of a non-contiguous tensor");
+    auto w = std::make_unique<GlooWork>();
+    w->comm = this;
+    w->p2p = true;
+    w->keep = t;
+    std::vector<torch::Tensor> ts{t};
+    try {
+      w->work = post(ts);
+    } catch (const std::exception& e) {
+      throw CommFailure(std::string("transfer failed to start: ") + e.what());
+    }
+    return w;
+  }
 
   int rank_, size_;
   std::function<bool()> should_abort_;
@@ -117,6 +143,13 @@ class GlooCommunicator : public Communicator {
 };
 
 }  // namespace
+
+std::unique_ptr<PendingWork> Communicator::send(torch::Tensor, int, int) {
+  throw std::logic_error("send: this communicator has no peers");
+}
+std::unique_ptr<PendingWork> Communicator::recv(torch::Tensor, int, int) {
+  throw std::logic_error("recv: this communicator has no peers");
+}
 
 std::unique_ptr<Communicator> makeGlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                    int rank, int size, const GlooOptions& opts) {

@@ -48,11 +48,19 @@ class Communicator {
   // until wait(). Every worker starts them in the same order.
   virtual std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) = 0;
   virtual std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) = 0;
+  // Point to point (pipeline stages): start sending `t` (contiguous) to rank
+  // `peer`, or receiving into `t` from it; the work keeps `t` alive.
+  // Messages with the same tag between two ranks match in order. wait()
+  // blocks until the transfer is done (a dead peer: CommFailure; Gloo's
+  // timeout bounds the wait). One-rank communicators have no peer.
+  virtual std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag);
+  virtual std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag);
   // Payload bytes this worker has handed to all-reduces (for benchmarks).
   int64_t bytesReduced() const { return bytes_; }
+  int64_t bytesSent() const { return bytes_sent_; }  // by send()
 
  protected:
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0, bytes_sent_ = 0;
 };
 
 class LocalCommunicator : public Communicator {
