@@ -50,6 +50,17 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--heartbeat-timeout", run.heartbeat_timeout_s,
                       "seconds of silence after which a remote worker is declared dead")
       ->check(CLI::Range(0.01, 3600.0));
+  run_cmd->add_option("--stages", run.stages, "pipeline depth P (data-parallel width = workers / P)")
+      ->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--schedule", run.schedule, "pipeline schedule: gpipe, 1f1b (default) or varuna")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "varuna"}));
+  run_cmd->add_flag("--recompute", run.recompute,
+                    "pipeline: keep only each VN's stage input and recompute the forward before backward");
+  run_cmd->add_option("--plan", run.plan, "pipeline cut: auto (even split, default) or a plan file (JSON)");
+  run_cmd->add_option("--trace", run.trace, "write a Chrome trace (JSON) of every pipeline rank's actions");
+  run_cmd->add_option("--memory-cap", run.memory_cap_mib,
+                      "MiB a worker may use: a pipeline stage that would need more is rejected before training")
+      ->check(CLI::Range(1.0, 1e9));
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
 
   morph::WorkerOptions worker;

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "control/internal.h"
+#include "exec/pipeline.h"
 
 namespace morph {
 
@@ -46,6 +47,10 @@ class Manager {
   void publish();
   [[noreturn]] void noWorkerLeft(const std::string& why);
   void markDead(int64_t id, const std::string& why);
+  void setUpPipeline();
+  json pipelineResults(const std::vector<json>& results);
+  void writeTrace();
+  bool pipelined() const { return !pipeline_.is_null(); }
   std::string key(int64_t g, const std::string& what, int64_t id) const {
     return "gen/" + std::to_string(g) + "/" + what + "/" + std::to_string(id);
   }
@@ -81,7 +86,153 @@ class Manager {
   json pending_resize_;
   int64_t pending_gen_ = -1;
   double pending_since_ = 0, last_hb_poll_ = 0, last_status_ = 0, last_sps_ = 0;
+  // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
+  json pipeline_;
 };
+
+// Validates the pipeline before any worker starts: the cut (even or from
+// the plan file), the worker count, each replica's schedule, and the memory
+// cap. Pipeline jobs run on a fixed set of workers for now.
+void Manager::setUpPipeline() {
+  auto model = buildModel(job_.model, job_.seed);
+  std::vector<size_t> cuts;
+  if (!o_.plan.empty() && o_.plan != "auto") {
+    cuts = readPlanFile(o_.plan, *model);
+    const int planned = static_cast<int>(cuts.size()) - 1;
+    if (o_.stages > 1 && o_.stages != planned)
+      throw InputError("--stages " + std::to_string(o_.stages) + " disagrees with " + o_.plan + " (" +
+                       std::to_string(planned) + " stages)");
+  } else {
+    cuts = evenCuts(model->size(), o_.stages);
+  }
+  const int P = static_cast<int>(cuts.size()) - 1;
+  if (P < 2) return;  // one stage: plain data parallelism
+  if (o_.workers % P != 0)
+    throw InputError("--workers " + std::to_string(o_.workers) + " is not a multiple of the " +
+                     std::to_string(P) + " pipeline stages (data-parallel width = workers / stages)");
+  const int D = o_.workers / P;
+  if (job_.virtual_nodes < D)
+    throw InputError("batch.virtual_nodes = " + std::to_string(job_.virtual_nodes) + " cannot feed " +
+                     std::to_string(D) + " pipeline replicas (each needs at least one VN)");
+  const ScheduleKind kind = parseScheduleKind(o_.schedule);
+  auto ranges = assignVns(job_.virtual_nodes, D);
+  for (auto& [b, e] : ranges) {
+    ScheduleOptions so{kind, P, e - b, o_.recompute};
+    validateSchedule(makeSchedule(so), so);
+  }
+  std::printf("morph: pipeline of %d stages x %d replicas, schedule %s%s, cut: %s\n", P, D,
+              toString(kind).c_str(), o_.recompute ? " with recomputation" : "",
+              describeCuts(*model, cuts).c_str());
+  if (o_.memory_cap_mib > 0) {
+    DataPair data = loadDatasets(job_.data, job_.seed);
+    const int64_t cap = static_cast<int64_t>(o_.memory_cap_mib * 1048576.0);
+    const int64_t M = ranges.front().second - ranges.front().first;  // the largest replica share
+    auto mem = estimateStageMemory(job_, cuts, {kind, P, M, o_.recompute}, *data.train);
+    for (int k = 0; k < P; ++k) {
+      const StageMemory& m = mem[static_cast<size_t>(k)];
+      auto mib = [](int64_t b) { return std::to_string((b + 524288) / 1048576); };
+      if (!o_.quiet)
+        std::printf("morph: stage %d needs about %s MiB (model %s, optimiser %s, gradient buffer %s, "
+                    "activations %s = %lld VNs x %s)\n",
+                    k, mib(m.total()).c_str(), mib(m.model_bytes).c_str(), mib(m.optimizer_bytes).c_str(),
+                    mib(m.accumulator_bytes + m.grad_bytes).c_str(), mib(m.activation_bytes).c_str(),
+                    static_cast<long long>(m.live_vns),
+                    mib(o_.recompute && k + 1 < P ? m.vn_input_bytes : m.vn_activation_bytes).c_str());
+      if (m.total() > cap)
+        throw InputError("--memory-cap " + std::to_string(static_cast<int64_t>(o_.memory_cap_mib)) +
+                         " MiB: pipeline stage " + std::to_string(k) + " (" +
+                         describeCuts(*model, {cuts[k], cuts[k + 1]}) + ") needs about " + mib(m.total()) +
+                         " MiB, of which activations " + mib(m.activation_bytes) + " MiB (" +
+                         std::to_string(m.live_vns) + " VNs stashed by " + toString(kind) +
+                         "); use more stages, --recompute, 1f1b, or more VNs per batch");
+    }
+  }
+  json vr = json::array();
+  for (auto& [b, e] : ranges) vr.push_back({b, e});
+  pipeline_ = {{"stages", P},         {"replicas", D},       {"cuts", cuts},       {"schedule", toString(kind)},
+               {"recompute", o_.recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
+}
+
+// Chrome trace-event JSON (Perfetto, chrome://tracing): one process per
+// replica, one thread per stage, one complete event per action.
+void Manager::writeTrace() {
+  const int P = pipeline_.at("stages").get<int>();
+  json events = json::array();
+  std::vector<std::pair<int, json>> ranks;
+  double t0 = INFINITY;
+  for (size_t r = 0; r < members_.size(); ++r) {
+    const std::string k = "trace/" + std::to_string(members_[r]);
+    if (!store_->check({k})) continue;
+    json ev = json::parse(getString(*store_, k));
+    for (const auto& e : ev) t0 = std::min(t0, e.at(2).get<double>());
+    ranks.emplace_back(static_cast<int>(r), std::move(ev));
+  }
+  for (auto& [r, ev] : ranks) {
+    const int stage = r % P, replica = r / P;
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", replica}, {"tid", stage},
+                      {"args", {{"name", "replica " + std::to_string(replica)}}}});
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", replica}, {"tid", stage},
+                      {"args", {{"name", "stage " + std::to_string(stage) + " (rank " + std::to_string(r) + ")"}}}});
+    for (const auto& e : ev) {
+      const std::string name = e.at(0).get<std::string>();
+      const double a = e.at(2).get<double>(), b = e.at(3).get<double>();
+      events.push_back({{"name", name},
+                        {"cat", name.substr(0, name.find(" vn"))},
+                        {"ph", "X"},
+                        {"pid", replica},
+                        {"tid", stage},
+                        {"ts", (a - t0) * 1e6},
+                        {"dur", (b - a) * 1e6},
+                        {"args", {{"step", e.at(1)}}}});
+    }
+  }
+  std::ofstream out(o_.trace, std::ios::trunc);
+  out << json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump() << '\n';
+  if (!out) throw JobError(o_.trace + ": cannot write the trace");
+  if (!o_.quiet) std::printf("morph: trace of %zu actions in %s\n", events.size(), o_.trace.c_str());
+}
+
+// The pipeline's figures for summary.json (and the Chrome trace): the
+// measured bubble fraction over the steady steps, the formula's, the mean
+// step time and each stage's peak memory.
+json Manager::pipelineResults(const std::vector<json>& results) {
+  const int P = pipeline_.at("stages").get<int>(), D = pipeline_.at("replicas").get<int>();
+  json out = {{"stages", P},
+              {"replicas", D},
+              {"schedule", pipeline_.at("schedule")},
+              {"recompute", pipeline_.at("recompute")},
+              {"cuts", pipeline_.at("cuts")}};
+  const auto& r0 = pipeline_.at("replica_ranges").at(0);
+  const int64_t M = r0.at(1).get<int64_t>() - r0.at(0).get<int64_t>();
+  out["bubble_formula"] = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
+  std::map<int64_t, std::vector<std::array<double, 3>>> per_step;  // step -> (start, end, busy) per rank
+  std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0);
+  for (const json& r : results) {
+    const int s = r.at("stage").get<int>();
+    stage_peak[static_cast<size_t>(s)] = std::max(stage_peak[static_cast<size_t>(s)], r.at("peak_rss_bytes").get<int64_t>());
+    for (const auto& t : r.at("timings"))
+      per_step[t.at(0).get<int64_t>()].push_back({t.at(1).get<double>(), t.at(2).get<double>(), t.at(3).get<double>()});
+  }
+  out["stage_peak_rss_bytes"] = stage_peak;
+  double bubble = 0, span_sum = 0;
+  int64_t n = 0;
+  const int64_t skip = first_step_ + warmupSteps(steps_ - first_step_);
+  for (auto& [step, ranks] : per_step) {
+    if (step < skip || ranks.size() != results.size()) continue;
+    double start = ranks[0][0], end = ranks[0][1];
+    for (auto& r : ranks) start = std::min(start, r[0]), end = std::max(end, r[1]);
+    const double span = end - start;
+    if (span <= 0) continue;
+    double b = 0;
+    for (auto& r : ranks) b += 1.0 - r[2] / span;
+    bubble += b / static_cast<double>(ranks.size());
+    span_sum += span;
+    ++n;
+  }
+  out["bubble_fraction"] = n ? bubble / static_cast<double>(n) : NAN;
+  out["schedule_seconds"] = n ? span_sum / static_cast<double>(n) : NAN;
+  return out;
+}
 
 void Manager::spawn(int count) {
   const std::string join = o_.host + ":" + std::to_string(port_);
@@ -128,6 +279,9 @@ void Manager::markDead(int64_t id, const std::string& why) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
     setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
+    if (pipelined())
+      noWorkerLeft("worker " + std::to_string(id) + " " + why +
+                   "; a pipeline job does not regroup yet (resume it with --resume)");
     if (!in_transition_) startTransition("failure");
   }
 }
@@ -189,6 +343,10 @@ void Manager::pollResizeRequests() {
   if (seq == resize_seq_) return;
   resize_seq_ = seq;
   int want = std::stoi(getString(*store_, "ctl/resize_target"));
+  if (pipelined()) {
+    std::fprintf(stderr, "morph: ignoring resize to %d workers: a pipeline job does not resize yet\n", want);
+    return;
+  }
   if (want < 1 || want > job_.virtual_nodes) {
     std::fprintf(stderr, "morph: ignoring resize to %d workers (1..%lld)\n", want,
                  static_cast<long long>(job_.virtual_nodes));
@@ -303,8 +461,9 @@ void Manager::publish() {
   for (auto& [id, w] : workers_)
     if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
       candidates.push_back(id);
-  const size_t size = std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
-                                        static_cast<size_t>(job_.virtual_nodes)});
+  const size_t size = pipelined() ? static_cast<size_t>(target_)
+                                  : std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
+                                                      static_cast<size_t>(job_.virtual_nodes)});
   std::vector<int64_t> next(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
   std::vector<int64_t> released(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
   int source = 0;
@@ -315,8 +474,14 @@ void Manager::publish() {
     }
   json plan = {{"generation", g}, {"members", next}, {"released", released}, {"source", source},
                {"vn_ranges", json::array()}};
-  for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
-    plan["vn_ranges"].push_back({r.first, r.second});
+  if (pipelined()) {
+    plan["pipeline"] = pipeline_;
+    const int P = pipeline_.at("stages").get<int>();
+    for (size_t r = 0; r < next.size(); ++r) plan["vn_ranges"].push_back(pipeline_["replica_ranges"][r / P]);
+  } else {
+    for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
+      plan["vn_ranges"].push_back({r.first, r.second});
+  }
   setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
   setString(*store_, "gen/current", std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
@@ -347,7 +512,8 @@ void Manager::publish() {
 }
 
 int Manager::run() {
-  assignVns(job_.virtual_nodes, o_.workers);  // validates the worker count
+  setUpPipeline();
+  if (!pipelined()) assignVns(job_.virtual_nodes, o_.workers);  // validates the worker count
   const int spawn_count = o_.spawn < 0 ? o_.workers : o_.spawn;
   if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
@@ -423,8 +589,13 @@ int Manager::run() {
       for (auto& [id, w] : workers_)
         joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
       const int size = static_cast<int>(members_.size());
-      if (posted) {
+      if (posted && pipelined()) {
+        noWorkerLeft("a pipeline member left or lost a peer; a pipeline job does not regroup yet "
+                     "(resume it with --resume)");
+      } else if (posted) {
         startTransition("");  // a leave, or a failure a survivor saw first
+      } else if (pipelined()) {
+        // Fixed membership: extra workers wait until the job ends.
       } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
         setString(*store_, "gen/want", std::to_string(gen_ + 1));
         startTransition(resize_seq_ > 0 ? "request" : "join");
@@ -454,9 +625,11 @@ int Manager::run() {
 
   std::string hash;
   int64_t peak = 0, bytes = 0;
+  std::vector<json> results;
   for (int64_t id : members_) {
     if (!store_->check({"result/" + std::to_string(id)})) continue;
     json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
+    results.push_back(res);
     std::string h = res.at("model_hash").get<std::string>();
     if (hash.empty()) hash = h;
     if (h != hash)
@@ -472,6 +645,10 @@ int Manager::run() {
   // All-reduce payload per step of a worker that stayed throughout.
   if (resizes_.empty() && steps_ > first_step_)
     extra["reduce_payload_bytes_per_step"] = static_cast<double>(bytes) / static_cast<double>(steps_ - first_step_);
+  if (pipelined()) {
+    extra.update(pipelineResults(results));
+    if (!o_.trace.empty()) writeTrace();
+  }
   writeSummary(dir_, job_, steps_, static_cast<int>(members_.size()), *log_, hash, peak, resizes_, extra);
   std::printf("model_hash: %s\n", hash.c_str());
   return 0;

@@ -222,6 +222,16 @@ int runJob(const RunOptions& o) {
   // Read once: the manager sends workers the very text it validated.
   const std::string text = readJobFile(o.job_path);
   JobSpec job = parseJob(text, o.job_path, effectiveOverrides(o));
+  const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
+  if (!pipeline && (o.recompute || !o.trace.empty()))
+    throw InputError(std::string(o.recompute ? "--recompute" : "--trace") + " needs a pipeline (--stages P > 1 or --plan FILE)");
+  if (o.workers == 0 && pipeline) {
+    // One worker per stage by default.
+    RunOptions p = o;
+    p.workers = o.stages > 1 ? o.stages : 0;
+    if (p.workers == 0) throw InputError("--plan FILE needs --workers (a multiple of the plan's stages)");
+    return runManager(p, job, text);
+  }
   if (o.workers == 0) return runInProcess(o, job);
   return runManager(o, job, text);
 }

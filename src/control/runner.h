@@ -27,6 +27,13 @@ struct RunOptions {
   std::string resume;    // checkpoint folder to continue from ("" = start fresh)
   double heartbeat_interval_s = 0.1;  // workers' pulse
   double heartbeat_timeout_s = 2.0;   // silence after which a worker is declared dead
+  // Pipeline parallelism (stages > 1): D = workers / stages replicas.
+  int stages = 1;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | varuna
+  bool recompute = false;         // stash stage inputs, recompute before backward
+  std::string plan;               // "" or "auto": even split; else a plan file
+  std::string trace;              // Chrome trace file of every rank's actions ("" = none)
+  double memory_cap_mib = 0;      // per worker; 0 = no check
 };
 
 struct WorkerOptions {

@@ -78,6 +78,38 @@ void syncState(Trainer& tr, Communicator& comm, int source) {
   }
 }
 
+// Pipeline member `rank` (= replica * stages + stage): forms the stage,
+// tied and pipe process groups of the generation (every rank in the same
+// order: world, stage, tied, pipe) and hands the trainer its place.
+void setUpPipeline(Trainer& tr, const json& p, int rank, const json& range,
+                   std::vector<std::unique_ptr<Communicator>>& comms,
+                   const c10::intrusive_ptr<c10d::TCPStore>& store, const std::string& gkey,
+                   const GlooOptions& go) {
+  PipelinePlacement pl;
+  pl.stages = p.at("stages").get<int>();
+  pl.replicas = p.at("replicas").get<int>();
+  pl.stage = rank % pl.stages;
+  pl.replica = rank / pl.stages;
+  pl.cuts = p.at("cuts").get<std::vector<size_t>>();
+  pl.schedule = parseScheduleKind(p.at("schedule").get<std::string>());
+  pl.recompute = p.at("recompute").get<bool>();
+  PipelineComms pc;
+  pc.world = comms.back().get();
+  auto group = [&](const std::string& name, int r, int size) {
+    comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/" + name, store), r,
+                                         size, go));
+    return comms.back().get();
+  };
+  if (pl.replicas > 1) pc.stage = group("stage/" + std::to_string(pl.stage), pl.replica, pl.replicas);
+  bool tied = false;
+  for (size_t l = 0; l < tr.model().size(); ++l) tied = tied || !tr.model().layer(l).tiedLeaves().empty();
+  if (tied && (pl.stage == 0 || pl.stage == pl.stages - 1))
+    pc.tied = group("tied", pl.stage == 0 ? pl.replica : pl.replicas + pl.replica, 2 * pl.replicas);
+  pc.pipe = group("pipe/" + std::to_string(pl.replica), pl.stage, pl.stages);
+  tr.setTracing(p.value("trace", false));
+  tr.setPipeline(pl, range.at(0).get<int64_t>(), range.at(1).get<int64_t>(), pc);
+}
+
 }  // namespace
 
 int runWorker(const WorkerOptions& o) {
@@ -169,9 +201,15 @@ int runWorker(const WorkerOptions& o) {
       }
       Communicator& comm = *comms.back();
       tr.setCommunicator(&comm);
-      syncState(tr, comm, plan.at("source").get<int>());
       auto range = plan.at("vn_ranges").at(rank);
-      tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+      if (plan.contains("pipeline")) {
+        // Every member starts from the same state (the job seed or the
+        // checkpoint it loaded), so there is nothing to broadcast.
+        setUpPipeline(tr, plan.at("pipeline"), rank, range, comms, store, gkey, go);
+      } else {
+        syncState(tr, comm, plan.at("source").get<int>());
+        tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+      }
       if (rank == 0 && job.checkpoint_every > 0 && !ckpt)
         ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
                                                   static_cast<int>(job.checkpoint_keep));
@@ -183,6 +221,10 @@ int runWorker(const WorkerOptions& o) {
         // Committed on every member of this generation: all hold the same
         // reduced loss, so any member can stand in for rank 0's line.
         last_line = commitLine(job, st, world, gen);
+        const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
+        const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
+        if (tr.pipelined() && (eval_due || ckpt_due))
+          tr.gatherState();  // rank 0 evaluates and checkpoints the whole model; all hash it
         if (rank == 0) {
           if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
           json line = stepLine(job, steps, st, tr, *data.test, world, gen);
@@ -204,6 +246,18 @@ int runWorker(const WorkerOptions& o) {
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};
+      if (tr.pipelined()) {
+        res["stage"] = tr.placement().stage;
+        res["replica"] = tr.placement().replica;
+        json t = json::array();
+        for (const StageTiming& s : tr.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});
+        res["timings"] = t;
+        if (!tr.trace().empty()) {
+          json ev = json::array();
+          for (const TraceEvent& e : tr.trace()) ev.push_back({e.name, e.step, e.start, e.end});
+          setString(*store, "trace/" + me, ev.dump());
+        }
+      }
       setString(*store, "result/" + me, res.dump());
       store->wait({"job/finished"}, std::chrono::hours(1));
       return 0;

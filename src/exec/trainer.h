@@ -21,9 +21,42 @@
 #include "exec/grad_accumulator.h"
 #include "exec/optimizer.h"
 #include "exec/prefetcher.h"
+#include "exec/schedule.h"
 #include "models/model.h"
 
 namespace morph {
+
+// Where a worker sits in a pipeline of `stages` stages and `replicas`
+// data-parallel copies of it. World rank = replica * stages + stage.
+struct PipelinePlacement {
+  int stages = 1, stage = 0;
+  int replicas = 1, replica = 0;
+  std::vector<size_t> cuts;  // stages + 1 layer boundaries: stage k runs [cuts[k], cuts[k+1])
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  bool recompute = false;
+};
+
+// The process groups of a pipeline worker (each must outlive its use).
+struct PipelineComms {
+  Communicator* world = nullptr;  // every rank: flags, loss, clipping, state gathers
+  Communicator* stage = nullptr;  // this stage's replicas (rank = replica); null when replicas == 1
+  Communicator* tied = nullptr;   // first and last stage (tied parameters); null elsewhere
+  Communicator* pipe = nullptr;   // this replica's stages (rank = stage): activations and gradients
+};
+
+// One action of the stage executor, for --trace (seconds since the epoch).
+struct TraceEvent {
+  std::string name;  // "forward vn 3"
+  int64_t step;
+  double start, end;
+};
+
+// Per step on a pipeline worker: when the schedule started and ended and how
+// long the stage computed (forward, backward, recompute) in between.
+struct StageTiming {
+  int64_t step;
+  double start, end, busy;
+};
 
 struct StepStats {
   int64_t step = 0;
@@ -68,6 +101,26 @@ class Trainer {
   // attempt only (a spike beyond the agreed bound).
   void injectGradSpike(int64_t step, int64_t vn, float factor);
 
+  // Pipeline mode: this worker runs stage placement.stage of replica
+  // placement.replica over the replica's VNs [vn_begin, vn_end), following
+  // the schedule's action list (validated here; InputError if it is not
+  // valid). Call before the first step.
+  void setPipeline(const PipelinePlacement& placement, int64_t vn_begin, int64_t vn_end,
+                   const PipelineComms& comms);
+  bool pipelined() const { return pipe_.stages > 1; }
+  const PipelinePlacement& placement() const { return pipe_; }
+  // Pipeline mode: gives every rank the whole model (parameters, buffers and
+  // optimiser state of each stage, from the stage's replica 0), for
+  // evaluation, checkpoints and the model hash. Every rank calls it at the
+  // same step.
+  void gatherState();
+  // Per-action trace and per-step timing of the stage executor.
+  void setTracing(bool on) { tracing_ = on; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const std::vector<StageTiming>& stageTimings() const { return timings_; }
+  // Bytes of one VN's activation at each cut (stage boundary), from a dry forward.
+  const std::vector<int64_t>& cutBytes() const { return cut_bytes_; }
+
   StepStats step();  // runs step nextStep()
   EvalStats evaluate(const Dataset& test, int64_t batch);
 
@@ -94,6 +147,10 @@ class Trainer {
 
  private:
   void runVn(int64_t vn, bool last);
+  StepStats pipelineStep();
+  void runStageSchedule();
+  void reducePipeline(StepStats& st, std::vector<double>& flags);
+  uint64_t vnSeed(int64_t vn) const;
   void onGrad(size_t param, const torch::Tensor& grad);
   void launchReadyBuckets(bool all);
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
@@ -125,6 +182,24 @@ class Trainer {
   bool spike_now_ = false;
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<int64_t> seg_sizes_;
+  std::vector<int> seg_need_;       // contributions per segment per VN (2 for a tied weight)
+  // Pipeline mode (stages > 1).
+  PipelinePlacement pipe_;
+  PipelineComms pcomm_;
+  int64_t vn_begin_ = 0, vn_end_ = 0;
+  std::vector<Action> actions_;     // this rank's list for one step
+  std::vector<size_t> own_params_;  // parameters this stage updates (incl. a tied copy)
+  std::vector<char> norm_owner_;    // per parameter: this stage counts it in the global norm
+  std::vector<size_t> own_bns_;     // indices into bns_
+  std::vector<std::pair<size_t, size_t>> own_runs_;  // segment runs reduced among replicas
+  std::vector<size_t> tied_segs_;   // segments summed between first and last stage
+  std::vector<std::vector<int64_t>> cut_shapes_;
+  std::vector<int64_t> cut_bytes_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  std::vector<StageTiming> timings_;
+  std::vector<int64_t> layer_stage_;  // per layer
+  const Dataset* train_ = nullptr;
   std::vector<double> control_, reduced_control_;
   // Buffers and works of abandoned steps: kept alive, never touched again.
   std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;

@@ -1,4 +1,6 @@
 // End-to-end tests of the `morph` binary: real processes, real c10d/Gloo.
+#include "cli_util.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,31 +13,7 @@
 
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr
-};
-
-Result run(const std::string& args) {
-  std::string cmd = std::string(MORPH_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
-
-std::string lastLineHash(const std::string& out) {
-  auto pos = out.rfind("model_hash: ");
-  if (pos == std::string::npos) return "";
-  std::string rest = out.substr(pos + 12);
-  EXPECT_EQ(rest.size(), 17u) << "model_hash must be the last line:\n" << out;
-  return rest.substr(0, 16);
-}
+using namespace morph_test;
 
 const char* kJob = R"([job]
 name = "cli"
@@ -65,22 +43,6 @@ std::string fashionJob(const std::string& path) {
   return body;
 }
 
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("morph_cli_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string job(const std::string& body, const std::string& name = "job.toml") {
-    std::string p = (dir_ / name).string();
-    std::ofstream(p) << body;
-    return p;
-  }
-  std::string out(const std::string& tag) { return (dir_ / tag).string(); }
-  fs::path dir_;
-};
 
 
 TEST_F(Cli, RunWritesOutputsAndIsRepeatable) {

@@ -1,0 +1,554 @@
+// The stage executor (Trainer in pipeline mode) and pipeline set-up.
+//
+// A pipeline worker holds the whole model (built from the job seed like any
+// worker) but computes, reduces and updates only its stage's layers. Per
+// step it runs its schedule's action list over its replica's VNs:
+// activations go to the next stage and gradients to the previous one by
+// Gloo send/recv, received by a thread per incoming channel so that compute
+// overlaps transfer. Each VN's gradient is quantised into the same global
+// segment layout as on a single worker, so the reductions (the stage's
+// replicas; the tied weight between first and last stage; loss and flags
+// over every rank) give the single-process bits.
+#include "exec/pipeline.h"
+
+#include <malloc.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/sys.h"
+#include "exec/trainer.h"
+
+namespace morph {
+
+size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t);  // trainer.cpp
+
+namespace {
+
+constexpr int kActTag = 1, kGradTag = 2;
+constexpr size_t kRecvWindow = 2;  // messages received ahead of use, per channel
+
+double unixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// Receives one channel's messages (activations from the previous stage, or
+// gradients from the next) in the order the schedule consumes them, up to
+// kRecvWindow ahead, on a thread of its own.
+class RecvChannel {
+ public:
+  RecvChannel(Communicator& comm, int peer, int tag, std::vector<int64_t> shape)
+      : comm_(comm), peer_(peer), tag_(tag), shape_(std::move(shape)) {}
+  ~RecvChannel() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    // A thread blocked in a receive from a dead peer returns only at Gloo's
+    // timeout; the process is going down, so do not wait for it.
+    if (done_) thread_.join(); else thread_.detach();
+  }
+  // The micro-batches whose messages arrive this step, in order.
+  void start(std::vector<int64_t> order) {
+    MORPH_CHECK(!thread_.joinable(), "channel already running");
+    ready_.clear();
+    done_ = false;
+    thread_ = std::thread([this, order = std::move(order)] { loop(order); });
+  }
+  bool ready(int64_t m) {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ready_.count(m) > 0;
+  }
+  torch::Tensor take(int64_t m) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return ready_.count(m) > 0 || error_; });
+    if (!ready_.count(m)) std::rethrow_exception(error_);
+    torch::Tensor t = std::move(ready_[m]);
+    ready_.erase(m);
+    cv_.notify_all();
+    return t;
+  }
+  void finish() {
+    if (thread_.joinable()) thread_.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void loop(const std::vector<int64_t>& order) {
+    for (int64_t m : order) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return ready_.size() < kRecvWindow || stop_; });
+        if (stop_) break;
+      }
+      torch::Tensor t = torch::empty(shape_);
+      try {
+        comm_.recv(t, peer_, tag_)->wait();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        error_ = std::make_exception_ptr(CommFailure(std::string("pipeline receive failed: ") + e.what()));
+        cv_.notify_all();
+        break;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      ready_[m] = std::move(t);
+      cv_.notify_all();
+    }
+    done_ = true;
+  }
+
+  Communicator& comm_;
+  int peer_, tag_;
+  std::vector<int64_t> shape_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, torch::Tensor> ready_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end,
+                          const PipelineComms& comms) {
+  const size_t L = model_->size();
+  MORPH_CHECK(pl.stages > 1 && 0 <= pl.stage && pl.stage < pl.stages, "bad pipeline placement");
+  MORPH_CHECK(pl.replicas >= 1 && 0 <= pl.replica && pl.replica < pl.replicas, "bad replica");
+  MORPH_CHECK(pl.cuts.size() == static_cast<size_t>(pl.stages) + 1 && pl.cuts.front() == 0 && pl.cuts.back() == L,
+              "cuts must cover the model");
+  for (int k = 0; k < pl.stages; ++k) MORPH_CHECK(pl.cuts[k] < pl.cuts[k + 1], "empty stage");
+  MORPH_CHECK(0 <= vn_begin && vn_begin < vn_end && vn_end <= job_.virtual_nodes, "bad VN range");
+  MORPH_CHECK(comms.world && comms.pipe, "a pipeline needs world and pipe communicators");
+  pipe_ = pl;
+  pcomm_ = comms;
+  vn_begin_ = vn_begin;
+  vn_end_ = vn_end;
+  setVnRange(vn_begin, vn_end);
+  ScheduleOptions so{pl.schedule, pl.stages, vn_end - vn_begin, pl.recompute};
+  Schedule sched = makeSchedule(so);
+  validateSchedule(sched, so);
+  actions_ = sched[static_cast<size_t>(pl.stage)];
+
+  const size_t lo = pl.cuts[static_cast<size_t>(pl.stage)], hi = pl.cuts[static_cast<size_t>(pl.stage) + 1];
+  layer_stage_.assign(L, 0);
+  for (int k = 0; k < pl.stages; ++k)
+    for (size_t l = pl.cuts[k]; l < pl.cuts[k + 1]; ++l) layer_stage_[l] = k;
+  own_params_.clear();
+  norm_owner_.assign(params_.size(), 0);
+  for (size_t l = lo; l < hi; ++l)
+    for (const auto& p : model_->layer(l).parameters()) {
+      const size_t i = indexOf(params_, p);
+      own_params_.push_back(i);
+      norm_owner_[i] = 1;
+    }
+  // A weight used on two stages: each quantises its part of the gradient
+  // into the owner's segment; the first and last stage sum it between them.
+  tied_segs_.clear();
+  for (size_t l = 0; l < L; ++l)
+    for (auto& [alias, owner] : model_->layer(l).tiedLeaves()) {
+      const size_t i = indexOf(params_, owner);
+      size_t owner_layer = L;
+      for (size_t k = 0; k < L && owner_layer == L; ++k)
+        for (const auto& p : model_->layer(k).parameters())
+          if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) owner_layer = k;
+      const int us = layer_stage_[l], os = layer_stage_[owner_layer];
+      if (us == os) continue;
+      MORPH_CHECK((us == 0 || us == pl.stages - 1) && (os == 0 || os == pl.stages - 1),
+                  "a tied weight must sit on the first and the last stage");
+      if (pl.stage == us || pl.stage == os) tied_segs_.push_back(segOf(i));
+      if (pl.stage == us) own_params_.push_back(i);  // the copy this stage updates
+    }
+  own_bns_.clear();
+  for (size_t l = lo; l < hi; ++l)
+    for (const auto& m : model_->layer(l).modules(/*include_self=*/true))
+      if (auto* bn = dynamic_cast<VnBatchNorm*>(m.get()))
+        for (size_t k = 0; k < bns_.size(); ++k)
+          if (bns_[k] == bn) own_bns_.push_back(k);
+  // Segments reduced among the stage's replicas, as runs of consecutive ones.
+  std::vector<size_t> segs;
+  for (size_t i : own_params_)
+    if (std::find(tied_segs_.begin(), tied_segs_.end(), segOf(i)) == tied_segs_.end()) segs.push_back(segOf(i));
+  for (size_t k : own_bns_) {
+    segs.push_back(bn_seg_ + 2 * k);
+    segs.push_back(bn_seg_ + 2 * k + 1);
+  }
+  std::sort(segs.begin(), segs.end());
+  own_runs_.clear();
+  for (size_t s : segs) {
+    if (!own_runs_.empty() && own_runs_.back().second == s) own_runs_.back().second = s + 1;
+    else own_runs_.push_back({s, s + 1});
+  }
+  // The shape of one VN's activation at each cut, from a dry forward.
+  cut_shapes_.clear();
+  cut_bytes_.clear();
+  {
+    torch::NoGradGuard no_grad;
+    const int64_t vn_size = job_.global_batch / job_.virtual_nodes;
+    torch::Tensor x = train_->range(0, vn_size).x;
+    for (int k = 0; k + 1 < pl.stages; ++k) {
+      x = model_->forwardRange(x, pl.cuts[k], pl.cuts[k + 1]);
+      MORPH_CHECK(x.scalar_type() == torch::kFloat32, "stage outputs must be float32");
+      cut_shapes_.push_back(x.sizes().vec());
+      cut_bytes_.push_back(x.numel() * 4);
+    }
+  }
+}
+
+StepStats Trainer::pipelineStep() {
+  StepStats st;
+  st.step = step_;
+  st.lr = learningRate(job_.optim, step_, total_steps_);
+  const double t0 = nowSeconds();
+  for (st.attempts = 1;; ++st.attempts) {
+    acc_->beginStep();
+    if (st.attempts > 1 && step_ == spike_step_) spike_step_ = -1;  // first attempt only
+    runStageSchedule();
+    const double r0 = nowSeconds();
+    std::vector<double> flags = acc_->flagsAndMax();
+    reducePipeline(st, flags);
+    if (GradAccumulator::nonfiniteOf(flags))
+      throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
+                     "; the last committed step is " + std::to_string(step_ - 1) +
+                     " (lower optim.lr or set optim.clip_norm)");
+    acc_->updateScales(flags);
+    st.reduce_seconds += nowSeconds() - r0;
+    if (!GradAccumulator::overflowOf(flags)) break;
+    MORPH_CHECK_LT(st.attempts, 8);
+  }
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+  const double V = static_cast<double>(job_.virtual_nodes);
+  for (size_t i : own_params_) {
+    torch::Tensor& g = params_[i].mutable_grad();
+    if (!g.defined()) g = torch::empty_like(params_[i]);
+    acc_->read(segOf(i), B, g.data_ptr<float>());
+  }
+  for (size_t k : own_bns_) {
+    VnBatchNorm* bn = bns_[k];
+    torch::Tensor mean = torch::empty({bn->channels()}), var = torch::empty({bn->channels()});
+    acc_->read(bn_seg_ + 2 * k, V, mean.data_ptr<float>());
+    acc_->read(bn_seg_ + 2 * k + 1, V, var.data_ptr<float>());
+    bn->commitRunningStats(mean, var);
+  }
+  st.loss = acc_->readScalar(stats_seg_, 0) / B;
+  st.train_accuracy = acc_->readScalar(stats_seg_, 1) / B;
+  if (job_.optim.clip_norm > 0.0) {
+    // Every tensor's sum of squares from the stage that owns it (the others
+    // hold 0), then the single-worker sum in parameter order.
+    std::vector<double> sq(params_.size(), 0.0);
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (norm_owner_[i]) sq[i] = squaredNorm(params_[i].grad());
+    pcomm_.world->allreduceMax(sq.data(), static_cast<int64_t>(sq.size()));
+    st.grad_norm = normOfSquares(sq);
+    clipToNorm(params_, st.grad_norm, job_.optim.clip_norm);
+  }
+  opt_->step(st.lr);  // parameters without a gradient (other stages') stay
+  ++step_;
+  st.seconds = nowSeconds() - t0;
+  return st;
+}
+
+// Stage gradients among replicas and the tied weight between first and last
+// stage (started first, in the background), flags and control values (MAX)
+// and loss statistics (SUM) over every rank.
+void Trainer::reducePipeline(StepStats&, std::vector<double>& flags) {
+  std::vector<std::unique_ptr<PendingWork>> works;
+  auto launch = [&](Communicator* c, size_t first, size_t end) {
+    const int64_t off = acc_->segmentOffset(first);
+    const int64_t n = acc_->segmentOffset(end - 1) + acc_->segmentSize(end - 1) - off;
+    if (acc_->mode() == ReduceMode::kExact) works.push_back(c->allreduceSumAsync(acc_->exactBuffer() + off, n));
+    else works.push_back(c->allreduceSumAsync(acc_->floatBuffer() + off, n));
+  };
+  if (pcomm_.stage)
+    for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
+  if (pcomm_.tied)
+    for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
+  const size_t nflags = flags.size();
+  flags.insert(flags.end(), control_.begin(), control_.end());
+  pcomm_.world->allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+  reduced_control_.assign(flags.begin() + static_cast<std::ptrdiff_t>(nflags), flags.end());
+  flags.resize(nflags);
+  launch(pcomm_.world, stats_seg_, stats_seg_ + 1);  // zeros but on the last stage
+  for (auto& w : works) w->wait();
+}
+
+void Trainer::runStageSchedule() {
+  const int s = pipe_.stage, P = pipe_.stages;
+  const bool first = s == 0, last = s == P - 1;
+  const size_t lo = pipe_.cuts[static_cast<size_t>(s)], hi = pipe_.cuts[static_cast<size_t>(s) + 1];
+  const int64_t M = vn_end_ - vn_begin_;
+  struct Live {
+    torch::Tensor in, out, loss, grad;
+  };
+  std::vector<Live> live(static_cast<size_t>(M));
+  std::vector<Action> acts = actions_;
+  std::vector<int64_t> act_order, grad_order;
+  for (const Action& a : acts) {
+    if (a.kind == ActionKind::kRecvAct) act_order.push_back(a.vn);
+    if (a.kind == ActionKind::kRecvGrad) grad_order.push_back(a.vn);
+  }
+  std::unique_ptr<RecvChannel> act_in, grad_in;
+  if (!first) {
+    act_in = std::make_unique<RecvChannel>(*pcomm_.pipe, s - 1, kActTag, cut_shapes_[static_cast<size_t>(s) - 1]);
+    act_in->start(act_order);
+  }
+  if (!last) {
+    grad_in = std::make_unique<RecvChannel>(*pcomm_.pipe, s + 1, kGradTag, cut_shapes_[static_cast<size_t>(s)]);
+    grad_in->start(grad_order);
+  }
+  std::vector<std::unique_ptr<PendingWork>> sends;
+  if (first || last) prefetch_.request(step_, vn_begin_);
+  auto data = [&](int64_t vn) {
+    Batch b = prefetch_.take(step_, vn);
+    if (vn + 1 < vn_end_) prefetch_.request(step_, vn + 1);
+    return b;
+  };
+  const bool varuna = pipe_.schedule == ScheduleKind::kVaruna;
+  StageTiming timing{step_, unixSeconds(), 0.0, 0.0};
+  for (size_t i = 0; i < acts.size(); ++i) {
+    // Varuna's opportunistic choice: when the gradient this rank waits for
+    // is not there yet, run the first later action that can move ahead
+    // without breaking the list and whose input is already here.
+    if (varuna && acts[i].kind == ActionKind::kRecvGrad && !grad_in->ready(acts[i].vn)) {
+      for (size_t j = i + 1; j < acts.size(); ++j) {
+        const Action& c = acts[j];
+        const bool input_here = (c.kind == ActionKind::kRecvAct && act_in->ready(c.vn)) ||
+                                (c.kind == ActionKind::kRecvGrad && grad_in->ready(c.vn)) ||
+                                c.kind == ActionKind::kForward || c.kind == ActionKind::kSendAct ||
+                                c.kind == ActionKind::kRecompute;
+        if (input_here && canSwap(acts, i, j)) {
+          std::rotate(acts.begin() + static_cast<std::ptrdiff_t>(i), acts.begin() + static_cast<std::ptrdiff_t>(j),
+                      acts.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+          break;
+        }
+      }
+    }
+    const Action a = acts[i];
+    Live& v = live[static_cast<size_t>(a.vn)];
+    const int64_t vn = vn_begin_ + a.vn;
+    const double a0 = unixSeconds();
+    bool compute = false;
+    switch (a.kind) {
+      case ActionKind::kRecvAct:
+        v.in = act_in->take(a.vn);
+        break;
+      case ActionKind::kRecvGrad:
+        v.grad = grad_in->take(a.vn);
+        break;
+      case ActionKind::kForward: {
+        compute = true;
+        torch::Tensor y;
+        if (first) v.in = data(vn).x;
+        if (last) y = data(vn).y;
+        if (!first) v.in.requires_grad_(true);
+        if (pipe_.recompute && !last) {
+          torch::NoGradGuard no_grad;  // only the input is stashed
+          v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+        } else {
+          v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+        }
+        for (size_t k : own_bns_) {
+          acc_->add(bn_seg_ + 2 * k, bns_[k]->lastMean().contiguous().data_ptr<float>());
+          acc_->add(bn_seg_ + 2 * k + 1, bns_[k]->lastVar().contiguous().data_ptr<float>());
+        }
+        if (last) {
+          torch::Tensor out = v.out.reshape({-1, v.out.size(-1)});
+          torch::Tensor yy = y.reshape({-1});
+          v.loss = torch::nn::functional::cross_entropy(
+              out, yy, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+          float stats[2];
+          {
+            torch::NoGradGuard no_grad;
+            stats[0] = v.loss.item<float>();
+            stats[1] = static_cast<float>(out.argmax(1).eq(yy).sum().item<int64_t>());
+          }
+          acc_->add(stats_seg_, stats);
+        }
+        break;
+      }
+      case ActionKind::kSendAct:
+        sends.push_back(pcomm_.pipe->send(v.out.detach().contiguous(), s + 1, kActTag));
+        if (pipe_.recompute) v.out = torch::Tensor();
+        break;
+      case ActionKind::kRecompute:
+        compute = true;
+        v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+        break;
+      case ActionKind::kBackward:
+        compute = true;
+        for (size_t p : own_params_) params_[p].mutable_grad() = torch::Tensor();
+        spike_now_ = step_ == spike_step_ && vn == spike_vn_;
+        accumulating_ = true;
+        if (last) v.loss.backward(); else v.out.backward(v.grad);
+        accumulating_ = spike_now_ = false;
+        v.out = v.loss = v.grad = torch::Tensor();
+        if (first) v.in = torch::Tensor();
+        break;
+      case ActionKind::kSendGrad:
+        sends.push_back(pcomm_.pipe->send(v.in.grad().contiguous(), s - 1, kGradTag));
+        v.in = torch::Tensor();
+        break;
+    }
+    const double a1 = unixSeconds();
+    if (compute) timing.busy += a1 - a0;
+    if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), step_, a0, a1});
+  }
+  timing.end = unixSeconds();
+  for (auto& w : sends) w->wait();
+  if (act_in) act_in->finish();
+  if (grad_in) grad_in->finish();
+  timings_.push_back(timing);
+}
+
+void Trainer::gatherState() {
+  if (!pipelined()) return;
+  torch::NoGradGuard no_grad;
+  CheckpointData d = exportState();
+  for (int k = 0; k < pipe_.stages; ++k) {
+    std::vector<torch::Tensor> ts, flat;
+    for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
+      for (auto& [name, t] : d.layers[l].second) {
+        MORPH_CHECK(t.scalar_type() == torch::kFloat32, "state tensors are float32");
+        ts.push_back(t);
+        flat.push_back(t.detach().reshape({-1}));
+      }
+    if (ts.empty()) continue;
+    torch::Tensor all = torch::cat(flat);
+    pcomm_.world->broadcast(all, k);  // world rank k: stage k of replica 0
+    if (pcomm_.world->rank() == k) continue;
+    int64_t off = 0;
+    for (auto& t : ts) {
+      t.copy_(all.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  }
+}
+
+std::vector<size_t> evenCuts(size_t layers, int stages) {
+  if (stages < 1 || static_cast<size_t>(stages) > layers)
+    throw InputError("--stages " + std::to_string(stages) + ": the model has " + std::to_string(layers) +
+                     " layers (each stage needs at least one)");
+  std::vector<size_t> cuts;
+  for (int k = 0; k <= stages; ++k) cuts.push_back(layers * static_cast<size_t>(k) / static_cast<size_t>(stages));
+  return cuts;
+}
+
+std::vector<size_t> readPlanFile(const std::string& path, const LayerList& model) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot read the plan file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw InputError(path + ": not JSON (" + e.what() + ")");
+  }
+  const std::string expect = "expected {\"stages\": [[\"first layer\", \"last layer\"], ...]}";
+  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
+    throw InputError(path + ": key 'stages': " + expect);
+  auto find = [&](const nlohmann::json& name, const std::string& key) {
+    if (!name.is_string()) throw InputError(path + ": key '" + key + "': expected a layer name");
+    for (size_t l = 0; l < model.size(); ++l)
+      if (model.layerName(l) == name.get<std::string>()) return l;
+    std::string names;
+    for (size_t l = 0; l < model.size(); ++l) names += (l ? ", " : "") + model.layerName(l);
+    throw InputError(path + ": key '" + key + "': no layer '" + name.get<std::string>() + "' (the model's: " +
+                     names + ")");
+  };
+  std::vector<size_t> cuts{0};
+  for (size_t k = 0; k < j["stages"].size(); ++k) {
+    const auto& st = j["stages"][k];
+    const std::string key = "stages[" + std::to_string(k) + "]";
+    if (!st.is_array() || st.size() != 2) throw InputError(path + ": key '" + key + "': " + expect);
+    const size_t a = find(st[0], key + "[0]"), b = find(st[1], key + "[1]");
+    if (a != cuts.back())
+      throw InputError(path + ": key '" + key + "': stage " + std::to_string(k) + " starts at '" +
+                       model.layerName(a) + "', expected '" +
+                       (cuts.back() < model.size() ? model.layerName(cuts.back()) : std::string("(end)")) +
+                       "' (stages must cover the layers in order)");
+    if (b < a) throw InputError(path + ": key '" + key + "': last layer before first");
+    cuts.push_back(b + 1);
+  }
+  if (cuts.back() != model.size())
+    throw InputError(path + ": key 'stages': the stages end at '" + model.layerName(cuts.back() - 1) +
+                     "', not at the model's last layer '" + model.layerName(model.size() - 1) + "'");
+  return cuts;
+}
+
+std::string describeCuts(const LayerList& model, const std::vector<size_t>& cuts) {
+  std::string out;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    if (k) out += " | ";
+    out += model.layerName(cuts[k]);
+    if (cuts[k + 1] - cuts[k] > 1) out += ".." + model.layerName(cuts[k + 1] - 1);
+  }
+  return out;
+}
+
+namespace {
+int64_t bytesInUse() {
+  struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
+int64_t bytesOf(const std::vector<torch::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) n += t.numel() * t.element_size();
+  return n;
+}
+}  // namespace
+
+std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vector<size_t>& cuts,
+                                             const ScheduleOptions& so, const Dataset& train) {
+  auto model = buildModel(job.model, job.seed);
+  model->train();
+  const auto params = model->parameters();
+  const int64_t model_bytes = bytesOf(params) + bytesOf(model->buffers());
+  int64_t state_per_param = 0;  // optimiser state tensors per parameter tensor
+  if (job.optim.name == "adamw") state_per_param = 2;
+  else if (job.optim.momentum > 0.0) state_per_param = 1;
+  int64_t segs = 2;
+  for (const auto& p : params) segs += p.numel();
+  for (auto* bn : model->batchNorms()) segs += 2 * bn->channels();
+  const Schedule sched = makeSchedule(so);
+  const int64_t vn_size = job.global_batch / job.virtual_nodes;
+  Batch b = train.range(0, vn_size);
+  torch::Tensor x = b.x;
+  std::vector<StageMemory> out;
+  for (int k = 0; k < so.stages; ++k) {
+    StageMemory m;
+    m.model_bytes = model_bytes;
+    m.optimizer_bytes = state_per_param * bytesOf(params);
+    m.accumulator_bytes = segs * (job.reduce_mode == ReduceMode::kExact ? 8 : 4);
+    for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) m.grad_bytes += bytesOf(model->layer(l).parameters());
+    m.vn_input_bytes = x.numel() * x.element_size();
+    torch::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(k > 0) : x;
+    const int64_t before = bytesInUse();
+    torch::Tensor y = model->forwardRange(in, cuts[k], cuts[k + 1], 0);
+    if (k + 1 == so.stages) {
+      torch::Tensor o = y.reshape({-1, y.size(-1)});
+      y = torch::nn::functional::cross_entropy(o, b.y.reshape({-1}));
+    }
+    m.vn_activation_bytes = std::max<int64_t>(bytesInUse() - before, 0);
+    m.live_vns = peakLiveActivations(sched[static_cast<size_t>(k)]);
+    const bool stashes_input = so.recompute && k + 1 < so.stages;
+    // Stashed VNs, plus the VNs received ahead of use on each channel.
+    const int64_t recv = (k > 0 ? static_cast<int64_t>(kRecvWindow) * m.vn_input_bytes : 0);
+    m.activation_bytes = stashes_input ? m.live_vns * m.vn_input_bytes + m.vn_activation_bytes
+                                       : m.live_vns * m.vn_activation_bytes;
+    m.activation_bytes += recv;
+    out.push_back(m);
+    torch::NoGradGuard no_grad;
+    x = model->forwardRange(x, cuts[k], cuts[k + 1]);
+  }
+  return out;
+}
+
+}  // namespace morph

@@ -1,0 +1,197 @@
+// Pipeline parallelism end to end: real worker processes exchanging
+// activations and gradients over Gloo, compared with the single-process run.
+#include <map>
+#include <set>
+
+#include "cli_util.h"
+
+namespace {
+
+using namespace morph_test;
+
+// gpt-mini: tied head (first and last stage share the token embedding),
+// dropout (per-layer random streams), AdamW and clipping (a global norm
+// assembled across stages).
+const char* kGpt = R"([job]
+name = "pipe-gpt"
+seed = 4
+steps = 3
+[data]
+dataset = "fortunes-char"
+seq_len = 16
+[model]
+name = "gpt-mini"
+layers = 2
+dim = 16
+heads = 2
+dropout = 0.1
+[batch]
+global = 24
+virtual_nodes = 6
+[optim]
+name = "adamw"
+lr = 0.003
+clip_norm = 0.5
+[eval]
+batch = 512
+)";
+
+// CNN: batch norm on the first stages, dropout, SGD with momentum.
+const char* kCnn = R"([job]
+name = "pipe-cnn"
+seed = 6
+steps = 3
+[data]
+dataset = "synthetic"
+train_size = 300
+test_size = 40
+[model]
+name = "cnn"
+channels = [4, 8]
+fc = 16
+dropout = 0.2
+[batch]
+global = 36
+virtual_nodes = 6
+[optim]
+lr = 0.05
+momentum = 0.9
+)";
+
+class Pipeline : public Cli {
+ protected:
+  // Every (stages, replicas) of the issue, every schedule, with and without
+  // recomputation: the same model as one process.
+  void expectSameHashEverywhere(const std::string& body) {
+    const std::string j = job(body);
+    Result ref = run("run " + j + " --quiet --out " + out("ref"));
+    ASSERT_EQ(ref.code, 0) << ref.out;
+    const std::string want = lastLineHash(ref.out);
+    ASSERT_EQ(want.size(), 16u);
+    Result one = run("run " + j + " --quiet --workers 1 --out " + out("w1"));  // P = 1, D = 1 through the manager
+    ASSERT_EQ(one.code, 0) << one.out;
+    EXPECT_EQ(lastLineHash(one.out), want);
+    for (auto [P, D] : {std::pair{2, 1}, {2, 2}, {3, 1}})
+      for (const char* sched : {"gpipe", "1f1b", "varuna"})
+        for (bool rc : {false, true}) {
+          const std::string tag = std::to_string(P) + "x" + std::to_string(D) + sched + (rc ? "rc" : "");
+          Result r = run("run " + j + " --quiet --stages " + std::to_string(P) + " --workers " +
+                         std::to_string(P * D) + " --schedule " + sched + (rc ? " --recompute" : "") + " --out " +
+                         out(tag));
+          ASSERT_EQ(r.code, 0) << tag << "\n" << r.out;
+          EXPECT_EQ(lastLineHash(r.out), want) << tag << "\n" << r.out;
+          nlohmann::json s = nlohmann::json::parse(std::ifstream(out(tag) + "/summary.json"));
+          EXPECT_EQ(s["stages"], P);
+          EXPECT_EQ(s["replicas"], D);
+          EXPECT_EQ(s["schedule"], sched);
+          EXPECT_EQ(s["stage_peak_rss_bytes"].size(), static_cast<size_t>(P));
+          EXPECT_DOUBLE_EQ(s["bubble_formula"].get<double>(), (P - 1.0) / (6.0 / D + P - 1.0));
+        }
+  }
+};
+
+TEST_F(Pipeline, GptMiniSameHashForEveryDepthWidthAndSchedule) { expectSameHashEverywhere(kGpt); }
+
+TEST_F(Pipeline, CnnSameHashForEveryDepthWidthAndSchedule) { expectSameHashEverywhere(kCnn); }
+
+// The trace holds every rank's actions: each stage forwards and backwards
+// every VN of every step, and sends and receives pair up.
+TEST_F(Pipeline, TraceCoversEveryActionOfEveryRank) {
+  const std::string j = job(kGpt);
+  const std::string trace = out("trace.json");
+  Result r = run("run " + j + " --quiet --stages 3 --schedule varuna --recompute --trace " + trace + " --out " +
+                 out("t"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
+  std::map<int, std::set<std::pair<int64_t, std::string>>> seen;  // stage -> (step, "forward vn 3")
+  std::map<std::string, int> kinds;
+  for (const auto& e : t.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    const std::string name = e.at("name").get<std::string>();
+    seen[e.at("tid").get<int>()].insert({e.at("args").at("step").get<int64_t>(), name});
+    ++kinds[name.substr(0, name.find(" vn"))];
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  for (auto& [stage, actions] : seen)
+    for (int64_t step = 0; step < 3; ++step)
+      for (int vn = 0; vn < 6; ++vn)
+        for (const char* k : {"forward", "backward"})
+          EXPECT_TRUE(actions.count({step, std::string(k) + " vn " + std::to_string(vn)}))
+              << "stage " << stage << " step " << step << " " << k << " vn " << vn;
+  EXPECT_EQ(kinds["send act"], kinds["recv act"]);
+  EXPECT_EQ(kinds["send grad"], kinds["recv grad"]);
+  EXPECT_EQ(kinds["recompute"], kinds["backward"] / 3 * 2);  // every stage but the last
+  nlohmann::json s = nlohmann::json::parse(std::ifstream(out("t") + "/summary.json"));
+  EXPECT_GE(s["bubble_fraction"].get<double>(), 0.0);
+  EXPECT_LT(s["bubble_fraction"].get<double>(), 1.0);
+}
+
+// A plan file cuts the model where it says; the model is the same.
+TEST_F(Pipeline, PlanFileCutsWhereItSays) {
+  const std::string j = job(kCnn);
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const std::string plan = job(R"({"stages": [["conv1", "conv1"], ["conv2", "head"]]})", "plan.json");
+  Result r = run("run " + j + " --plan " + plan + " --workers 2 --out " + out("p"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cut: conv1 | conv2..head"), std::string::npos) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), lastLineHash(ref.out));
+  nlohmann::json s = nlohmann::json::parse(std::ifstream(out("p") + "/summary.json"));
+  EXPECT_EQ(s["cuts"], nlohmann::json({0, 1, 5}));
+}
+
+TEST_F(Pipeline, BadPipelineInputExitsTwoNamingTheProblem) {
+  const std::string j = job(kCnn);
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string gap = job(R"({"stages": [["conv1", "conv1"], ["flatten", "head"]]})", "gap.json");
+  const std::string unknown = job(R"({"stages": [["conv1", "convX"], ["fc", "head"]]})", "unknown.json");
+  const std::string short_plan = job(R"({"stages": [["conv1", "fc"]]})", "short.json");
+  const std::string good = job(R"({"stages": [["conv1", "conv2"], ["flatten", "head"]]})", "good.json");
+  for (const Case& c : std::vector<Case>{
+           {"--stages 2 --workers 3", "not a multiple"},
+           {"--stages 6", "the model has 5 layers"},
+           {"--recompute", "--recompute needs a pipeline"},
+           {"--stages 2 --schedule zigzag", "zigzag"},
+           {"--plan " + gap + " --workers 2", "gap.json: key 'stages[1]': stage 1 starts at 'flatten', expected 'conv2'"},
+           {"--plan " + unknown + " --workers 2", "unknown.json: key 'stages[0][1]': no layer 'convX'"},
+           {"--plan " + short_plan + " --workers 1", "not at the model's last layer 'head'"},
+           {"--plan " + good + " --stages 3 --workers 3", "--stages 3 disagrees with"},
+       }) {
+    Result r = run("run " + j + " " + c.args + " --out " + out("bad"));
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("generation 0"), std::string::npos) << "no worker may start: " << r.out;
+  }
+}
+
+// A stage that cannot fit the memory cap is refused before any worker
+// starts; the message names the stage and what takes the room. The same
+// job fits when recomputation shrinks what GPipe stashes.
+TEST_F(Pipeline, StageOverMemoryCapIsRejectedBeforeTraining) {
+  // seq_len 64 and 24 VNs of 4 samples: GPipe stashes every VN's activations.
+  std::string body = kGpt;
+  body.replace(body.find("seq_len = 16"), 12, "seq_len = 128");
+  body.replace(body.find("global = 24\nvirtual_nodes = 6"), 29, "global = 96\nvirtual_nodes = 24");
+  const std::string j = job(body);
+  Result est = run("run " + j + " --stages 2 --schedule gpipe --memory-cap 100000 --steps 1 --out " + out("ok"));
+  ASSERT_EQ(est.code, 0) << est.out;
+  // Read the estimate of stage 0 and set the cap just below it.
+  const auto pos = est.out.find("stage 0 needs about ");
+  ASSERT_NE(pos, std::string::npos) << est.out;
+  const long need = std::stol(est.out.substr(pos + 20));
+  ASSERT_GT(need, 0);
+  Result r = run("run " + j + " --stages 2 --schedule gpipe --memory-cap " + std::to_string(need - 1) + " --out " +
+                 out("cap"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("pipeline stage 0 (embed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("24 VNs stashed by gpipe"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("generation 0"), std::string::npos) << r.out;
+  Result fits = run("run " + j + " --stages 2 --schedule 1f1b --recompute --memory-cap " + std::to_string(need - 1) +
+                    " --steps 1 --out " + out("rc"));
+  EXPECT_EQ(fits.code, 0) << fits.out;
+}
+
+}  // namespace
