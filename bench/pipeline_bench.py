@@ -1,0 +1,647 @@
+#!/usr/bin/env python3
+"""Pipeline parallelism: bubble, peak memory per stage and step time of the
+gpipe, 1f1b and varuna schedules, on gpt-mini over the fortunes text
+(examples/fortunes-gpt.toml with --set overrides; D = 1 replica throughout).
+
+1. Bubble: the measured bubble fraction (summary.json's bubble_fraction: mean
+   over ranks and steady steps of 1 - busy compute time / step makespan)
+   against (P-1)/(M+P-1), for gpipe and 1f1b, P = 2, 3 stages and M = 4, 8, 16
+   VNs; about 20 ms of compute per VN per stage against a 128 KiB activation
+   at each cut, so communication is small beside compute.
+2. Memory: peak RSS per stage (stage_peak_rss_bytes) of gpipe, 1f1b and varuna
+   with --recompute and of gpipe and 1f1b without, P = 2, M = 16, on a model
+   whose activations dominate (seq_len 256). Baseline: gpipe without
+   recomputation; the single-process run (one VN live at a time) is printed
+   beside it.
+3. Step time of the three schedules, as ratios to gpipe measured in the same
+   run, P = 2, M = 8: on loopback, then with the two stages in two network
+   namespaces joined by a veth pair (manager and stage 0 in namespace A with
+   --spawn 1, stage 1 joining from namespace B), without and with netem
+   delay/jitter on both ends. Needs root and tc (iproute2), else skipped.
+
+Every table checks that the runs of one job (the same model, data, global
+batch and VNs) end with the same model_hash whatever the schedule, P,
+recomputation or network, and the single-process run's (--no-ref skips it).
+Step times are the median of the steady steps in metrics.jsonl (the first
+steps are warm-up). The jobs read a ~320 KB subset of the fortunes text (so
+the evaluation after the last step is short) and use model.dropout = 0.1, so
+that recomputation must replay each VN's dropout masks exactly.
+
+--quick: table 1 at M = 4, 8 only; table 2 at M = 8 without the 1f1b run
+without recomputation; table 3 with recomputation only, on loopback and veth
+without netem and with netem 2ms 1ms (about 22 runs instead of 46).
+
+  python3 bench/pipeline_bench.py [--quick] [--morph build/morph] [--repeat R]
+          [--only bubble,memory,steps] [--no-ref] [--keep DIR] [--dry-run]
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+JOB = os.path.join(ROOT, "examples", "fortunes-gpt.toml")
+FORTUNES = "/usr/share/games/fortunes"
+MIB = 1 << 20
+
+# gpt-mini shapes. vn_batch: sequences per VN (batch.global = M * vn_batch).
+# Table 1 and 3: 9 layers (embed, 6 blocks, norm, tied head) cut into 2 or 3
+# stages; about 40 ms of forward + backward per VN for the whole model on one
+# core of the machine this was written on.
+COMPUTE_MODEL = dict(dim=128, heads=4, layers=6, seq_len=64, vn_batch=4, dropout=0.1)
+# Table 2: long sequences, few blocks: per VN and block, the attention
+# probabilities alone are 4 heads x 256 x 256 x 8 sequences x 4 B = 8 MiB.
+MEMORY_MODEL = dict(dim=128, heads=4, layers=2, seq_len=256, vn_batch=8, dropout=0.1)
+
+
+def mib(b):
+    return None if b is None else b / MIB
+
+
+def fmt(x, spec, width):
+    return f"{'n/a':>{width}}" if x is None else f"{x:{width}{spec}}"
+
+
+def ratio(x, base):
+    return None if x is None or not base else x / base
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def bubble_formula(p, m):
+    return (p - 1) / (m + p - 1)
+
+
+def tail(path, n=15):
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    if lines:
+        print(f"      --- last lines of {os.path.basename(path)} ---")
+        for line in lines[-n:]:
+            print(f"      {line}")
+
+
+def job_args(model, m, steps, corpus, d=1):
+    """--steps and --set overrides of one job: model `model`, M VNs per replica, D replicas."""
+    v = m * d
+    sets = {
+        "model.dim": model["dim"],
+        "model.heads": model["heads"],
+        "model.layers": model["layers"],
+        "model.dropout": model["dropout"],
+        "data.seq_len": model["seq_len"],
+        "data.path": json.dumps(corpus),
+        "batch.virtual_nodes": v,
+        "batch.global": v * model["vn_batch"],
+        "eval.every": 0,  # evaluate only after the last step...
+        "eval.batch": model["vn_batch"],  # ...one VN's worth at a time (keeps it out of the peak RSS)
+        "log.every": 1000000,
+    }
+    args = ["--steps", str(steps)]
+    for k, val in sets.items():
+        args += ["--set", f"{k}={val}"]
+    return args
+
+
+def pipe_args(workers, stages, schedule, recompute):
+    a = ["--workers", str(workers), "--stages", str(stages), "--schedule", schedule]
+    return a + (["--recompute"] if recompute else [])
+
+
+def make_corpus(tmp, dry):
+    """A folder with a ~320 KB subset of the fortunes files (copies: the loader skips links)."""
+    dst = os.path.join(tmp, "corpus")
+    if dry:
+        return dst
+    if not os.path.isdir(FORTUNES):
+        raise SystemExit(f"{FORTUNES} is missing (apt-get install fortunes)")
+    os.makedirs(dst)
+    total = 0
+    for name in sorted(os.listdir(FORTUNES)):
+        src = os.path.join(FORTUNES, name)
+        if name.endswith((".dat", ".u8")) or os.path.islink(src) or not os.path.isfile(src):
+            continue
+        shutil.copyfile(src, os.path.join(dst, name))
+        total += os.path.getsize(src)
+        if total >= 256 * 1024:
+            break
+    return dst
+
+
+class Runner:
+    """Starts morph runs, one at a time; a failed run prints its log tails and yields None."""
+
+    def __init__(self, morph, work, dry, timeout, port):
+        self.morph, self.work, self.dry, self.timeout = morph, work, dry, timeout
+        self.port = port  # the last fixed port handed to a namespace run
+        self.count = 0
+        self.live = []  # Popen objects still running (each the leader of its own process group)
+
+    def outdir(self, label):
+        self.count += 1
+        return os.path.join(self.work, f"{self.count:03d}-" + re.sub(r"[^A-Za-z0-9.=+-]+", "_", label))
+
+    def popen(self, argv, stem):
+        p = subprocess.Popen(argv, stdout=open(stem + ".stdout", "w"), stderr=open(stem + ".stderr", "w"),
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        self.live.append(p)
+        return p
+
+    def finish(self, p, timeout):
+        """Exit status, or None after killing its process group at the timeout."""
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(p)
+            rc = None
+        if p in self.live:
+            self.live.remove(p)
+        return rc
+
+    @staticmethod
+    def kill(p):
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+    def kill_all(self):
+        for p in list(self.live):
+            self.kill(p)
+        self.live.clear()
+
+    def collect(self, label, out, rc, logs, pipelined=True):
+        if rc != 0:
+            print(f"  ! {label}: " + ("timed out after %d s" % self.timeout if rc is None else f"exit status {rc}"))
+            for path in logs:
+                tail(path)
+            return None
+        try:
+            with open(os.path.join(out, "summary.json")) as f:
+                s = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"  ! {label}: no readable summary.json ({e})")
+            for path in logs:
+                tail(path)
+            return None
+        with open(out + ".stdout", errors="replace") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
+        m = re.match(r"model_hash: ([0-9a-fA-F]+)$", lines[-1]) if lines else None
+        h = m.group(1) if m else s.get("model_hash")
+        if m and s.get("model_hash") not in (None, h):
+            print(f"  ! {label}: stdout says model_hash {h}, summary.json {s.get('model_hash')}")
+        steps = []
+        try:
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                steps = [json.loads(line)["step_seconds"] for line in f if line.strip()]
+        except (OSError, ValueError, KeyError):
+            pass
+        # The same warm-up as the summary's steady figures (min(5, steps / 10)), at least one step.
+        warm = max(1, min(5, len(steps) // 10))
+        step = median(steps[warm:]) if len(steps) > warm else s.get("step_seconds")
+        if pipelined and s.get("stages", 1) == 1:
+            print(f"  ! {label}: summary.json says stages = {s.get('stages')}: not a pipeline run?")
+        return {"label": label, "hash": h, "summary": s, "step": step, "out": out}
+
+    def local(self, label, args):
+        """morph run on this machine (manager and its workers on loopback)."""
+        out = self.outdir(label)
+        argv = [self.morph, "run", JOB, *args, "--quiet", "--out", out]
+        if self.dry:
+            print("  $ " + shlex.join(argv))
+            return None
+        p = self.popen(argv, out)
+        rc = self.finish(p, self.timeout)
+        return self.collect(label, out, rc, [out + ".stderr", out + ".stdout"], "--stages" in args)
+
+    def split(self, label, args, ns, port):
+        """Manager and one spawned worker (the first to register: rank 0, stage 0) in namespace A,
+        the other worker (stage 1) joining from namespace B across the veth link."""
+        out = self.outdir(label)
+        join = f"{ns.host_a}:{port}"
+        mgr_argv = ["ip", "netns", "exec", ns.a, self.morph, "run", JOB, *args, "--spawn", "1", "--host", ns.host_a,
+                    "--port", str(port), "--quiet", "--out", out]
+        wkr_argv = ["ip", "netns", "exec", ns.b, self.morph, "worker", "--join", join]
+        if self.dry:
+            print("  $ " + shlex.join(mgr_argv) + " &")
+            print(f"    (wait until `ip netns exec {ns.a} {self.morph} status --join {join}` shows alive >= 1)")
+            print("  $ " + shlex.join(wkr_argv))
+            return None
+        logs = [out + ".stderr", out + ".stdout", out + ".worker.stderr", out + ".worker.stdout"]
+        mgr = self.popen(mgr_argv, out)
+        deadline = time.time() + 60
+        while time.time() < deadline and mgr.poll() is None:
+            with open(out + ".stdout", errors="replace") as f:
+                if "manager on port" in f.read():
+                    break
+            time.sleep(0.05)
+        if mgr.poll() is not None or time.time() >= deadline:
+            rc = self.finish(mgr, 0.1)
+            print(f"  ! {label}: the manager " + ("did not print its port within 60 s" if rc is None
+                                                 else f"ended (status {rc}) before the remote worker joined"))
+            for path in logs[:2]:
+                tail(path)
+            return None
+        # Ranks follow registration: the remote worker must register after the local one.
+        registered = False
+        while time.time() < deadline and mgr.poll() is None and not registered:
+            registered = self.alive(ns, join) >= 1
+            if not registered:
+                time.sleep(0.1)
+        if not registered and mgr.poll() is None:
+            print(f"  ! {label}: could not see the local worker register; starting the remote one anyway")
+        rx0 = ns.rx_bytes()
+        wkr = self.popen(wkr_argv, out + ".worker")
+        rc = self.finish(mgr, self.timeout)
+        wrc = self.finish(wkr, 30)
+        if rc == 0 and wrc != 0:
+            print(f"  ! {label}: the worker in {ns.b} ended with " + ("a timeout" if wrc is None else f"status {wrc}"))
+        res = self.collect(label, out, rc, logs, "--stages" in args)
+        if res is not None:
+            rx = ns.rx_bytes()
+            res["rx_bytes"] = None if rx is None or rx0 is None else rx - rx0
+        return res
+
+    def alive(self, ns, join):
+        try:
+            r = subprocess.run(["ip", "netns", "exec", ns.a, self.morph, "status", "--join", join],
+                               capture_output=True, text=True, timeout=15)
+            return int(json.loads(r.stdout).get("alive", 0))
+        except (subprocess.TimeoutExpired, ValueError, AttributeError, TypeError):
+            return 0
+
+
+class NetnsPair:
+    """Two network namespaces joined by a veth pair (as tests/cli/netns_test.sh)."""
+
+    def __init__(self, dry):
+        tag = os.getpid()
+        self.dry = dry
+        self.a, self.b = f"morph_pb_a_{tag}", f"morph_pb_b_{tag}"
+        self.va, self.vb = f"mpba{tag % 100000}", f"mpbb{tag % 100000}"  # at most 15 characters
+        net = f"10.201.{tag % 200}"
+        self.host_a, self.host_b = f"{net}.1", f"{net}.2"
+        self.created = False
+
+    def sh(self, argv, check=True):
+        if self.dry:
+            print("  $ " + shlex.join(argv))
+            return ""
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{shlex.join(argv)}: {r.stderr.strip()}")
+        return r.stdout
+
+    def up(self):
+        self.created = True
+        self.sh(["ip", "netns", "add", self.a])
+        self.sh(["ip", "netns", "add", self.b])
+        self.sh(["ip", "link", "add", self.va, "type", "veth", "peer", "name", self.vb])
+        self.sh(["ip", "link", "set", self.va, "netns", self.a])
+        self.sh(["ip", "link", "set", self.vb, "netns", self.b])
+        self.sh(["ip", "-n", self.a, "addr", "add", self.host_a + "/24", "dev", self.va])
+        self.sh(["ip", "-n", self.b, "addr", "add", self.host_b + "/24", "dev", self.vb])
+        for ns, dev in ((self.a, self.va), (self.b, self.vb)):
+            self.sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+            self.sh(["ip", "-n", ns, "link", "set", dev, "up"])
+
+    def netem(self, spec):
+        """spec: e.g. "delay 2ms 1ms" on both ends of the link, or None for none."""
+        for ns, dev in ((self.a, self.va), (self.b, self.vb)):
+            if spec is None:
+                self.sh(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
+            else:
+                self.sh(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", *spec.split()])
+
+    def rx_bytes(self):
+        """Bytes received on B's end of the link so far."""
+        if self.dry:
+            return None
+        out = self.sh(["ip", "-n", self.b, "-s", "link", "show", self.vb], check=False)
+        lines = out.splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("RX:") and i + 1 < len(lines):
+                try:
+                    return int(lines[i + 1].split()[0])
+                except (ValueError, IndexError):
+                    return None
+        return None
+
+    def down(self):
+        if not self.created:
+            return
+        self.created = False
+        for ns in (self.a, self.b):
+            # Only processes this script started can be in these namespaces.
+            pids = self.sh(["ip", "netns", "pids", ns], check=False) if not self.dry else ""
+            for pid in pids.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for ns in (self.a, self.b):
+            self.sh(["ip", "netns", "del", ns], check=False)
+        if not self.dry:  # a veth end left behind by a half-done up()
+            self.sh(["ip", "link", "del", self.va], check=False)
+
+
+def hash_check(runs, ref):
+    """'ok' when every run (and the reference) has one hash; else which differ."""
+    got = [r for r in runs if r is not None]
+    hashes = {r["hash"] for r in got}
+    if ref is not None:
+        hashes.add(ref["hash"])
+    if not got:
+        return "n/a"
+    if len(hashes) == 1:
+        return "ok" if ref is not None else "ok (no ref)"
+    base = ref["hash"] if ref is not None else got[0]["hash"]
+    bad = sorted({r["label"] + " = " + r["hash"][:8] for r in got if r["hash"] != base})
+    return f"WARNING differs from {'ref' if ref is not None else 'first'} {base[:8]}: " + ", ".join(bad)
+
+
+def run_ref(r, label, args, no_ref):
+    if no_ref:
+        return None
+    res = r.local(label, args)
+    if res is None and not r.dry:
+        print(f"  ! {label}: no reference hash; the hash column compares the pipeline runs only")
+    return res
+
+
+def agg(results, key):
+    """Median over repeats of a summary key, or of the step time (key 'step')."""
+    if key == "step":
+        return median([x["step"] for x in results if x])
+    return median([x["summary"].get(key) for x in results if x])
+
+
+# --- 1. bubble ------------------------------------------------------------------------------------
+
+def bubble_table(a, r, corpus):
+    ps = (2, 3)
+    ms = (4, 8) if a.quick else (4, 8, 16)
+    scheds = ("gpipe", "1f1b")
+    steps = 10
+    mdl = COMPUTE_MODEL
+    print("\n== 1. bubble fraction, measured vs (P-1)/(M+P-1); D = 1 (--workers P), no recomputation ==")
+    print(f"gpt-mini dim {mdl['dim']}, {mdl['layers']} blocks, seq_len {mdl['seq_len']}, {mdl['vn_batch']} sequences "
+          f"per VN: activation at each cut {mdl['vn_batch'] * mdl['seq_len'] * mdl['dim'] * 4 // 1024} KiB per VN; "
+          f"{steps} steps a run, {a.repeat} run(s) per cell (medians).")
+    print("note: this machine has 2 cores; at P = 3 three stage processes share them, so a stage can be descheduled"
+          " while it computes and the measured bubble of P = 3 mixes waiting with time-sharing.")
+    res, refs = {}, {}
+    for rep in range(a.repeat):
+        for p in ps:
+            for m in ms:
+                for s in scheds:
+                    label = f"{s} --stages {p} M={m}" + (f" #{rep + 1}" if a.repeat > 1 else "")
+                    res.setdefault((p, m, s), []).append(
+                        r.local(label, pipe_args(p, p, s, False) + job_args(mdl, m, steps, corpus)))
+    for m in ms:
+        refs[m] = run_ref(r, f"single-process M={m}", job_args(mdl, m, steps, corpus), a.no_ref)
+    if r.dry:
+        return
+    print(f"\n{'P':>2} {'M':>3} {'formula':>8} | {'gpipe':>6} {'x form':>6} {'step ms':>8} | "
+          f"{'1f1b':>6} {'x form':>6} {'step ms':>8} | {'1f1b/gpipe step':>15} | model hash (same M = same job)")
+    for p in ps:
+        for m in ms:
+            f = bubble_formula(p, m)
+            cells, steps_ = [], {}
+            for s in scheds:
+                b = agg(res[(p, m, s)], "bubble_fraction")
+                steps_[s] = agg(res[(p, m, s)], "step")
+                cells.append(f"{fmt(b, '.3f', 6)} {fmt(ratio(b, f), '.2f', 6)} "
+                             f"{fmt(None if steps_[s] is None else steps_[s] * 1e3, '.1f', 8)}")
+                for x in res[(p, m, s)]:
+                    bf = x and x["summary"].get("bubble_formula")
+                    if bf is not None and abs(bf - f) > 1e-9:
+                        print(f"  ! {x['label']}: summary.json bubble_formula {bf:.4f}, expected {f:.4f}")
+            same_job = [x for pp in ps for s in scheds for x in res[(pp, m, s)]]
+            print(f"{p:>2} {m:>3} {f:8.3f} | {cells[0]} | {cells[1]} | "
+                  f"{fmt(ratio(steps_['1f1b'], steps_['gpipe']), '.2f', 15)} | {hash_check(same_job, refs[m])}")
+    for m in ms:
+        if refs[m] and refs[m]["step"]:
+            print(f"single process, M = {m}: {refs[m]['step'] * 1e3:.1f} ms a step, "
+                  f"{refs[m]['step'] / m * 1e3:.1f} ms per VN for the whole model")
+
+
+# --- 2. memory ------------------------------------------------------------------------------------
+
+def memory_table(a, r, corpus):
+    p, m = 2, (8 if a.quick else 16)
+    steps = 3
+    mdl = MEMORY_MODEL
+    variants = [("gpipe", False)] + ([] if a.quick else [("1f1b", False)]) + \
+               [("gpipe", True), ("1f1b", True), ("varuna", True)]
+    print(f"\n== 2. peak RSS per stage, P = {p}, M = {m}, D = 1; baseline: gpipe without recomputation ==")
+    act = mdl["vn_batch"] * mdl["seq_len"] * mdl["dim"] * 4
+    print(f"gpt-mini dim {mdl['dim']}, {mdl['layers']} blocks, seq_len {mdl['seq_len']}, {mdl['vn_batch']} sequences "
+          f"per VN (stage input {act / MIB:.1f} MiB per VN; attention probabilities alone "
+          f"{mdl['heads'] * mdl['seq_len'] ** 2 * mdl['vn_batch'] * 4 / MIB:.0f} MiB per VN and block); "
+          f"{steps} steps a run. RSS includes the process's fixed cost (libtorch, data, model).")
+    res = {}
+    for s, rc in variants:
+        label = f"{s}{' --recompute' if rc else ''} --stages {p} M={m}"
+        res[(s, rc)] = r.local(label, pipe_args(p, p, s, rc) + job_args(mdl, m, steps, corpus))
+    ref = run_ref(r, f"single-process M={m}", job_args(mdl, m, steps, corpus), a.no_ref)
+    if r.dry:
+        return
+    base = res[variants[0]]
+    base_st = base and base["summary"].get("stage_peak_rss_bytes")
+    head = " | ".join(f"{'stage ' + str(k) + ' MiB':>13} {'x base':>6}" for k in range(p))
+    print(f"\n{'schedule':>8} {'recompute':>9} | {head} | {'step ms':>8} {'x base':>6}")
+    for s, rc in variants:
+        x = res[(s, rc)]
+        st = x and x["summary"].get("stage_peak_rss_bytes")
+        if x and st is None:
+            print(f"  ! {x['label']}: summary.json has no stage_peak_rss_bytes")
+        cells = []
+        for k in range(p):
+            v = st[k] if st and k < len(st) else None
+            bv = base_st[k] if base_st and k < len(base_st) else None
+            cells.append(f"{fmt(mib(v), '.1f', 13)} {fmt(ratio(v, bv), '.2f', 6)}")
+        step = x and x["step"]
+        print(f"{s:>8} {'yes' if rc else 'no':>9} | {' | '.join(cells)} | "
+              f"{fmt(None if step is None else step * 1e3, '.1f', 8)} {fmt(ratio(step, base and base['step']), '.2f', 6)}")
+    if ref:
+        print(f"single process (whole model, one VN live at a time): {mib(ref['summary'].get('peak_rss_bytes')):.1f} MiB, "
+              f"{ref['step'] * 1e3:.1f} ms a step")
+    print("the last stage never recomputes (src/exec/schedule.h): under gpipe it still holds all M VNs'"
+          " activations with --recompute.")
+    print(f"model hash (one job): {hash_check(list(res.values()), ref)}")
+
+
+# --- 3. step time -----------------------------------------------------------------------------------
+
+def netns_usable():
+    """None when the namespace part can run, else why not."""
+    if os.geteuid() != 0:
+        return "not root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None and not any(os.access(os.path.join(d, tool), os.X_OK) for d in ("/usr/sbin", "/sbin")):
+            return f"`{tool}` not found (apt-get install iproute2)"
+    return None
+
+
+def steps_table(a, r, corpus):
+    p, m = 2, 8
+    steps = 10
+    mdl = COMPUTE_MODEL
+    scheds = ("gpipe", "1f1b", "varuna")
+    recomputes = (True,) if a.quick else (True, False)
+    conditions = [("loopback", False, None)]
+    nets = [("veth, no netem", True, None), ("netem 2ms 1ms", True, "delay 2ms 1ms"),
+            ("netem 5ms 3ms", True, "delay 5ms 3ms")]
+    conditions += nets[:2] if a.quick else nets
+    print(f"\n== 3. step time by schedule, P = {p}, M = {m}, D = 1; baseline: gpipe under the same condition ==")
+    print(f"gpt-mini as in table 1; {steps} steps a run, {a.repeat} run(s) per cell (medians). netem applies on both"
+          " ends of the link (each direction delayed once: the round trip gets twice the delay; its jitter can"
+          " reorder packets, as netem does). The manager's store traffic to the worker in B crosses the link too.")
+    why = netns_usable()
+    ns = None
+    if why and any(c[1] for c in conditions):
+        msg = f"SKIPPED the network-namespace part ({why}): it needs root and tc/ip from iproute2"
+        if r.dry:
+            print(f"  (dry run: {msg}; printing its commands anyway)")
+        else:
+            print(msg)
+            conditions = [c for c in conditions if not c[1]]
+    res = {}
+    try:
+        if any(c[1] for c in conditions):
+            ns = NetnsPair(r.dry)
+            try:
+                ns.up()
+            except RuntimeError as e:
+                print(f"SKIPPED the network-namespace part: could not set it up: {e}")
+                ns.down()
+                ns = None
+                conditions = [c for c in conditions if not c[1]]
+        if ns is not None and not r.dry and any(c[2] for c in conditions):
+            try:
+                ns.netem("delay 1ms")
+                ns.netem(None)
+            except RuntimeError as e:
+                print(f"SKIPPED the netem rows: this kernel offers no netem qdisc (sch_netem): {e}")
+                conditions = [c for c in conditions if not c[2]]
+        for name, split, netem in conditions:
+            if split:
+                try:
+                    ns.netem(netem)
+                except RuntimeError as e:
+                    print(f"SKIPPED {name}: {e}")
+                    continue
+            for rep in range(a.repeat):
+                for rc in recomputes:
+                    for s in scheds:
+                        label = f"{s}{' --recompute' if rc else ''} {name}" + (f" #{rep + 1}" if a.repeat > 1 else "")
+                        args = pipe_args(p, p, s, rc) + job_args(mdl, m, steps, corpus)
+                        if split:
+                            r.port += 1  # a fresh port a run: no clash with the last run's closing sockets
+                            x = r.split(label, args, ns, r.port)
+                        else:
+                            x = r.local(label, args)
+                        res.setdefault((name, rc, s), []).append(x)
+    finally:
+        if ns is not None:
+            ns.down()
+    ref = run_ref(r, f"single-process M={m}", job_args(mdl, m, steps, corpus), a.no_ref)
+    if r.dry:
+        return
+    print(f"\n{'condition':>15} {'recompute':>9} | {'gpipe ms':>8} | {'1f1b ms':>8} {'x gpipe':>7} | "
+          f"{'varuna ms':>9} {'x gpipe':>7} | {'gpipe x loopback':>16} | {'B rx MB/run':>11}")
+    loop = {rc: agg(res.get(("loopback", rc, "gpipe"), []), "step") for rc in recomputes}
+    done = []
+    for name, split, netem in conditions:
+        for rc in recomputes:
+            if (name, rc, "gpipe") not in res:
+                continue
+            st = {s: agg(res[(name, rc, s)], "step") for s in scheds}
+            ms_ = {s: None if st[s] is None else st[s] * 1e3 for s in scheds}
+            rx = median([x.get("rx_bytes") for s in scheds for x in res[(name, rc, s)] if x])
+            print(f"{name:>15} {'yes' if rc else 'no':>9} | {fmt(ms_['gpipe'], '.1f', 8)} | "
+                  f"{fmt(ms_['1f1b'], '.1f', 8)} {fmt(ratio(st['1f1b'], st['gpipe']), '.2f', 7)} | "
+                  f"{fmt(ms_['varuna'], '.1f', 9)} {fmt(ratio(st['varuna'], st['gpipe']), '.2f', 7)} | "
+                  f"{fmt(ratio(st['gpipe'], loop[rc]), '.2f', 16)} | {fmt(None if rx is None else rx / 1e6, '.1f', 11)}")
+            if split and rx is not None and rx < 1e6:
+                print(f"  ! {name}: only {rx} bytes crossed the veth link: were both stages really split?")
+            done += [x for s in scheds for x in res[(name, rc, s)]]
+    print(f"model hash (one job): {hash_check(done, ref)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--morph", default=os.path.join(ROOT, "build", "morph"))
+    ap.add_argument("--quick", action="store_true", help="a reduced grid (about half the runs)")
+    ap.add_argument("--only", default="bubble,memory,steps", help="comma-separated subset of bubble,memory,steps")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per timing cell, interleaved; medians are printed")
+    ap.add_argument("--no-ref", action="store_true", help="skip the single-process reference runs")
+    ap.add_argument("--port", type=int, default=29700, help="first of the fixed ports of the namespace runs")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds before a run is killed")
+    ap.add_argument("--keep", help="keep every run's folder and logs here (default: a temporary folder)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    a = ap.parse_args()
+    a.repeat = max(1, a.repeat)
+    only = {x.strip() for x in a.only.split(",") if x.strip()}
+    unknown = only - {"bubble", "memory", "steps"}
+    if unknown:
+        ap.error(f"--only: unknown table(s) {', '.join(sorted(unknown))}")
+    a.morph = os.path.abspath(a.morph)
+    if not a.dry_run:
+        if not os.access(a.morph, os.X_OK):
+            raise SystemExit(f"{a.morph}: not found; build first (cmake --build build)")
+        helptext = subprocess.run([a.morph, "run", "--help"], capture_output=True, text=True).stdout
+        missing = [f for f in ("--stages", "--schedule", "--recompute") if f not in helptext]
+        if missing:
+            raise SystemExit(f"{a.morph} run does not take {', '.join(missing)} yet (pipeline parallelism)")
+
+    # SIGTERM/SIGHUP unwind through the finally blocks (namespaces, processes, temp folder).
+    def stop(sig, _frame):
+        raise SystemExit(128 + sig)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+    tmp = tempfile.mkdtemp(prefix="pipeline_bench.")
+    work = os.path.abspath(a.keep) if a.keep else tmp
+    os.makedirs(work, exist_ok=True)
+    r = Runner(a.morph, work, a.dry_run, a.timeout, a.port - 1)
+    print(f"morph: {a.morph}; {os.cpu_count()} cores; " + ("quick grid" if a.quick else "full grid") +
+          ("; dry run" if a.dry_run else "") + (f"; runs kept in {work}" if a.keep else ""))
+    load = os.getloadavg()[0]
+    if not a.dry_run and load > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores before the first run: other processes"
+              " compete for the cores and the times will be noisy (--repeat helps)")
+    try:
+        corpus = make_corpus(tmp, a.dry_run)
+        if "bubble" in only:
+            bubble_table(a, r, corpus)
+        if "memory" in only:
+            memory_table(a, r, corpus)
+        if "steps" in only:
+            steps_table(a, r, corpus)
+    finally:
+        r.kill_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
