@@ -13,8 +13,12 @@
 
 #include <malloc.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <random>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -118,6 +122,96 @@ class RecvChannel {
   std::atomic<bool> done_{false};
   std::thread thread_;
 };
+
+// Sends one channel's messages in order on a thread of its own, which waits
+// for each transfer and then drops the tensor. MORPH_PIPE_DELAY_MS="MEAN" or
+// "MEAN:JITTER" holds each message back MEAN +- JITTER ms (uniform, order
+// kept) before sending it: an emulated slow link for benchmarks where the
+// kernel has no netem. It changes timing only, never results.
+class SendChannel {
+ public:
+  SendChannel(Communicator& comm, int peer, int tag) : comm_(comm), peer_(peer), tag_(tag) {
+    if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) {
+      const std::string spec = d;
+      const size_t colon = spec.find(':');
+      delay_ms_ = std::atof(spec.substr(0, colon).c_str());
+      if (colon != std::string::npos) jitter_ms_ = std::atof(spec.substr(colon + 1).c_str());
+      rng_.seed(static_cast<unsigned>(getpid()) * 2654435761u + static_cast<unsigned>(tag));
+    }
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~SendChannel() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (idle_) thread_.join(); else thread_.detach();  // blocked on a dead peer: do not wait
+  }
+  void send(torch::Tensor t) {
+    double due = 0;
+    if (delay_ms_ > 0 || jitter_ms_ > 0) {
+      std::uniform_real_distribution<double> u(-jitter_ms_, jitter_ms_);
+      due = std::max(last_due_, unixSeconds() + std::max(0.0, delay_ms_ + u(rng_)) / 1000.0);
+      last_due_ = due;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back({std::move(t), due});
+    idle_ = false;
+    cv_.notify_all();
+  }
+  // Waits until every message handed over so far has been delivered.
+  void flush() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return (queue_.empty() && idle_) || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Msg {
+    torch::Tensor t;
+    double due;
+  };
+  void loop() {
+    while (true) {
+      Msg m;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        idle_ = queue_.empty();
+        cv_.notify_all();
+        cv_.wait(lk, [&] { return !queue_.empty() || stop_; });
+        if (queue_.empty()) return;
+        m = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const double wait = m.due - unixSeconds();
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      try {
+        comm_.send(m.t, peer_, tag_)->wait();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        error_ = std::make_exception_ptr(CommFailure(std::string("pipeline send failed: ") + e.what()));
+        idle_ = true;
+        cv_.notify_all();
+        return;
+      }
+    }
+  }
+
+  Communicator& comm_;
+  int peer_, tag_;
+  double delay_ms_ = 0, jitter_ms_ = 0, last_due_ = 0;
+  std::mt19937 rng_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Msg> queue_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::atomic<bool> idle_{true};
+  std::thread thread_;
+};
+
+void SendChannelDeleter::operator()(SendChannel* c) const { delete c; }
 
 void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end,
                           const PipelineComms& comms) {
@@ -305,7 +399,8 @@ void Trainer::runStageSchedule() {
     grad_in = std::make_unique<RecvChannel>(*pcomm_.pipe, s + 1, kGradTag, cut_shapes_[static_cast<size_t>(s)]);
     grad_in->start(grad_order);
   }
-  std::vector<std::unique_ptr<PendingWork>> sends;
+  if (!first && !grad_out_) grad_out_.reset(new SendChannel(*pcomm_.pipe, s - 1, kGradTag));
+  if (!last && !act_out_) act_out_.reset(new SendChannel(*pcomm_.pipe, s + 1, kActTag));
   if (first || last) prefetch_.request(step_, vn_begin_);
   auto data = [&](int64_t vn) {
     Batch b = prefetch_.take(step_, vn);
@@ -376,7 +471,7 @@ void Trainer::runStageSchedule() {
         break;
       }
       case ActionKind::kSendAct:
-        sends.push_back(pcomm_.pipe->send(v.out.detach().contiguous(), s + 1, kActTag));
+        act_out_->send(v.out.detach().contiguous());
         if (pipe_.recompute) v.out = torch::Tensor();
         break;
       case ActionKind::kRecompute:
@@ -388,13 +483,14 @@ void Trainer::runStageSchedule() {
         for (size_t p : own_params_) params_[p].mutable_grad() = torch::Tensor();
         spike_now_ = step_ == spike_step_ && vn == spike_vn_;
         accumulating_ = true;
-        if (last) v.loss.backward(); else v.out.backward(v.grad);
+        if (last) v.loss.backward();
+        else if (v.out.requires_grad()) v.out.backward(v.grad);  // else a first stage without parameters
         accumulating_ = spike_now_ = false;
         v.out = v.loss = v.grad = torch::Tensor();
         if (first) v.in = torch::Tensor();
         break;
       case ActionKind::kSendGrad:
-        sends.push_back(pcomm_.pipe->send(v.in.grad().contiguous(), s - 1, kGradTag));
+        grad_out_->send(v.in.grad().contiguous());
         v.in = torch::Tensor();
         break;
     }
@@ -403,7 +499,8 @@ void Trainer::runStageSchedule() {
     if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), step_, a0, a1});
   }
   timing.end = unixSeconds();
-  for (auto& w : sends) w->wait();
+  if (act_out_) act_out_->flush();
+  if (grad_out_) grad_out_->flush();
   if (act_in) act_in->finish();
   if (grad_in) grad_in->finish();
   timings_.push_back(timing);

@@ -26,6 +26,11 @@
 
 namespace morph {
 
+class SendChannel;  // pipeline.cpp
+struct SendChannelDeleter {
+  void operator()(SendChannel* c) const;
+};
+
 // Where a worker sits in a pipeline of `stages` stages and `replicas`
 // data-parallel copies of it. World rank = replica * stages + stage.
 struct PipelinePlacement {
@@ -200,6 +205,7 @@ class Trainer {
   std::vector<StageTiming> timings_;
   std::vector<int64_t> layer_stage_;  // per layer
   const Dataset* train_ = nullptr;
+  std::unique_ptr<SendChannel, SendChannelDeleter> act_out_, grad_out_;
   std::vector<double> control_, reduced_control_;
   // Buffers and works of abandoned steps: kept alive, never touched again.
   std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;

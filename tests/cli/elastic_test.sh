@@ -91,4 +91,29 @@ echo "$(tail -n 1 "$work/alone.log")"
 (( rc == 3 )) || { echo "FAIL: expected exit code 3, got $rc"; cat "$work/alone.log"; exit 1; }
 grep -q "last committed step is" "$work/alone.log" || { echo "FAIL: no committed step named"; exit 1; }
 grep -q "checkpoints/step-" "$work/alone.log" || { echo "FAIL: no checkpoint named"; exit 1; }
+# A pipeline job does not regroup yet: losing a stage stops it with exit
+# code 3 naming the checkpoint, and --resume continues it on another layout
+# (here 3 stages) to the undisturbed run's model.
+ref300=$("$MORPH" run "$work/job.toml" --quiet --steps 300 --out "$work/ref300" | tail -n 1)
+"$MORPH" run "$work/job.toml" --quiet --steps 300 --stages 2 --out "$work/pipe" --set checkpoint.every=20 \
+  > "$work/pipe.log" 2>&1 &
+mpid=$!
+wait_for "the pipeline to train" grep -q '"step":60,' "$work/pipe/metrics.jsonl"
+port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/pipe.log")
+mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
+(( ${#pids[@]} == 2 )) || { echo "expected 2 pipeline workers, found ${#pids[@]}"; exit 1; }
+kill -9 "${pids[1]}"
+set +e
+wait "$mpid"
+rc=$?
+set -e
+mpid=""
+echo "$(tail -n 1 "$work/pipe.log")"
+(( rc == 3 )) || { echo "FAIL: pipeline: expected exit code 3, got $rc"; cat "$work/pipe.log"; exit 1; }
+grep -q "does not regroup yet" "$work/pipe.log" || { echo "FAIL: pipeline: no reason given"; exit 1; }
+grep -q "checkpoints/step-" "$work/pipe.log" || { echo "FAIL: pipeline: no checkpoint named"; exit 1; }
+got=$("$MORPH" run "$work/job.toml" --quiet --steps 300 --stages 3 --schedule varuna --resume "$work/pipe/checkpoints" \
+  --out "$work/pipe" | tail -n 1)
+echo "pipeline killed, resumed on 3 stages: $got"
+[[ "$got" == "$ref300" ]] || { echo "FAIL: resumed pipeline hash differs from $ref300"; exit 1; }
 echo "elastic test passed"
