@@ -14,10 +14,19 @@ gpipe, 1f1b and varuna schedules, on gpt-mini over the fortunes text
    recomputation; the single-process run (one VN live at a time) is printed
    beside it.
 3. Step time of the three schedules, as ratios to gpipe measured in the same
-   run, P = 2, M = 8: on loopback, then with the two stages in two network
-   namespaces joined by a veth pair (manager and stage 0 in namespace A with
-   --spawn 1, stage 1 joining from namespace B), without and with netem
-   delay/jitter on both ends. Needs root and tc (iproute2), else skipped.
+   run (1f1b/gpipe and varuna/gpipe per condition, with and without
+   --recompute), P = 2, M = 8: on loopback; on loopback with an emulated slow,
+   jittery link, MORPH_PIPE_DELAY_MS=2:1 and =5:3 in the environment of
+   `morph run` (so of every local worker): "emulated 2ms±1ms" and "emulated
+   5ms±3ms" (user-space emulation: each worker holds every activation/gradient
+   message back MEAN ± JITTER ms, uniform, order kept per channel, on its
+   per-channel send thread before sending it; not netem: packets, the
+   manager's store traffic and the receive side are not delayed); then with
+   the two stages in two network namespaces joined by a veth pair (manager
+   and stage 0 in namespace A with --spawn 1, stage 1 joining from namespace
+   B), without and with netem delay/jitter on both ends. The namespace part
+   needs root and tc (iproute2), its netem rows a kernel with sch_netem; each
+   is skipped with a message otherwise (the emulated rows always run).
 
 Every table checks that the runs of one job (the same model, data, global
 batch and VNs) end with the same model_hash whatever the schedule, P,
@@ -28,8 +37,12 @@ the evaluation after the last step is short) and use model.dropout = 0.1, so
 that recomputation must replay each VN's dropout masks exactly.
 
 --quick: table 1 at M = 4, 8 only; table 2 at M = 8 without the 1f1b run
-without recomputation; table 3 with recomputation only, on loopback and veth
-without netem and with netem 2ms 1ms (about 22 runs instead of 46).
+without recomputation; table 3 with recomputation only, on loopback, emulated
+2ms±1ms, and veth without netem and with netem 2ms 1ms (28 runs instead of
+58, references included; 25 and 46 where the kernel has no netem).
+
+MORPH_PIPE_DELAY_MS in this script's own environment is removed from every
+run but the emulated ones (it would slow the baselines).
 
   python3 bench/pipeline_bench.py [--quick] [--morph build/morph] [--repeat R]
           [--only bubble,memory,steps] [--no-ref] [--keep DIR] [--dry-run]
@@ -52,6 +65,7 @@ ROOT = os.path.dirname(HERE)
 JOB = os.path.join(ROOT, "examples", "fortunes-gpt.toml")
 FORTUNES = "/usr/share/games/fortunes"
 MIB = 1 << 20
+DELAY_ENV = "MORPH_PIPE_DELAY_MS"  # "MEAN" or "MEAN:JITTER" ms per pipeline message, on the sender (src/exec/pipeline.cpp)
 
 # gpt-mini shapes. vn_batch: sequences per VN (batch.global = M * vn_batch).
 # Table 1 and 3: 9 layers (embed, 6 blocks, norm, tied head) cut into 2 or 3
@@ -156,9 +170,21 @@ class Runner:
         self.count += 1
         return os.path.join(self.work, f"{self.count:03d}-" + re.sub(r"[^A-Za-z0-9.=+-]+", "_", label))
 
-    def popen(self, argv, stem):
+    @staticmethod
+    def env(delay):
+        """This process's environment without MORPH_PIPE_DELAY_MS, plus MORPH_PIPE_DELAY_MS=delay when given."""
+        env = {k: v for k, v in os.environ.items() if k != DELAY_ENV}
+        if delay:
+            env[DELAY_ENV] = delay
+        return env
+
+    @staticmethod
+    def shown(argv, delay):
+        return (f"{DELAY_ENV}={shlex.quote(delay)} " if delay else "") + shlex.join(argv)
+
+    def popen(self, argv, stem, delay=None):
         p = subprocess.Popen(argv, stdout=open(stem + ".stdout", "w"), stderr=open(stem + ".stderr", "w"),
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+                             stdin=subprocess.DEVNULL, start_new_session=True, env=self.env(delay))
         self.live.append(p)
         return p
 
@@ -220,32 +246,34 @@ class Runner:
             print(f"  ! {label}: summary.json says stages = {s.get('stages')}: not a pipeline run?")
         return {"label": label, "hash": h, "summary": s, "step": step, "out": out}
 
-    def local(self, label, args):
-        """morph run on this machine (manager and its workers on loopback)."""
+    def local(self, label, args, delay=None):
+        """morph run on this machine (manager and its workers on loopback); delay: MORPH_PIPE_DELAY_MS
+        for it and so for every worker it starts (they inherit its environment)."""
         out = self.outdir(label)
         argv = [self.morph, "run", JOB, *args, "--quiet", "--out", out]
         if self.dry:
-            print("  $ " + shlex.join(argv))
+            print("  $ " + self.shown(argv, delay))
             return None
-        p = self.popen(argv, out)
+        p = self.popen(argv, out, delay)
         rc = self.finish(p, self.timeout)
         return self.collect(label, out, rc, [out + ".stderr", out + ".stdout"], "--stages" in args)
 
-    def split(self, label, args, ns, port):
+    def split(self, label, args, ns, port, delay=None):
         """Manager and one spawned worker (the first to register: rank 0, stage 0) in namespace A,
-        the other worker (stage 1) joining from namespace B across the veth link."""
+        the other worker (stage 1) joining from namespace B across the veth link; delay: MORPH_PIPE_DELAY_MS
+        for both the manager (so its spawned worker) and the joining worker."""
         out = self.outdir(label)
         join = f"{ns.host_a}:{port}"
         mgr_argv = ["ip", "netns", "exec", ns.a, self.morph, "run", JOB, *args, "--spawn", "1", "--host", ns.host_a,
                     "--port", str(port), "--quiet", "--out", out]
         wkr_argv = ["ip", "netns", "exec", ns.b, self.morph, "worker", "--join", join]
         if self.dry:
-            print("  $ " + shlex.join(mgr_argv) + " &")
+            print("  $ " + self.shown(mgr_argv, delay) + " &")
             print(f"    (wait until `ip netns exec {ns.a} {self.morph} status --join {join}` shows alive >= 1)")
-            print("  $ " + shlex.join(wkr_argv))
+            print("  $ " + self.shown(wkr_argv, delay))
             return None
         logs = [out + ".stderr", out + ".stdout", out + ".worker.stderr", out + ".worker.stdout"]
-        mgr = self.popen(mgr_argv, out)
+        mgr = self.popen(mgr_argv, out, delay)
         deadline = time.time() + 60
         while time.time() < deadline and mgr.poll() is None:
             with open(out + ".stdout", errors="replace") as f:
@@ -268,7 +296,7 @@ class Runner:
         if not registered and mgr.poll() is None:
             print(f"  ! {label}: could not see the local worker register; starting the remote one anyway")
         rx0 = ns.rx_bytes()
-        wkr = self.popen(wkr_argv, out + ".worker")
+        wkr = self.popen(wkr_argv, out + ".worker", delay)
         rc = self.finish(mgr, self.timeout)
         wrc = self.finish(wkr, 30)
         if rc == 0 and wrc != 0:
@@ -507,14 +535,24 @@ def steps_table(a, r, corpus):
     mdl = COMPUTE_MODEL
     scheds = ("gpipe", "1f1b", "varuna")
     recomputes = (True,) if a.quick else (True, False)
-    conditions = [("loopback", False, None)]
-    nets = [("veth, no netem", True, None), ("netem 2ms 1ms", True, "delay 2ms 1ms"),
-            ("netem 5ms 3ms", True, "delay 5ms 3ms")]
+    # (name, split across namespaces, netem spec, MORPH_PIPE_DELAY_MS)
+    conditions = [("loopback", False, None, None)]
+    emulated = [("emulated 2ms±1ms", False, None, "2:1"), ("emulated 5ms±3ms", False, None, "5:3")]
+    conditions += emulated[:1] if a.quick else emulated
+    nets = [("veth, no netem", True, None, None), ("netem 2ms 1ms", True, "delay 2ms 1ms", None),
+            ("netem 5ms 3ms", True, "delay 5ms 3ms", None)]
     conditions += nets[:2] if a.quick else nets
     print(f"\n== 3. step time by schedule, P = {p}, M = {m}, D = 1; baseline: gpipe under the same condition ==")
-    print(f"gpt-mini as in table 1; {steps} steps a run, {a.repeat} run(s) per cell (medians). netem applies on both"
-          " ends of the link (each direction delayed once: the round trip gets twice the delay; its jitter can"
-          " reorder packets, as netem does). The manager's store traffic to the worker in B crosses the link too.")
+    print(f"gpt-mini as in table 1; {steps} steps a run, {a.repeat} run(s) per cell (medians).")
+    print(f"emulated A±B rows: loopback with {DELAY_ENV}=A:B in the environment of `morph run`, so of every"
+          " worker it starts: a USER-SPACE EMULATION of a slow, jittery link, not netem. Each worker holds every"
+          " activation/gradient message back A ms ± B ms (uniform; order kept per channel: a message never leaves"
+          " before the one ahead of it) on its per-channel send thread, then sends it over loopback. One delay"
+          " per message, on the sender only; the manager's store traffic and the receive side are not delayed,"
+          " no packet is reordered or lost.")
+    print("netem rows: netem applies on both ends of the veth link (each direction delayed once: the round trip"
+          " gets twice the delay; its jitter can reorder packets, as netem does). The manager's store traffic to"
+          " the worker in B crosses the link too.")
     why = netns_usable()
     ns = None
     if why and any(c[1] for c in conditions):
@@ -541,8 +579,10 @@ def steps_table(a, r, corpus):
                 ns.netem(None)
             except RuntimeError as e:
                 print(f"SKIPPED the netem rows: this kernel offers no netem qdisc (sch_netem): {e}")
+                print("  (the emulated rows above stand in for them: a per-message delay on the sender, not"
+                      " a packet-level one)")
                 conditions = [c for c in conditions if not c[2]]
-        for name, split, netem in conditions:
+        for name, split, netem, delay in conditions:
             if split:
                 try:
                     ns.netem(netem)
@@ -556,9 +596,9 @@ def steps_table(a, r, corpus):
                         args = pipe_args(p, p, s, rc) + job_args(mdl, m, steps, corpus)
                         if split:
                             r.port += 1  # a fresh port a run: no clash with the last run's closing sockets
-                            x = r.split(label, args, ns, r.port)
+                            x = r.split(label, args, ns, r.port, delay)
                         else:
-                            x = r.local(label, args)
+                            x = r.local(label, args, delay)
                         res.setdefault((name, rc, s), []).append(x)
     finally:
         if ns is not None:
@@ -566,24 +606,46 @@ def steps_table(a, r, corpus):
     ref = run_ref(r, f"single-process M={m}", job_args(mdl, m, steps, corpus), a.no_ref)
     if r.dry:
         return
-    print(f"\n{'condition':>15} {'recompute':>9} | {'gpipe ms':>8} | {'1f1b ms':>8} {'x gpipe':>7} | "
+    w = max(len(c[0]) for c in conditions)
+    print(f"\n{'condition':>{w}} {'recompute':>9} | {'gpipe ms':>8} | {'1f1b ms':>8} {'x gpipe':>7} | "
           f"{'varuna ms':>9} {'x gpipe':>7} | {'gpipe x loopback':>16} | {'B rx MB/run':>11}")
     loop = {rc: agg(res.get(("loopback", rc, "gpipe"), []), "step") for rc in recomputes}
-    done = []
-    for name, split, netem in conditions:
+    done, ratios = [], {}
+    for name, split, netem, delay in conditions:
         for rc in recomputes:
             if (name, rc, "gpipe") not in res:
                 continue
             st = {s: agg(res[(name, rc, s)], "step") for s in scheds}
             ms_ = {s: None if st[s] is None else st[s] * 1e3 for s in scheds}
+            ratios[(name, rc)] = (ratio(st["1f1b"], st["gpipe"]), ratio(st["varuna"], st["gpipe"]))
             rx = median([x.get("rx_bytes") for s in scheds for x in res[(name, rc, s)] if x])
-            print(f"{name:>15} {'yes' if rc else 'no':>9} | {fmt(ms_['gpipe'], '.1f', 8)} | "
-                  f"{fmt(ms_['1f1b'], '.1f', 8)} {fmt(ratio(st['1f1b'], st['gpipe']), '.2f', 7)} | "
-                  f"{fmt(ms_['varuna'], '.1f', 9)} {fmt(ratio(st['varuna'], st['gpipe']), '.2f', 7)} | "
+            print(f"{name:>{w}} {'yes' if rc else 'no':>9} | {fmt(ms_['gpipe'], '.1f', 8)} | "
+                  f"{fmt(ms_['1f1b'], '.1f', 8)} {fmt(ratios[(name, rc)][0], '.2f', 7)} | "
+                  f"{fmt(ms_['varuna'], '.1f', 9)} {fmt(ratios[(name, rc)][1], '.2f', 7)} | "
                   f"{fmt(ratio(st['gpipe'], loop[rc]), '.2f', 16)} | {fmt(None if rx is None else rx / 1e6, '.1f', 11)}")
             if split and rx is not None and rx < 1e6:
                 print(f"  ! {name}: only {rx} bytes crossed the veth link: were both stages really split?")
             done += [x for s in scheds for x in res[(name, rc, s)]]
+        if delay:
+            # gpipe alone can hide a small delay (its fill and drain pay it once, and on a 2-core machine a stage
+            # waiting for a message frees a core for the other), so only a condition where no schedule got
+            # slower than on loopback is suspect.
+            slower = [ratio(agg(res[(name, rc, s)], "step"), agg(res.get(("loopback", rc, s), []), "step"))
+                      for rc in recomputes for s in scheds if (name, rc, s) in res]
+            slower = [x for x in slower if x is not None]
+            if slower and max(slower) <= 1.0:
+                print(f"  ! {name}: no schedule is slower than on loopback: was {DELAY_ENV}={delay} applied?")
+    if ratios:
+        which = " / ".join("yes" if rc else "no" for rc in recomputes)
+        print(f"\nstep-time ratios to gpipe under the same condition (< 1: faster than gpipe); --recompute {which}:")
+        print(f"{'condition':>{w}} | {'1f1b/gpipe':>13} | {'varuna/gpipe':>13}")
+        for name, *_ in conditions:
+            cells = []
+            for k in range(2):
+                cells.append(" / ".join(fmt(ratios[(name, rc)][k] if (name, rc) in ratios else None, '.2f', 4)
+                                        for rc in recomputes))
+            if any((name, rc) in ratios for rc in recomputes):
+                print(f"{name:>{w}} | {cells[0]:>13} | {cells[1]:>13}")
     print(f"model hash (one job): {hash_check(done, ref)}")
 
 

@@ -17,8 +17,9 @@
 // Activation recomputation (ScheduleOptions::recompute): every stage but the
 // last stashes only its input per VN and runs Recompute(vn) (the forward
 // again, with the VN's own reseeded randomness) before Backward(vn). The last
-// stage never recomputes: it runs each backward straight after its forward,
-// so its activations are live only briefly anyway (as Varuna does).
+// stage never recomputes (as Varuna): under 1F1B and Varuna it runs each
+// backward straight after its forward, so its activations are live only
+// briefly; under GPipe it still holds all M VNs' activations.
 #pragma once
 
 #include <cstddef>
