@@ -626,10 +626,24 @@ int Manager::run() {
   std::string hash;
   int64_t peak = 0, bytes = 0;
   std::vector<json> results;
+  std::map<int, std::string> stage_hashes;
   for (int64_t id : members_) {
     if (!store_->check({"result/" + std::to_string(id)})) continue;
     json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
     results.push_back(res);
+    if (pipelined()) {
+      // Replicas of a stage hold the same layers; rank 0 the whole model.
+      const std::string sh = res.at("stage_hash").get<std::string>();
+      std::string& first = stage_hashes[res.at("stage").get<int>()];
+      if (first.empty()) first = sh;
+      if (first != sh)
+        throw JobError("pipeline replicas disagree on stage " + res.at("stage").dump() + " after the last step (worker " +
+                       std::to_string(id) + "): a bug in Morph, please report it");
+      if (id == members_.front()) hash = res.at("model_hash").get<std::string>();
+      peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
+      bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
+      continue;
+    }
     std::string h = res.at("model_hash").get<std::string>();
     if (hash.empty()) hash = h;
     if (h != hash)

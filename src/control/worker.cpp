@@ -242,12 +242,15 @@ int runWorker(const WorkerOptions& o) {
         report("ready");
         continue;
       }
-      json res = {{"model_hash", tr.hash()},
+      // A pipeline rank other than 0 holds its stage only: it reports that
+      // stage's hash (replicas of a stage must agree), rank 0 the model's.
+      json res = {{"model_hash", !tr.pipelined() || rank == 0 ? tr.hash() : ""},
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};
       if (tr.pipelined()) {
         res["stage"] = tr.placement().stage;
+        res["stage_hash"] = tr.stageHash();
         res["replica"] = tr.placement().replica;
         json t = json::array();
         for (const StageTiming& s : tr.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});

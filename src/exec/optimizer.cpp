@@ -7,11 +7,17 @@
 namespace morph {
 namespace {
 
+// State tensors are allocated on first use (a pipeline stage never touches
+// the state of other stages' parameters) and start at zero.
+torch::Tensor& lazy(std::vector<torch::Tensor>& v, size_t i, const torch::Tensor& param) {
+  if (!v[i].defined()) v[i] = torch::zeros_like(param);
+  return v[i];
+}
+
 class Sgd : public Optimizer {
  public:
   Sgd(const OptimSpec& s, std::vector<torch::Tensor> params) : spec_(s), params_(std::move(params)) {
-    if (spec_.momentum > 0.0)
-      for (auto& p : params_) momentum_.push_back(torch::zeros_like(p));
+    if (spec_.momentum > 0.0) momentum_.resize(params_.size());  // allocated on first use
   }
   void step(double lr) override {
     torch::NoGradGuard no_grad;
@@ -21,7 +27,7 @@ class Sgd : public Optimizer {
       torch::Tensor g = p.grad();
       if (spec_.weight_decay != 0.0) g = g.add(p, spec_.weight_decay);
       if (spec_.momentum > 0.0) {
-        torch::Tensor& buf = momentum_[i];
+        torch::Tensor& buf = lazy(momentum_, i, params_[i]);
         // PyTorch's convention: the first step sets buf = g.
         if (steps_ == 0) buf.copy_(g); else buf.mul_(spec_.momentum).add_(g);
         g = spec_.nesterov ? g.add(buf, spec_.momentum) : buf;
@@ -32,7 +38,10 @@ class Sgd : public Optimizer {
   }
   std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) override {
     if (momentum_.empty()) return {};
-    return {{"momentum", momentum_[i]}};
+    return {{"momentum", lazy(momentum_, i, params_[i])}};
+  }
+  void dropState(size_t i) override {
+    if (!momentum_.empty()) momentum_[i] = torch::Tensor();
   }
 
  private:
@@ -43,10 +52,8 @@ class Sgd : public Optimizer {
 class AdamW : public Optimizer {
  public:
   AdamW(const OptimSpec& s, std::vector<torch::Tensor> params) : spec_(s), params_(std::move(params)) {
-    for (auto& p : params_) {
-      m_.push_back(torch::zeros_like(p));
-      v_.push_back(torch::zeros_like(p));
-    }
+    m_.resize(params_.size());  // allocated on first use
+    v_.resize(params_.size());
   }
   void step(double lr) override {
     torch::NoGradGuard no_grad;
@@ -58,14 +65,20 @@ class AdamW : public Optimizer {
       if (!p.grad().defined()) continue;  // another pipeline stage's parameter
       const torch::Tensor& g = p.grad();
       if (spec_.weight_decay != 0.0) p.mul_(1.0 - lr * spec_.weight_decay);
-      m_[i].mul_(spec_.beta1).add_(g, 1.0 - spec_.beta1);
-      v_[i].mul_(spec_.beta2).addcmul_(g, g, 1.0 - spec_.beta2);
-      torch::Tensor denom = (v_[i] / bc2).sqrt_().add_(spec_.eps);
-      p.addcdiv_(m_[i], denom, -lr / bc1);
+      torch::Tensor& m = lazy(m_, i, params_[i]);
+      torch::Tensor& v = lazy(v_, i, params_[i]);
+      m.mul_(spec_.beta1).add_(g, 1.0 - spec_.beta1);
+      v.mul_(spec_.beta2).addcmul_(g, g, 1.0 - spec_.beta2);
+      torch::Tensor denom = (v / bc2).sqrt_().add_(spec_.eps);
+      p.addcdiv_(m, denom, -lr / bc1);
     }
   }
   std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) override {
-    return {{"exp_avg", m_[i]}, {"exp_avg_sq", v_[i]}};
+    return {{"exp_avg", lazy(m_, i, params_[i])}, {"exp_avg_sq", lazy(v_, i, params_[i])}};
+  }
+  void dropState(size_t i) override {
+    m_[i] = torch::Tensor();
+    v_[i] = torch::Tensor();
   }
 
  private:

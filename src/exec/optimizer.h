@@ -16,8 +16,12 @@ class Optimizer {
   // One update of every parameter from its .grad() (the mean gradient).
   virtual void step(double lr) = 0;
   // The live state tensors of parameter i, named ("momentum"; "exp_avg",
-  // "exp_avg_sq"); empty when the optimiser keeps none for it.
+  // "exp_avg_sq"); empty when the optimiser keeps none for it. Allocated
+  // (zeros) on first use.
   virtual std::vector<std::pair<std::string, torch::Tensor>> paramState(size_t i) = 0;
+  // Frees parameter i's state (a pipeline stage drops other stages' state);
+  // it comes back as zeros if asked for again.
+  virtual void dropState(size_t i) = 0;
   // Steps taken so far (bias correction, first-step momentum).
   int64_t stepCount() const { return steps_; }
   void setStepCount(int64_t n) { steps_ = n; }

@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/model_hash.h"
 #include "core/sys.h"
 #include "exec/trainer.h"
 
@@ -35,7 +36,7 @@ size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t);  //
 
 namespace {
 
-constexpr int kActTag = 1, kGradTag = 2;
+constexpr int kActTag = 1, kGradTag = 2, kGatherTag = 3;
 constexpr size_t kRecvWindow = 2;  // messages received ahead of use, per channel
 
 double unixSeconds() {
@@ -282,6 +283,19 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     if (!own_runs_.empty() && own_runs_.back().second == s) own_runs_.back().second = s + 1;
     else own_runs_.push_back({s, s + 1});
   }
+  // The gradient buffer holds this stage's segments only (and the loss
+  // statistics); the other segments keep their index, with size 0, so that
+  // scales and flags stay in the single-worker layout.
+  {
+    std::vector<int64_t> sizes(seg_sizes_.size(), 0);
+    for (size_t i : own_params_) sizes[segOf(i)] = params_[i].numel();
+    for (size_t k : own_bns_) sizes[bn_seg_ + 2 * k] = sizes[bn_seg_ + 2 * k + 1] = bns_[k]->channels();
+    sizes[stats_seg_] = 2;
+    const std::vector<int> scales = acc_->scales();
+    seg_sizes_ = sizes;
+    acc_ = std::make_unique<GradAccumulator>(sizes, job_.reduce_mode, job_.headroom_bits);
+    acc_->setScales(scales);
+  }
   // The shape of one VN's activation at each cut, from a dry forward.
   cut_shapes_.clear();
   cut_bytes_.clear();
@@ -296,6 +310,26 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       cut_bytes_.push_back(x.numel() * 4);
     }
   }
+  // Every rank but world rank 0 (which assembles the whole model for
+  // evaluation and checkpoints) frees the parameters and optimiser state of
+  // the layers it does not run.
+  if (comms.world->rank() != 0) {
+    std::vector<char> keep(params_.size(), 0);
+    for (size_t i : own_params_) keep[i] = 1;
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (keep[i]) continue;
+      params_[i].set_data(torch::empty({0}));
+      opt_->dropState(i);
+    }
+  }
+}
+
+std::string Trainer::stageHash() const {
+  std::string h;
+  for (size_t l = pipe_.cuts[static_cast<size_t>(pipe_.stage)]; l < pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]; ++l)
+    h += (h.empty() ? "" : ",") + modelHash(model_->layer(l));
+  return h;
 }
 
 StepStats Trainer::pipelineStep() {
@@ -509,19 +543,25 @@ void Trainer::runStageSchedule() {
 void Trainer::gatherState() {
   if (!pipelined()) return;
   torch::NoGradGuard no_grad;
-  CheckpointData d = exportState();
-  for (int k = 0; k < pipe_.stages; ++k) {
+  const int me = pcomm_.world->rank();
+  for (int k = 1; k < pipe_.stages; ++k) {
+    if (me != 0 && me != k) continue;  // world rank k: stage k of replica 0
     std::vector<torch::Tensor> ts, flat;
     for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
-      for (auto& [name, t] : d.layers[l].second) {
+      for (auto& [name, t] : layerState(l)) {
         MORPH_CHECK(t.scalar_type() == torch::kFloat32, "state tensors are float32");
         ts.push_back(t);
         flat.push_back(t.detach().reshape({-1}));
       }
     if (ts.empty()) continue;
-    torch::Tensor all = torch::cat(flat);
-    pcomm_.world->broadcast(all, k);  // world rank k: stage k of replica 0
-    if (pcomm_.world->rank() == k) continue;
+    if (me == k) {
+      pcomm_.world->send(torch::cat(flat), 0, kGatherTag)->wait();
+      continue;
+    }
+    int64_t n = 0;
+    for (auto& t : ts) n += t.numel();
+    torch::Tensor all = torch::empty({n});
+    pcomm_.world->recv(all, k, kGatherTag)->wait();
     int64_t off = 0;
     for (auto& t : ts) {
       t.copy_(all.narrow(0, off, t.numel()).view(t.sizes()));
@@ -607,13 +647,10 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
   auto model = buildModel(job.model, job.seed);
   model->train();
   const auto params = model->parameters();
-  const int64_t model_bytes = bytesOf(params) + bytesOf(model->buffers());
   int64_t state_per_param = 0;  // optimiser state tensors per parameter tensor
   if (job.optim.name == "adamw") state_per_param = 2;
   else if (job.optim.momentum > 0.0) state_per_param = 1;
-  int64_t segs = 2;
-  for (const auto& p : params) segs += p.numel();
-  for (auto* bn : model->batchNorms()) segs += 2 * bn->channels();
+  const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
   const Schedule sched = makeSchedule(so);
   const int64_t vn_size = job.global_batch / job.virtual_nodes;
   Batch b = train.range(0, vn_size);
@@ -621,10 +658,24 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
   std::vector<StageMemory> out;
   for (int k = 0; k < so.stages; ++k) {
     StageMemory m;
-    m.model_bytes = model_bytes;
-    m.optimizer_bytes = state_per_param * bytesOf(params);
-    m.accumulator_bytes = segs * (job.reduce_mode == ReduceMode::kExact ? 8 : 4);
-    for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) m.grad_bytes += bytesOf(model->layer(l).parameters());
+    // The stage's parameters, plus the copy of a weight it shares with another stage.
+    std::vector<torch::Tensor> own;
+    int64_t bn_values = 0;
+    for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
+      for (const auto& p : model->layer(l).parameters()) own.push_back(p);
+      for (auto& [alias, owner] : model->layer(l).tiedLeaves())
+        if (k > 0) own.push_back(owner);
+      for (const auto& sub : model->layer(l).modules(true))
+        if (auto* bn = dynamic_cast<VnBatchNorm*>(sub.get())) bn_values += 2 * bn->channels();
+    }
+    m.grad_bytes = bytesOf(own);
+    // Stage 0 of replica 0 is world rank 0: it assembles the whole model
+    // and its optimiser state for evaluation and checkpoints.
+    m.model_bytes = k == 0 ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);
+    m.optimizer_bytes = state_per_param * (k == 0 ? bytesOf(params) : bytesOf(own));
+    int64_t own_values = 2 + bn_values;
+    for (const auto& p : own) own_values += p.numel();
+    m.accumulator_bytes = own_values * elem;
     m.vn_input_bytes = x.numel() * x.element_size();
     torch::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(k > 0) : x;
     const int64_t before = bytesInUse();

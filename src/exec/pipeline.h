@@ -29,9 +29,12 @@ std::vector<size_t> readPlanFile(const std::string& path, const LayerList& model
 std::string describeCuts(const LayerList& model, const std::vector<size_t>& cuts);
 
 struct StageMemory {
-  int64_t model_bytes = 0;        // the worker's copy of the model (all stages)
-  int64_t optimizer_bytes = 0;    // optimiser state (all stages)
-  int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer
+  // Parameters and optimiser state: the stage's own (with the copy of a
+  // weight tied to another stage); stage 0 counts the whole model's, which
+  // world rank 0 assembles for evaluation and checkpoints.
+  int64_t model_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer (own segments)
   int64_t grad_bytes = 0;         // this stage's gradients
   int64_t vn_activation_bytes = 0;  // one VN's forward, measured
   int64_t vn_input_bytes = 0;       // one VN's stage input (what recomputation stashes)

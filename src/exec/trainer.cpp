@@ -271,18 +271,20 @@ CheckpointData Trainer::exportState() const {
             {"step", step_},
             {"optim_steps", opt_->stepCount()},
             {"scales", acc_->scales()}};
-  for (size_t l = 0; l < model_->size(); ++l) {
-    NamedTensors layer;
-    Layer& m = model_->layer(l);
-    for (const auto& p : m.named_parameters(true)) {
-      layer.emplace_back("param/" + p.key(), p.value());
-      for (auto& [sname, st] : opt_->paramState(indexOf(params_, p.value())))
-        layer.emplace_back("optim/" + p.key() + "/" + sname, st);
-    }
-    for (const auto& b : m.named_buffers(true)) layer.emplace_back("buffer/" + b.key(), b.value());
-    d.layers.emplace_back(model_->layerName(l), std::move(layer));
-  }
+  for (size_t l = 0; l < model_->size(); ++l) d.layers.emplace_back(model_->layerName(l), layerState(l));
   return d;
+}
+
+NamedTensors Trainer::layerState(size_t l) const {
+  NamedTensors layer;
+  Layer& m = model_->layer(l);
+  for (const auto& p : m.named_parameters(true)) {
+    layer.emplace_back("param/" + p.key(), p.value());
+    for (auto& [sname, st] : opt_->paramState(indexOf(params_, p.value())))
+      layer.emplace_back("optim/" + p.key() + "/" + sname, st);
+  }
+  for (const auto& b : m.named_buffers(true)) layer.emplace_back("buffer/" + b.key(), b.value());
+  return layer;
 }
 
 void Trainer::importState(const CheckpointData& d) {

@@ -114,11 +114,14 @@ class Trainer {
                    const PipelineComms& comms);
   bool pipelined() const { return pipe_.stages > 1; }
   const PipelinePlacement& placement() const { return pipe_; }
-  // Pipeline mode: gives every rank the whole model (parameters, buffers and
-  // optimiser state of each stage, from the stage's replica 0), for
-  // evaluation, checkpoints and the model hash. Every rank calls it at the
-  // same step.
+  // Pipeline mode: world rank 0 (stage 0 of replica 0) receives the whole
+  // model (parameters, buffers and optimiser state of each stage, from the
+  // stage's replica 0), for evaluation, checkpoints and the model hash. Every
+  // rank calls it at the same step; other ranks hold their stage only (the
+  // rest of the model is freed by setPipeline()).
   void gatherState();
+  // Hash of this stage's layers (pipeline replicas of a stage must agree).
+  std::string stageHash() const;
   // Per-action trace and per-step timing of the stage executor.
   void setTracing(bool on) { tracing_ = on; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
@@ -134,6 +137,7 @@ class Trainer {
   // Per layer, so that a pipeline stage can load its own layer range. The
   // tensors are the live ones: snapshot them before training on.
   CheckpointData exportState() const;
+  NamedTensors layerState(size_t layer) const;  // one layer's part of it
   // Throws InputError naming what does not fit when `data` is not a state of
   // this job's model.
   void importState(const CheckpointData& data);
