@@ -132,9 +132,11 @@ void Manager::setUpPipeline() {
       const StageMemory& m = mem[static_cast<size_t>(k)];
       auto mib = [](int64_t b) { return std::to_string((b + 524288) / 1048576); };
       if (!o_.quiet)
-        std::printf("morph: stage %d needs about %s MiB (model %s, optimiser %s, gradient buffer %s, "
-                    "activations %s = %lld VNs x %s)\n",
-                    k, mib(m.total()).c_str(), mib(m.model_bytes).c_str(), mib(m.optimizer_bytes).c_str(),
+        std::printf("morph: stage %d needs about %s MiB (process %s, other stages' layers at start %s; "
+                    "training %s: parameters %s, optimiser %s, gradients %s, activations %s = %lld VNs x %s)\n",
+                    k, mib(m.total()).c_str(), mib(m.runtime_bytes).c_str(), mib(m.init_bytes).c_str(),
+                    mib(m.training()).c_str(),
+                    mib(m.model_bytes).c_str(), mib(m.optimizer_bytes).c_str(),
                     mib(m.accumulator_bytes + m.grad_bytes).c_str(), mib(m.activation_bytes).c_str(),
                     static_cast<long long>(m.live_vns),
                     mib(o_.recompute && k + 1 < P ? m.vn_input_bytes : m.vn_activation_bytes).c_str());

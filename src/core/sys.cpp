@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -54,6 +55,15 @@ int64_t peakRssBytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+int64_t currentRssBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 double nowSeconds() {

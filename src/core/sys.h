@@ -21,6 +21,8 @@ std::string checkBlas(bool warn);
 
 // Peak resident set size of this process, in bytes.
 int64_t peakRssBytes();
+// Current resident set size of this process, in bytes (0 if unknown).
+int64_t currentRssBytes();
 
 // Wall-clock seconds since an arbitrary epoch (steady clock).
 double nowSeconds();

@@ -24,11 +24,8 @@ GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode 
   }
   scales_.assign(sizes_.size(), scaleFor(kInitialMaxGuess, headroom_bits_));
   next_scales_ = scales_;
-  if (mode_ == ReduceMode::kExact) {
-    exact_.assign(static_cast<size_t>(total_), 0);
-  } else {
-    float_.assign(static_cast<size_t>(total_), 0.0f);
-  }
+  // The buffer itself is allocated by the first beginStep(): a pipeline
+  // stage replaces the whole-model accumulator before it is used.
   max_.assign(sizes_.size(), 0.0);
 }
 
@@ -38,8 +35,8 @@ int64_t GradAccumulator::bufferBytes() const {
 
 void GradAccumulator::beginStep() {
   scales_ = next_scales_;
-  std::fill(exact_.begin(), exact_.end(), 0);
-  std::fill(float_.begin(), float_.end(), 0.0f);
+  if (mode_ == ReduceMode::kExact) exact_.assign(static_cast<size_t>(total_), 0);
+  else float_.assign(static_cast<size_t>(total_), 0.0f);
   std::fill(max_.begin(), max_.end(), 0.0);
   overflow_ = nonfinite_ = false;
 }

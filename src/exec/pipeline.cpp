@@ -644,6 +644,7 @@ int64_t bytesOf(const std::vector<torch::Tensor>& ts) {
 
 std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vector<size_t>& cuts,
                                              const ScheduleOptions& so, const Dataset& train) {
+  const int64_t runtime = currentRssBytes();
   auto model = buildModel(job.model, job.seed);
   model->train();
   const auto params = model->parameters();
@@ -669,6 +670,8 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
         if (auto* bn = dynamic_cast<VnBatchNorm*>(sub.get())) bn_values += 2 * bn->channels();
     }
     m.grad_bytes = bytesOf(own);
+    m.runtime_bytes = runtime;
+    m.init_bytes = k == 0 ? 0 : bytesOf(params) - bytesOf(own);
     // Stage 0 of replica 0 is world rank 0: it assembles the whole model
     // and its optimiser state for evaluation and checkpoints.
     m.model_bytes = k == 0 ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);

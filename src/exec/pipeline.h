@@ -40,9 +40,16 @@ struct StageMemory {
   int64_t vn_input_bytes = 0;       // one VN's stage input (what recomputation stashes)
   int64_t live_vns = 0;             // most VNs stashed at once (schedule)
   int64_t activation_bytes = 0;     // all VN-dependent memory
-  int64_t total() const {
+  // The process's fixed cost (runtime, libraries, data: this process's
+  // resident size when the estimate starts), and the other stages' layers,
+  // which every worker builds from the seed and then frees: counted in
+  // full, since the allocator does not always reuse that memory (a cap
+  // should err on the safe side).
+  int64_t runtime_bytes = 0, init_bytes = 0;
+  int64_t training() const {
     return model_bytes + optimizer_bytes + accumulator_bytes + grad_bytes + activation_bytes;
   }
+  int64_t total() const { return runtime_bytes + init_bytes + training(); }
 };
 
 // Estimates each stage's memory for the job cut at `cuts`, run with the

@@ -180,8 +180,13 @@ TEST_F(Cli, CorruptDataFileExitsTwo) {
     Result r = run("run " + j + workers + " --out " + out("c"));
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.out;
-    // Failing workers take the job down cleanly: no orphans left behind.
-    FILE* p = popen("pgrep -f 'morph worke[r] --join' | wc -l", "r");
+    // Failing workers take the job down cleanly: no orphans left behind
+    // (this job's workers: they join its manager's port).
+    if (workers.empty()) continue;
+    const auto at = r.out.find("manager on port ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string port = std::to_string(std::stoi(r.out.substr(at + 16)));
+    FILE* p = popen(("pgrep -f 'morph worke[r] --join 127.0.0.1:" + port + "$' | wc -l").c_str(), "r");
     char buf[64] = {0};
     EXPECT_GT(fread(buf, 1, sizeof buf - 1, p), 0u);
     pclose(p);
