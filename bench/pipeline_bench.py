@@ -13,6 +13,18 @@ gpipe, 1f1b and varuna schedules, on gpt-mini over the fortunes text
    whose activations dominate (seq_len 256). Baseline: gpipe without
    recomputation; the single-process run (one VN live at a time) is printed
    beside it.
+2b. State memory: peak RSS per stage (stage_peak_rss_bytes; the single
+   process's peak_rss_bytes) on a parameter-heavy model whose activations are
+   small (gpt-mini dim 512, 8 blocks, heads 8, seq_len 16, AdamW, M = 4 VNs of
+   2 sequences, 3 steps): a single process, and 1f1b with P = 2 and P = 4
+   (--workers P), as ratios to the single process, beside the per-stage
+   estimate of --memory-cap (the "morph: stage K needs about N MiB" lines its
+   stdout carries without --quiet; the pipeline rows run with --memory-cap
+   1000000, so nothing is rejected) and estimate / measured. Pipeline workers
+   keep only their own stage's parameters, optimiser state and gradient
+   buffer; world rank 0 (stage 0) keeps the whole model for evaluation and
+   checkpoints. The single process is the baseline and runs even with
+   --no-ref.
 3. Step time of the three schedules, as ratios to gpipe measured in the same
    run (1f1b/gpipe and varuna/gpipe per condition, with and without
    --recompute), P = 2, M = 8: on loopback; on loopback with an emulated slow,
@@ -37,15 +49,18 @@ the evaluation after the last step is short) and use model.dropout = 0.1, so
 that recomputation must replay each VN's dropout masks exactly.
 
 --quick: table 1 at M = 4, 8 only; table 2 at M = 8 without the 1f1b run
-without recomputation; table 3 with recomputation only, on loopback, emulated
-2ms±1ms, and veth without netem and with netem 2ms 1ms (28 runs instead of
-58, references included; 25 and 46 where the kernel has no netem).
+without recomputation; table 2b whole; table 3 with recomputation only, on
+loopback, emulated 2ms±1ms, and veth without netem and with netem 2ms 1ms
+(31 runs instead of 61, references included; 28 and 49 where the kernel has
+no netem).
 
 MORPH_PIPE_DELAY_MS in this script's own environment is removed from every
 run but the emulated ones (it would slow the baselines).
 
   python3 bench/pipeline_bench.py [--quick] [--morph build/morph] [--repeat R]
-          [--only bubble,memory,steps] [--no-ref] [--keep DIR] [--dry-run]
+          [--only bubble,memory,state,steps] [--no-ref] [--keep DIR] [--dry-run]
+
+(--only state: table 2b.)
 """
 import argparse
 import json
@@ -75,6 +90,10 @@ COMPUTE_MODEL = dict(dim=128, heads=4, layers=6, seq_len=64, vn_batch=4, dropout
 # Table 2: long sequences, few blocks: per VN and block, the attention
 # probabilities alone are 4 heads x 256 x 256 x 8 sequences x 4 B = 8 MiB.
 MEMORY_MODEL = dict(dim=128, heads=4, layers=2, seq_len=256, vn_batch=8, dropout=0.1)
+# Table 2b: parameter-heavy, small activations: about 25 M parameters (100 MB of fp32 weights, twice that
+# of AdamW state) against 2 sequences x 16 positions x 512 x 4 B = 64 KiB of stage input per VN.
+STATE_MODEL = dict(dim=512, heads=8, layers=8, seq_len=16, vn_batch=2, dropout=0.1)
+STATE_CAP_MIB = 1000000  # --memory-cap far above any need: the estimates are printed, nothing is rejected
 
 
 def mib(b):
@@ -246,11 +265,12 @@ class Runner:
             print(f"  ! {label}: summary.json says stages = {s.get('stages')}: not a pipeline run?")
         return {"label": label, "hash": h, "summary": s, "step": step, "out": out}
 
-    def local(self, label, args, delay=None):
+    def local(self, label, args, delay=None, quiet=True):
         """morph run on this machine (manager and its workers on loopback); delay: MORPH_PIPE_DELAY_MS
-        for it and so for every worker it starts (they inherit its environment)."""
+        for it and so for every worker it starts (they inherit its environment); quiet=False keeps the
+        progress output (the per-stage memory estimates of --memory-cap are printed only then)."""
         out = self.outdir(label)
-        argv = [self.morph, "run", JOB, *args, "--quiet", "--out", out]
+        argv = [self.morph, "run", JOB, *args, *(["--quiet"] if quiet else []), "--out", out]
         if self.dry:
             print("  $ " + self.shown(argv, delay))
             return None
@@ -517,6 +537,100 @@ def memory_table(a, r, corpus):
     print(f"model hash (one job): {hash_check(list(res.values()), ref)}")
 
 
+# --- 2b. per-stage state memory --------------------------------------------------------------------
+
+ESTIMATE_RE = re.compile(r"morph: stage (\d+) needs about (\d+) MiB")
+CUT_RE = re.compile(r"morph: pipeline of \d+ stages x \d+ replicas, .*cut: (.*)$")
+
+
+def stage_estimates(out):
+    """The per-stage estimate lines of --memory-cap in a run's stdout: ({stage: MiB}, {stage: line}, [layers])."""
+    est, lines, cuts = {}, {}, []
+    try:
+        with open(out + ".stdout", errors="replace") as f:
+            for line in f:
+                line = line.rstrip("\n")
+                m = ESTIMATE_RE.match(line)
+                if m:
+                    est[int(m.group(1))] = int(m.group(2))
+                    lines[int(m.group(1))] = line
+                c = CUT_RE.match(line)
+                if c:
+                    cuts = [x.strip() for x in c.group(1).split("|")]
+    except OSError:
+        pass
+    return est, lines, cuts
+
+
+def state_table(a, r, corpus):
+    m, steps = 4, 3
+    mdl = STATE_MODEL
+    ps = (2, 4)
+    print(f"\n== 2b. per-stage state memory (parameters, optimiser state, gradient buffer), 1f1b, M = {m}, D = 1;"
+          " baseline: the single process ==")
+    act = mdl["vn_batch"] * mdl["seq_len"] * mdl["dim"] * 4
+    print(f"gpt-mini dim {mdl['dim']}, {mdl['layers']} blocks, heads {mdl['heads']}, seq_len {mdl['seq_len']}, AdamW, "
+          f"{mdl['vn_batch']} sequences per VN (stage input {act // 1024} KiB per VN: activations are small, the "
+          f"state dominates); {steps} steps a run. Pipeline rows run with --memory-cap {STATE_CAP_MIB} and without"
+          " --quiet, for the 'stage K needs about N MiB' estimate lines. RSS includes the process's fixed cost"
+          " (libtorch, Gloo, data); world rank 0 (stage 0) keeps the whole model for evaluation and checkpoints.")
+    res = {}
+    # The single process is this table's baseline, so it runs even with --no-ref.
+    res[1] = r.local("single-process state", job_args(mdl, m, steps, corpus))
+    for p in ps:
+        res[p] = r.local(f"1f1b --stages {p} state",
+                         pipe_args(p, p, "1f1b", False) + ["--memory-cap", str(STATE_CAP_MIB)] +
+                         job_args(mdl, m, steps, corpus), quiet=False)
+    if r.dry:
+        return
+    single = res[1] and res[1]["summary"].get("peak_rss_bytes")
+    if res[1] and single is None:
+        print(f"  ! {res[1]['label']}: summary.json has no peak_rss_bytes")
+    print(f"\n{'run':>10} {'stage':>5} {'layers':>14} | {'peak RSS MiB':>12} {'x single':>8} | "
+          f"{'estimate MiB':>12} {'est/meas':>8} | {'model hash':>16}")
+    print(f"{'single':>10} {'-':>5} {'all':>14} | {fmt(mib(single), '.1f', 12)} {fmt(ratio(single, single), '.2f', 8)} | "
+          f"{'-':>12} {'-':>8} | {res[1]['hash'] if res[1] else 'n/a':>16}")
+    notes, under = [], []
+    for p in ps:
+        x = res[p]
+        if x is None:
+            print(f"{'--stages ' + str(p):>10}   (failed)")
+            continue
+        st = x["summary"].get("stage_peak_rss_bytes")
+        if st is None:
+            print(f"  ! {x['label']}: summary.json has no stage_peak_rss_bytes")
+        elif len(st) != p:
+            print(f"  ! {x['label']}: stage_peak_rss_bytes has {len(st)} entries, expected {p}")
+        est, lines, cuts = stage_estimates(x["out"])
+        if len(est) != p:
+            print(f"  ! {x['label']}: {len(est)} 'stage K needs about N MiB' lines in its stdout, expected {p}")
+        for k in range(p):
+            v = st[k] if st and k < len(st) else None
+            e = est.get(k)
+            eb = None if e is None else e * MIB
+            name = f"--stages {p}" if k == 0 else ""
+            if e is not None and v is not None and eb < v:
+                under.append(f"--stages {p} stage {k} ({e} < {mib(v):.1f} MiB)")
+            print(f"{name:>10} {k:>5} {cuts[k] if k < len(cuts) else '?':>14} | {fmt(mib(v), '.1f', 12)} "
+                  f"{fmt(ratio(v, single), '.2f', 8)} | {fmt(e, 'd', 12)} {fmt(ratio(eb, v), '.2f', 8)} | "
+                  f"{x['hash'] if k == 0 else '':>16}")
+        if st and len(st) == p:
+            print(f"{'':>10} {'sum':>5} {'':>14} | {mib(sum(st)):12.1f} {fmt(ratio(sum(st), single), '.2f', 8)} |"
+                  f" {fmt(sum(est.values()) if len(est) == p else None, 'd', 12)} "
+                  f"{fmt(ratio(sum(est.values()) * MIB, sum(st)) if len(est) == p else None, '.2f', 8)} |")
+        notes += [f"--stages {p}: {lines[k]}" for k in sorted(lines)]
+    if notes:
+        print("estimate lines (MiB; process = the manager's resident size after loading the data):")
+        for line in notes:
+            print(f"  {line}")
+    if under:
+        print("note: estimate below the measured peak RSS (a --memory-cap between the two would pass a stage that"
+              " then exceeds it): " + ", ".join(under))
+    print("est/meas >= 1: the estimate is on the safe side. x single: the stage's peak RSS over the single"
+          " process's (whole model, AdamW state and gradients in one process).")
+    print(f"model hash (one job): {hash_check([res[p] for p in ps], res[1])}")
+
+
 # --- 3. step time -----------------------------------------------------------------------------------
 
 def netns_usable():
@@ -653,7 +767,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--morph", default=os.path.join(ROOT, "build", "morph"))
     ap.add_argument("--quick", action="store_true", help="a reduced grid (about half the runs)")
-    ap.add_argument("--only", default="bubble,memory,steps", help="comma-separated subset of bubble,memory,steps")
+    ap.add_argument("--only", default="bubble,memory,state,steps",
+                    help="comma-separated subset of bubble,memory,state,steps (state: table 2b)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per timing cell, interleaved; medians are printed")
     ap.add_argument("--no-ref", action="store_true", help="skip the single-process reference runs")
     ap.add_argument("--port", type=int, default=29700, help="first of the fixed ports of the namespace runs")
@@ -663,7 +778,7 @@ def main():
     a = ap.parse_args()
     a.repeat = max(1, a.repeat)
     only = {x.strip() for x in a.only.split(",") if x.strip()}
-    unknown = only - {"bubble", "memory", "steps"}
+    unknown = only - {"bubble", "memory", "state", "steps"}
     if unknown:
         ap.error(f"--only: unknown table(s) {', '.join(sorted(unknown))}")
     a.morph = os.path.abspath(a.morph)
@@ -697,6 +812,8 @@ def main():
             bubble_table(a, r, corpus)
         if "memory" in only:
             memory_table(a, r, corpus)
+        if "state" in only:
+            state_table(a, r, corpus)
         if "steps" in only:
             steps_table(a, r, corpus)
     finally:

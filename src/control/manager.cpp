@@ -94,6 +94,7 @@ class Manager {
 // the plan file), the worker count, each replica's schedule, and the memory
 // cap. Pipeline jobs run on a fixed set of workers for now.
 void Manager::setUpPipeline() {
+  if (o_.stages <= 1 && (o_.plan.empty() || o_.plan == "auto")) return;
   auto model = buildModel(job_.model, job_.seed);
   std::vector<size_t> cuts;
   if (!o_.plan.empty() && o_.plan != "auto") {

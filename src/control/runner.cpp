@@ -223,8 +223,9 @@ int runJob(const RunOptions& o) {
   const std::string text = readJobFile(o.job_path);
   JobSpec job = parseJob(text, o.job_path, effectiveOverrides(o));
   const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
-  if (!pipeline && (o.recompute || !o.trace.empty()))
-    throw InputError(std::string(o.recompute ? "--recompute" : "--trace") + " needs a pipeline (--stages P > 1 or --plan FILE)");
+  if (!pipeline && (o.recompute || !o.trace.empty() || o.memory_cap_mib > 0))
+    throw InputError(std::string(o.recompute ? "--recompute" : !o.trace.empty() ? "--trace" : "--memory-cap") +
+                     " needs a pipeline (--stages P > 1 or --plan FILE)");
   if (o.workers == 0 && pipeline) {
     // One worker per stage by default.
     RunOptions p = o;

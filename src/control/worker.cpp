@@ -224,7 +224,7 @@ int runWorker(const WorkerOptions& o) {
         const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
         const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
         if (tr.pipelined() && (eval_due || ckpt_due))
-          tr.gatherState();  // rank 0 evaluates and checkpoints the whole model; all hash it
+          tr.gatherState();  // rank 0 assembles the whole model to evaluate and checkpoint it
         if (rank == 0) {
           if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
           json line = stepLine(job, steps, st, tr, *data.test, world, gen);

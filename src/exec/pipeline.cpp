@@ -546,27 +546,16 @@ void Trainer::gatherState() {
   const int me = pcomm_.world->rank();
   for (int k = 1; k < pipe_.stages; ++k) {
     if (me != 0 && me != k) continue;  // world rank k: stage k of replica 0
-    std::vector<torch::Tensor> ts, flat;
+    // Tensor by tensor, straight from and into the live tensors: no
+    // stage-sized staging buffer on either side.
+    std::vector<std::unique_ptr<PendingWork>> works;
     for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
       for (auto& [name, t] : layerState(l)) {
-        MORPH_CHECK(t.scalar_type() == torch::kFloat32, "state tensors are float32");
-        ts.push_back(t);
-        flat.push_back(t.detach().reshape({-1}));
+        torch::Tensor raw = t.detach();
+        MORPH_CHECK(raw.is_contiguous(), "state tensors are contiguous");
+        works.push_back(me == k ? pcomm_.world->send(raw, 0, kGatherTag) : pcomm_.world->recv(raw, k, kGatherTag));
       }
-    if (ts.empty()) continue;
-    if (me == k) {
-      pcomm_.world->send(torch::cat(flat), 0, kGatherTag)->wait();
-      continue;
-    }
-    int64_t n = 0;
-    for (auto& t : ts) n += t.numel();
-    torch::Tensor all = torch::empty({n});
-    pcomm_.world->recv(all, k, kGatherTag)->wait();
-    int64_t off = 0;
-    for (auto& t : ts) {
-      t.copy_(all.narrow(0, off, t.numel()).view(t.sizes()));
-      off += t.numel();
-    }
+    for (auto& w : works) w->wait();
   }
 }
 
