@@ -344,13 +344,9 @@ StepStats Trainer::pipelineStep() {
     const double r0 = nowSeconds();
     std::vector<double> flags = acc_->flagsAndMax();
     reducePipeline(st, flags);
-    if (GradAccumulator::nonfiniteOf(flags))
-      throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
-                     "; the last committed step is " + std::to_string(step_ - 1) +
-                     " (lower optim.lr or set optim.clip_norm)");
-    acc_->updateScales(flags);
+    const bool redo = mustRedo(flags);
     st.reduce_seconds += nowSeconds() - r0;
-    if (!GradAccumulator::overflowOf(flags)) break;
+    if (!redo) break;
     MORPH_CHECK_LT(st.attempts, 8);
   }
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());

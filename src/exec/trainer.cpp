@@ -172,6 +172,15 @@ uint64_t Trainer::vnSeed(int64_t vn) const {
   return mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e);
 }
 
+bool Trainer::mustRedo(const std::vector<double>& flags) {
+  if (GradAccumulator::nonfiniteOf(flags))
+    throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
+                   "; the last committed step is " + std::to_string(step_ - 1) +
+                   " (lower optim.lr or set optim.clip_norm)");
+  acc_->updateScales(flags);
+  return GradAccumulator::overflowOf(flags);
+}
+
 StepStats Trainer::step() {
   MORPH_CHECK_LT(step_, total_steps_);
   if (pipelined()) return pipelineStep();
@@ -199,13 +208,9 @@ StepStats Trainer::step() {
     flags.resize(nflags);
     for (auto& w : inflight_) w->wait();
     inflight_.clear();
-    if (GradAccumulator::nonfiniteOf(flags))
-      throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
-                     "; the last committed step is " + std::to_string(step_ - 1) +
-                     " (lower optim.lr or set optim.clip_norm)");
-    acc_->updateScales(flags);
+    const bool redo = mustRedo(flags);
     st.reduce_seconds += nowSeconds() - r0;
-    if (!GradAccumulator::overflowOf(flags)) break;
+    if (!redo) break;
     MORPH_CHECK_LT(st.attempts, 8);
     // Redo with the scales from the exact maxima just agreed.
   }

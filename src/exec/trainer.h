@@ -160,6 +160,9 @@ class Trainer {
   void runStageSchedule();
   void reducePipeline(StepStats& st, std::vector<double>& flags);
   uint64_t vnSeed(int64_t vn) const;
+  // After a step's reductions: stops on a non-finite gradient (JobError),
+  // takes the agreed scales, and tells whether the step must be redone.
+  bool mustRedo(const std::vector<double>& reduced_flags);
   void onGrad(size_t param, const torch::Tensor& grad);
   void launchReadyBuckets(bool all);
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }

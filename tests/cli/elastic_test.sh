@@ -74,6 +74,21 @@ echo "resizes: $causes"
 # Every step's metrics line is there exactly once.
 (( $(wc -l < "$work/el/metrics.jsonl") == 2500 )) || { echo "FAIL: metrics lines"; exit 1; }
 
+# The manager ($mpid) exits with code 3, naming the last committed step and
+# the newest good checkpoint (its output is in $1).
+expect_stopped() {
+  local rc
+  set +e
+  wait "$mpid"
+  rc=$?
+  set -e
+  mpid=""
+  echo "$(tail -n 1 "$1")"
+  (( rc == 3 )) || { echo "FAIL: expected exit code 3, got $rc"; cat "$1"; exit 1; }
+  grep -q "last committed step is" "$1" || { echo "FAIL: no committed step named"; exit 1; }
+  grep -q "checkpoints/step-" "$1" || { echo "FAIL: no checkpoint named"; exit 1; }
+}
+
 # No worker left: the job stops with exit code 3, naming the last committed
 # step and the newest good checkpoint to resume from.
 "$MORPH" run "$work/job.toml" --quiet --workers 1 --out "$work/alone" --set checkpoint.every=20 \
@@ -82,15 +97,7 @@ mpid=$!
 wait_for "the lone worker to train" grep -q '"step":60,' "$work/alone/metrics.jsonl"
 port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/alone.log")
 pkill -9 -f "^$MORPH worker --join 127.0.0.1:$port"
-set +e
-wait "$mpid"
-rc=$?
-set -e
-mpid=""
-echo "$(tail -n 1 "$work/alone.log")"
-(( rc == 3 )) || { echo "FAIL: expected exit code 3, got $rc"; cat "$work/alone.log"; exit 1; }
-grep -q "last committed step is" "$work/alone.log" || { echo "FAIL: no committed step named"; exit 1; }
-grep -q "checkpoints/step-" "$work/alone.log" || { echo "FAIL: no checkpoint named"; exit 1; }
+expect_stopped "$work/alone.log"
 # A pipeline job does not regroup yet: losing a stage stops it with exit
 # code 3 naming the checkpoint, and --resume continues it on another layout
 # (here 3 stages) to the undisturbed run's model.
@@ -103,15 +110,8 @@ port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/pipe.log")
 mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
 (( ${#pids[@]} == 2 )) || { echo "expected 2 pipeline workers, found ${#pids[@]}"; exit 1; }
 kill -9 "${pids[1]}"
-set +e
-wait "$mpid"
-rc=$?
-set -e
-mpid=""
-echo "$(tail -n 1 "$work/pipe.log")"
-(( rc == 3 )) || { echo "FAIL: pipeline: expected exit code 3, got $rc"; cat "$work/pipe.log"; exit 1; }
+expect_stopped "$work/pipe.log"
 grep -q "does not regroup yet" "$work/pipe.log" || { echo "FAIL: pipeline: no reason given"; exit 1; }
-grep -q "checkpoints/step-" "$work/pipe.log" || { echo "FAIL: pipeline: no checkpoint named"; exit 1; }
 got=$("$MORPH" run "$work/job.toml" --quiet --steps 300 --stages 3 --schedule varuna --resume "$work/pipe/checkpoints" \
   --out "$work/pipe" | tail -n 1)
 echo "pipeline killed, resumed on 3 stages: $got"
