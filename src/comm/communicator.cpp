@@ -59,7 +59,6 @@ class GlooCommunicator : public Communicator {
     return start(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
   }
   std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag) override {
-    bytes_sent_ += t.numel() * t.element_size();
     return p2p(t, [&](std::vector<torch::Tensor>& ts) { return pg_->send(ts, peer, tag); });
   }
   std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag) override {

@@ -57,10 +57,9 @@ class Communicator {
   virtual std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag);
   // Payload bytes this worker has handed to all-reduces (for benchmarks).
   int64_t bytesReduced() const { return bytes_; }
-  int64_t bytesSent() const { return bytes_sent_; }  // by send()
 
  protected:
-  int64_t bytes_ = 0, bytes_sent_ = 0;
+  int64_t bytes_ = 0;
 };
 
 class LocalCommunicator : public Communicator {

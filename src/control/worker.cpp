@@ -226,7 +226,7 @@ int runWorker(const WorkerOptions& o) {
         if (tr.pipelined() && (eval_due || ckpt_due))
           tr.gatherState();  // rank 0 assembles the whole model to evaluate and checkpoint it
         if (rank == 0) {
-          if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
+          if (ckpt && ckpt_due) ckpt->submit(tr.exportState());
           json line = stepLine(job, steps, st, tr, *data.test, world, gen);
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
         }

@@ -125,25 +125,12 @@ double normOfSquares(const std::vector<double>& squares) {
   return std::sqrt(sum);
 }
 
-double gradNorm(const std::vector<torch::Tensor>& params) {
-  std::vector<double> sq;
-  for (const auto& p : params) sq.push_back(squaredNorm(p.grad()));
-  return normOfSquares(sq);
-}
-
 void clipToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm) {
   if (max_norm <= 0.0 || norm <= max_norm) return;
   torch::NoGradGuard no_grad;
   const double coef = max_norm / (norm + 1e-6);
   for (const auto& p : params)
     if (p.grad().defined()) p.mutable_grad().mul_(coef);
-}
-
-double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm) {
-  if (max_norm <= 0.0) return 0.0;  // no clipping: skip the pass
-  const double norm = gradNorm(params);
-  clipToNorm(params, norm, max_norm);
-  return norm;
 }
 
 }  // namespace morph

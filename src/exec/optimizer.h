@@ -42,11 +42,7 @@ double learningRate(const OptimSpec& spec, int64_t step, int64_t total_steps);
 // the per-tensor sums of its stages.
 double squaredNorm(const torch::Tensor& grad);
 double normOfSquares(const std::vector<double>& squares);  // sqrt of the ordered sum
-double gradNorm(const std::vector<torch::Tensor>& params);
 // Scales the defined gradients by max_norm / norm when norm > max_norm > 0.
 void clipToNorm(const std::vector<torch::Tensor>& params, double norm, double max_norm);
-// Scales gradients so that their global norm is at most max_norm; returns the
-// norm before clipping (0 without computing it when max_norm <= 0).
-double clipGradNorm(const std::vector<torch::Tensor>& params, double max_norm);
 
 }  // namespace morph

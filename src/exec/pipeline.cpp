@@ -235,9 +235,9 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   actions_ = sched[static_cast<size_t>(pl.stage)];
 
   const size_t lo = pl.cuts[static_cast<size_t>(pl.stage)], hi = pl.cuts[static_cast<size_t>(pl.stage) + 1];
-  layer_stage_.assign(L, 0);
+  std::vector<int> layer_stage(L, 0);
   for (int k = 0; k < pl.stages; ++k)
-    for (size_t l = pl.cuts[k]; l < pl.cuts[k + 1]; ++l) layer_stage_[l] = k;
+    for (size_t l = pl.cuts[k]; l < pl.cuts[k + 1]; ++l) layer_stage[l] = k;
   own_params_.clear();
   norm_owner_.assign(params_.size(), 0);
   for (size_t l = lo; l < hi; ++l)
@@ -256,7 +256,7 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       for (size_t k = 0; k < L && owner_layer == L; ++k)
         for (const auto& p : model_->layer(k).parameters())
           if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) owner_layer = k;
-      const int us = layer_stage_[l], os = layer_stage_[owner_layer];
+      const int us = layer_stage[l], os = layer_stage[owner_layer];
       if (us == os) continue;
       MORPH_CHECK((us == 0 || us == pl.stages - 1) && (os == 0 || os == pl.stages - 1),
                   "a tied weight must sit on the first and the last stage");
@@ -298,7 +298,6 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   }
   // The shape of one VN's activation at each cut, from a dry forward.
   cut_shapes_.clear();
-  cut_bytes_.clear();
   {
     torch::NoGradGuard no_grad;
     const int64_t vn_size = job_.global_batch / job_.virtual_nodes;
@@ -307,7 +306,6 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       x = model_->forwardRange(x, pl.cuts[k], pl.cuts[k + 1]);
       MORPH_CHECK(x.scalar_type() == torch::kFloat32, "stage outputs must be float32");
       cut_shapes_.push_back(x.sizes().vec());
-      cut_bytes_.push_back(x.numel() * 4);
     }
   }
   // Every rank but world rank 0 (which assembles the whole model for
@@ -332,59 +330,10 @@ std::string Trainer::stageHash() const {
   return h;
 }
 
-StepStats Trainer::pipelineStep() {
-  StepStats st;
-  st.step = step_;
-  st.lr = learningRate(job_.optim, step_, total_steps_);
-  const double t0 = nowSeconds();
-  for (st.attempts = 1;; ++st.attempts) {
-    acc_->beginStep();
-    if (st.attempts > 1 && step_ == spike_step_) spike_step_ = -1;  // first attempt only
-    runStageSchedule();
-    const double r0 = nowSeconds();
-    std::vector<double> flags = acc_->flagsAndMax();
-    reducePipeline(st, flags);
-    const bool redo = mustRedo(flags);
-    st.reduce_seconds += nowSeconds() - r0;
-    if (!redo) break;
-    MORPH_CHECK_LT(st.attempts, 8);
-  }
-  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
-  const double V = static_cast<double>(job_.virtual_nodes);
-  for (size_t i : own_params_) {
-    torch::Tensor& g = params_[i].mutable_grad();
-    if (!g.defined()) g = torch::empty_like(params_[i]);
-    acc_->read(segOf(i), B, g.data_ptr<float>());
-  }
-  for (size_t k : own_bns_) {
-    VnBatchNorm* bn = bns_[k];
-    torch::Tensor mean = torch::empty({bn->channels()}), var = torch::empty({bn->channels()});
-    acc_->read(bn_seg_ + 2 * k, V, mean.data_ptr<float>());
-    acc_->read(bn_seg_ + 2 * k + 1, V, var.data_ptr<float>());
-    bn->commitRunningStats(mean, var);
-  }
-  st.loss = acc_->readScalar(stats_seg_, 0) / B;
-  st.train_accuracy = acc_->readScalar(stats_seg_, 1) / B;
-  if (job_.optim.clip_norm > 0.0) {
-    // Every tensor's sum of squares from the stage that owns it (the others
-    // hold 0), then the single-worker sum in parameter order.
-    std::vector<double> sq(params_.size(), 0.0);
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (norm_owner_[i]) sq[i] = squaredNorm(params_[i].grad());
-    pcomm_.world->allreduceMax(sq.data(), static_cast<int64_t>(sq.size()));
-    st.grad_norm = normOfSquares(sq);
-    clipToNorm(params_, st.grad_norm, job_.optim.clip_norm);
-  }
-  opt_->step(st.lr);  // parameters without a gradient (other stages') stay
-  ++step_;
-  st.seconds = nowSeconds() - t0;
-  return st;
-}
-
 // Stage gradients among replicas and the tied weight between first and last
 // stage (started first, in the background), flags and control values (MAX)
 // and loss statistics (SUM) over every rank.
-void Trainer::reducePipeline(StepStats&, std::vector<double>& flags) {
+void Trainer::reducePipeline(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) {
     const int64_t off = acc_->segmentOffset(first);
@@ -396,16 +345,12 @@ void Trainer::reducePipeline(StepStats&, std::vector<double>& flags) {
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
   if (pcomm_.tied)
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
-  const size_t nflags = flags.size();
-  flags.insert(flags.end(), control_.begin(), control_.end());
-  pcomm_.world->allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
-  reduced_control_.assign(flags.begin() + static_cast<std::ptrdiff_t>(nflags), flags.end());
-  flags.resize(nflags);
+  reduceFlags(*pcomm_.world, flags);
   launch(pcomm_.world, stats_seg_, stats_seg_ + 1);  // zeros but on the last stage
   for (auto& w : works) w->wait();
 }
 
-void Trainer::runStageSchedule() {
+void Trainer::runStageSchedule(bool first_attempt) {
   const int s = pipe_.stage, P = pipe_.stages;
   const bool first = s == 0, last = s == P - 1;
   const size_t lo = pipe_.cuts[static_cast<size_t>(s)], hi = pipe_.cuts[static_cast<size_t>(s) + 1];
@@ -511,7 +456,7 @@ void Trainer::runStageSchedule() {
       case ActionKind::kBackward:
         compute = true;
         for (size_t p : own_params_) params_[p].mutable_grad() = torch::Tensor();
-        spike_now_ = step_ == spike_step_ && vn == spike_vn_;
+        spike_now_ = first_attempt && step_ == spike_step_ && vn == spike_vn_;
         accumulating_ = true;
         if (last) v.loss.backward();
         else if (v.out.requires_grad()) v.out.backward(v.grad);  // else a first stage without parameters

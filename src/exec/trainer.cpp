@@ -73,6 +73,13 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
       ++seg_need_[segOf(i)];
       alias.register_hook([this, i](const torch::Tensor& g) { onGrad(i, g); });
     }
+  // One worker updates every parameter and batch norm (a pipeline stage
+  // narrows these in setPipeline()).
+  own_params_.resize(params_.size());
+  std::iota(own_params_.begin(), own_params_.end(), size_t{0});
+  own_bns_.resize(bns_.size());
+  std::iota(own_bns_.begin(), own_bns_.end(), size_t{0});
+  norm_owner_.assign(params_.size(), 1);
   setVnRange(0, job.virtual_nodes);
 }
 
@@ -172,69 +179,84 @@ uint64_t Trainer::vnSeed(int64_t vn) const {
   return mixSeed(job_.seed, static_cast<uint64_t>(step_), static_cast<uint64_t>(vn), 0x766e);
 }
 
-bool Trainer::mustRedo(const std::vector<double>& flags) {
-  if (GradAccumulator::nonfiniteOf(flags))
-    throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
-                   "; the last committed step is " + std::to_string(step_ - 1) +
-                   " (lower optim.lr or set optim.clip_norm)");
-  acc_->updateScales(flags);
-  return GradAccumulator::overflowOf(flags);
+void Trainer::reduceFlags(Communicator& comm, std::vector<double>& flags) {
+  const size_t nflags = flags.size();
+  flags.insert(flags.end(), control_.begin(), control_.end());
+  comm.allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
+  reduced_control_.assign(flags.begin() + static_cast<std::ptrdiff_t>(nflags), flags.end());
+  flags.resize(nflags);
+}
+
+void Trainer::runLocalVns(bool first_attempt) {
+  next_bucket_ = 0;
+  for (size_t k = 0; k < order_.size(); ++k) {
+    if (k + 1 < order_.size()) prefetch_.request(step_, order_[k + 1]);
+    spike_now_ = first_attempt && step_ == spike_step_ && order_[k] == spike_vn_;
+    runVn(order_[k], k + 1 == order_.size());
+  }
+  spike_now_ = false;
+}
+
+// The buffer's buckets are in flight (started during the last VN's
+// backward). The flags and maxima decide whether their sum is usable.
+void Trainer::reduceLocal(std::vector<double>& flags) {
+  reduceFlags(*comm_, flags);
+  for (auto& w : inflight_) w->wait();
+  inflight_.clear();
 }
 
 StepStats Trainer::step() {
   MORPH_CHECK_LT(step_, total_steps_);
-  if (pipelined()) return pipelineStep();
   StepStats st;
   st.step = step_;
   st.lr = learningRate(job_.optim, step_, total_steps_);
   const double t0 = nowSeconds();
   for (st.attempts = 1;; ++st.attempts) {
     acc_->beginStep();
-    next_bucket_ = 0;
-    for (size_t k = 0; k < order_.size(); ++k) {
-      if (k + 1 < order_.size()) prefetch_.request(step_, order_[k + 1]);
-      spike_now_ = st.attempts == 1 && step_ == spike_step_ && order_[k] == spike_vn_;
-      runVn(order_[k], k + 1 == order_.size());
-    }
-    spike_now_ = false;
+    if (pipelined()) runStageSchedule(st.attempts == 1); else runLocalVns(st.attempts == 1);
     const double r0 = nowSeconds();
-    // The buffer's buckets are in flight (started during the last VN's
-    // backward). The flags and maxima decide whether their sum is usable.
     std::vector<double> flags = acc_->flagsAndMax();
-    const size_t nflags = flags.size();
-    flags.insert(flags.end(), control_.begin(), control_.end());
-    comm_->allreduceMax(flags.data(), static_cast<int64_t>(flags.size()));
-    reduced_control_.assign(flags.begin() + static_cast<std::ptrdiff_t>(nflags), flags.end());
-    flags.resize(nflags);
-    for (auto& w : inflight_) w->wait();
-    inflight_.clear();
-    const bool redo = mustRedo(flags);
+    if (pipelined()) reducePipeline(flags); else reduceLocal(flags);
+    if (GradAccumulator::nonfiniteOf(flags))
+      throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
+                     "; the last committed step is " + std::to_string(step_ - 1) +
+                     " (lower optim.lr or set optim.clip_norm)");
+    acc_->updateScales(flags);
     st.reduce_seconds += nowSeconds() - r0;
-    if (!redo) break;
+    if (!GradAccumulator::overflowOf(flags)) break;
     MORPH_CHECK_LT(st.attempts, 8);
     // Redo with the scales from the exact maxima just agreed.
   }
-  if (!order_.empty() && step_ + 1 < total_steps_) prefetch_.request(step_ + 1, order_.front());
+  if (!pipelined() && !order_.empty() && step_ + 1 < total_steps_) prefetch_.request(step_ + 1, order_.front());
 
   // Means over all loss terms of the step (samples x targets per sample).
+  // A pipeline stage reads and updates its own parameters and batch norms.
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : own_params_) {
     torch::Tensor& g = params_[i].mutable_grad();
     if (!g.defined()) g = torch::empty_like(params_[i]);
     acc_->read(segOf(i), B, g.data_ptr<float>());
   }
-  size_t seg = bn_seg_;
-  for (auto* bn : bns_) {
-    torch::Tensor mean = torch::empty({bn->channels()}), var = torch::empty({bn->channels()});
-    acc_->read(seg++, V, mean.data_ptr<float>());
-    acc_->read(seg++, V, var.data_ptr<float>());
-    bn->commitRunningStats(mean, var);
+  for (size_t k : own_bns_) {
+    torch::Tensor mean = torch::empty({bns_[k]->channels()}), var = torch::empty({bns_[k]->channels()});
+    acc_->read(bn_seg_ + 2 * k, V, mean.data_ptr<float>());
+    acc_->read(bn_seg_ + 2 * k + 1, V, var.data_ptr<float>());
+    bns_[k]->commitRunningStats(mean, var);
   }
   st.loss = acc_->readScalar(stats_seg_, 0) / B;
   st.train_accuracy = acc_->readScalar(stats_seg_, 1) / B;
-  st.grad_norm = clipGradNorm(params_, job_.optim.clip_norm);
-  opt_->step(st.lr);
+  if (job_.optim.clip_norm > 0.0) {
+    // Every tensor's sum of squares, added in parameter order. In a
+    // pipeline each comes from the stage that owns it (the others hold 0).
+    std::vector<double> sq(params_.size(), 0.0);
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (norm_owner_[i]) sq[i] = squaredNorm(params_[i].grad());
+    if (pipelined()) pcomm_.world->allreduceMax(sq.data(), static_cast<int64_t>(sq.size()));
+    st.grad_norm = normOfSquares(sq);
+    clipToNorm(params_, st.grad_norm, job_.optim.clip_norm);
+  }
+  opt_->step(st.lr);  // parameters without a gradient (other stages') stay
   ++step_;
   st.seconds = nowSeconds() - t0;
   return st;

@@ -126,8 +126,6 @@ class Trainer {
   void setTracing(bool on) { tracing_ = on; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const std::vector<StageTiming>& stageTimings() const { return timings_; }
-  // Bytes of one VN's activation at each cut (stage boundary), from a dry forward.
-  const std::vector<int64_t>& cutBytes() const { return cut_bytes_; }
 
   StepStats step();  // runs step nextStep()
   EvalStats evaluate(const Dataset& test, int64_t batch);
@@ -156,13 +154,15 @@ class Trainer {
 
  private:
   void runVn(int64_t vn, bool last);
-  StepStats pipelineStep();
-  void runStageSchedule();
-  void reducePipeline(StepStats& st, std::vector<double>& flags);
+  void runLocalVns(bool first_attempt);
+  void runStageSchedule(bool first_attempt);
+  // Both MAX-reduce `flags` with the control values appended (and split them
+  // off again); then the local path waits for its buckets, the pipeline
+  // reduces its stage, tied and loss segments.
+  void reduceFlags(Communicator& comm, std::vector<double>& flags);
+  void reduceLocal(std::vector<double>& flags);
+  void reducePipeline(std::vector<double>& flags);
   uint64_t vnSeed(int64_t vn) const;
-  // After a step's reductions: stops on a non-finite gradient (JobError),
-  // takes the agreed scales, and tells whether the step must be redone.
-  bool mustRedo(const std::vector<double>& reduced_flags);
   void onGrad(size_t param, const torch::Tensor& grad);
   void launchReadyBuckets(bool all);
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
@@ -195,22 +195,20 @@ class Trainer {
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<int64_t> seg_sizes_;
   std::vector<int> seg_need_;       // contributions per segment per VN (2 for a tied weight)
+  std::vector<size_t> own_params_;  // parameters this worker updates (a stage: incl. a tied copy)
+  std::vector<char> norm_owner_;    // per parameter: this worker counts it in the global norm
+  std::vector<size_t> own_bns_;     // indices into bns_ this worker updates
   // Pipeline mode (stages > 1).
   PipelinePlacement pipe_;
   PipelineComms pcomm_;
   int64_t vn_begin_ = 0, vn_end_ = 0;
   std::vector<Action> actions_;     // this rank's list for one step
-  std::vector<size_t> own_params_;  // parameters this stage updates (incl. a tied copy)
-  std::vector<char> norm_owner_;    // per parameter: this stage counts it in the global norm
-  std::vector<size_t> own_bns_;     // indices into bns_
   std::vector<std::pair<size_t, size_t>> own_runs_;  // segment runs reduced among replicas
   std::vector<size_t> tied_segs_;   // segments summed between first and last stage
   std::vector<std::vector<int64_t>> cut_shapes_;
-  std::vector<int64_t> cut_bytes_;
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;
   std::vector<StageTiming> timings_;
-  std::vector<int64_t> layer_stage_;  // per layer
   const Dataset* train_ = nullptr;
   std::unique_ptr<SendChannel, SendChannelDeleter> act_out_, grad_out_;
   std::vector<double> control_, reduced_control_;
