@@ -37,7 +37,6 @@ size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t);  //
 namespace {
 
 constexpr int kActTag = 1, kGradTag = 2, kGatherTag = 3;
-constexpr size_t kRecvWindow = 2;  // messages received ahead of use, per channel
 
 double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -389,18 +388,11 @@ void Trainer::runStageSchedule(bool first_attempt) {
     // is not there yet, run the first later action that can move ahead
     // without breaking the list and whose input is already here.
     if (varuna && acts[i].kind == ActionKind::kRecvGrad && !grad_in->ready(acts[i].vn)) {
-      for (size_t j = i + 1; j < acts.size(); ++j) {
-        const Action& c = acts[j];
-        const bool input_here = (c.kind == ActionKind::kRecvAct && act_in->ready(c.vn)) ||
-                                (c.kind == ActionKind::kRecvGrad && grad_in->ready(c.vn)) ||
-                                c.kind == ActionKind::kForward || c.kind == ActionKind::kSendAct ||
-                                c.kind == ActionKind::kRecompute;
-        if (input_here && canSwap(acts, i, j)) {
-          std::rotate(acts.begin() + static_cast<std::ptrdiff_t>(i), acts.begin() + static_cast<std::ptrdiff_t>(j),
-                      acts.begin() + static_cast<std::ptrdiff_t>(j) + 1);
-          break;
-        }
-      }
+      const size_t j = opportunisticMove(acts, i, [&](const Action& c) {
+        return c.kind == ActionKind::kRecvAct ? act_in->ready(c.vn) : grad_in->ready(c.vn);
+      });
+      std::rotate(acts.begin() + static_cast<std::ptrdiff_t>(i), acts.begin() + static_cast<std::ptrdiff_t>(j),
+                  acts.begin() + static_cast<std::ptrdiff_t>(j) + 1);
     }
     const Action a = acts[i];
     Live& v = live[static_cast<size_t>(a.vn)];

@@ -59,21 +59,16 @@ void emitBackward(std::vector<Action>& out, int k, int p, int64_t vn, bool recom
   if (k > 0) out.push_back({ActionKind::kSendGrad, vn});
 }
 
-// Runs the lists under buffered sends and blocking receives, with fixed
-// costs per compute action. Messages on a channel are paired with receives by
-// their position in the channel (FIFO). Returns, per rank, how many actions
-// completed (== size when the rank finished); `finish` gets each rank's clock.
-struct Costs {
-  double fwd = 0, bwd = 0, recompute = 0, comm = 0;
-};
-
-std::vector<size_t> runLists(const Schedule& s, const Costs& c, std::vector<double>* finish) {
+// Runs the lists under buffered sends and blocking receives (no timing: the
+// simulator in src/plan does that). Messages on a channel are paired with
+// receives by their position in the channel (FIFO). Returns, per rank, how
+// many actions completed (== size when the rank finished).
+std::vector<size_t> runLists(const Schedule& s) {
   const size_t p = s.size();
-  // act[k]: messages k -> k+1; grad[k]: messages k -> k-1; each (vn, ready time).
-  std::vector<std::vector<std::pair<int64_t, double>>> act(p), grad(p);
+  // act[k]: messages k -> k+1; grad[k]: messages k -> k-1; each the vn sent.
+  std::vector<std::vector<int64_t>> act(p), grad(p);
   std::vector<size_t> act_taken(p, 0), grad_taken(p, 0);  // by the receiver, per sender
   std::vector<size_t> pc(p, 0);
-  std::vector<double> clock(p, 0.0);
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t k = 0; k < p; ++k) {
@@ -82,11 +77,11 @@ std::vector<size_t> runLists(const Schedule& s, const Costs& c, std::vector<doub
         const Action& a = list[pc[k]];
         bool done = true;
         switch (a.kind) {
-          case ActionKind::kForward: clock[k] += c.fwd; break;
-          case ActionKind::kBackward: clock[k] += c.bwd; break;
-          case ActionKind::kRecompute: clock[k] += c.recompute; break;
-          case ActionKind::kSendAct: act[k].push_back({a.vn, clock[k] + c.comm}); break;
-          case ActionKind::kSendGrad: grad[k].push_back({a.vn, clock[k] + c.comm}); break;
+          case ActionKind::kForward:
+          case ActionKind::kBackward:
+          case ActionKind::kRecompute: break;
+          case ActionKind::kSendAct: act[k].push_back(a.vn); break;
+          case ActionKind::kSendGrad: grad[k].push_back(a.vn); break;
           case ActionKind::kRecvAct:
           case ActionKind::kRecvGrad: {
             const bool is_act = a.kind == ActionKind::kRecvAct;
@@ -103,13 +98,12 @@ std::vector<size_t> runLists(const Schedule& s, const Costs& c, std::vector<doub
               done = false;
               break;
             }
-            if (chan[taken].first != a.vn) {
+            if (chan[taken] != a.vn) {
               std::ostringstream os;
-              os << "rank " << from << " sent vn " << chan[taken].first
+              os << "rank " << from << " sent vn " << chan[taken]
                  << " at this position of the channel (sends and receives must match in order)";
               fail(k, pc[k], a, os.str());
             }
-            clock[k] = std::max(clock[k], chan[taken].second);
             ++taken;
             break;
           }
@@ -120,7 +114,6 @@ std::vector<size_t> runLists(const Schedule& s, const Costs& c, std::vector<doub
       }
     }
   }
-  if (finish) *finish = clock;
   return pc;
 }
 
@@ -321,7 +314,7 @@ void validateSchedule(const Schedule& s, const ScheduleOptions& o, int64_t max_l
   }
   if (max_live_activations > 0)
     for (size_t k = 0; k < s.size(); ++k) checkLiveBound(s[k], k, max_live_activations);
-  checkNoDeadlock(s, runLists(s, Costs{}, nullptr));
+  checkNoDeadlock(s, runLists(s));
 }
 
 std::string toString(ActionKind kind) {
@@ -388,13 +381,16 @@ double bubbleFraction(int stages, int64_t micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
 }
 
-double simulateMakespan(const Schedule& s, double t_fwd, double t_bwd, double t_recompute,
-                        double t_comm) {
-  std::vector<double> finish;
-  checkNoDeadlock(s, runLists(s, Costs{t_fwd, t_bwd, t_recompute, t_comm}, &finish));
-  double makespan = 0.0;
-  for (double t : finish) makespan = std::max(makespan, t);
-  return makespan;
+size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
+                         const std::function<bool(const Action&)>& arrived) {
+  for (size_t j = i + 1; j < actions.size(); ++j) {
+    const Action& c = actions[j];
+    const bool input_here = c.kind == ActionKind::kForward || c.kind == ActionKind::kSendAct ||
+                            c.kind == ActionKind::kRecompute ||
+                            ((c.kind == ActionKind::kRecvAct || c.kind == ActionKind::kRecvGrad) && arrived(c));
+    if (input_here && canSwap(actions, i, j)) return j;
+  }
+  return i;
 }
 
 }  // namespace morph

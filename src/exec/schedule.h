@@ -1,5 +1,5 @@
 // Pipeline-parallel schedules: for each pipeline rank, the ordered list of
-// actions it runs in one step, plus a validator and a small timing simulator.
+// actions it runs in one step, plus a validator. Timing lives in src/plan.
 //
 // A model is cut into P stages; stage k runs on pipeline rank k. One step
 // pushes M micro-batches through the pipeline; a micro-batch *is* a VN
@@ -7,7 +7,7 @@
 // nothing of tensors or communicators, and the stage executor must run the
 // lists exactly as given (or reorder them only where canSwap() allows).
 //
-// Communication model (used by the validator and the simulator): sends are
+// Communication model (used by the validator): sends are
 // buffered, so a send completes at once and never blocks; receives block
 // until the matching send has been posted. Activations flow k -> k+1, gradients
 // k+1 -> k, each over one FIFO channel per neighbour pair and direction, so
@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ struct Action {
   bool operator==(const Action& o) const { return kind == o.kind && vn == o.vn; }
   bool operator!=(const Action& o) const { return !(*this == o); }
 };
+
+// Messages the stage executor receives ahead of use, per incoming channel
+// (its receiver thread posts the next receive only while fewer wait unused).
+constexpr size_t kRecvWindow = 2;
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::k1F1B;
@@ -118,13 +123,13 @@ bool canSwap(const std::vector<Action>& actions, size_t i, size_t j);
 // of t_fwd and free communication: (P-1)/(M+P-1).
 double bubbleFraction(int stages, int64_t micro_batches);
 
-// Runs the rank lists with fixed costs per action (seconds or any one unit):
-// Forward t_fwd, Backward t_bwd, Recompute t_recompute; sends take no time on
-// the sender, and a message becomes receivable t_comm after its send. Returns
-// the makespan (when the last rank finishes; all ranks start at 0). Throws
-// InputError on a deadlock or when a receive does not match its send; run
-// validateSchedule() first for the full checks.
-double simulateMakespan(const Schedule& schedule, double t_fwd, double t_bwd,
-                        double t_recompute, double t_comm);
+// Varuna's opportunistic choice, shared by the stage executor and the
+// simulator (src/plan/simulator.h): at action i, a receive of a gradient that
+// has not arrived yet, the first later action j that canSwap() lets move
+// ahead of it and whose input is already here (a receive whose message
+// `arrived`; a forward, recompute or activation send always), or i when
+// there is none. The caller moves actions[j] to position i.
+size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
+                         const std::function<bool(const Action&)>& arrived);
 
 }  // namespace morph

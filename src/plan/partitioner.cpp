@@ -1,0 +1,117 @@
+#include "plan/partitioner.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace morph {
+namespace {
+
+// Best way to cut the suffix [i, L) into r stages, for every (r, i). Both
+// entry points are this one DP with a different stage cost, combined by max.
+template <typename T>
+struct Table {
+  std::vector<std::vector<T>> best;       // best[r][i]; meaningful iff next[r][i] != 0
+  std::vector<std::vector<size_t>> next;  // end j of the first stage; 0 = infeasible (j > i)
+  // bytes(i, next, r) of that stage, once known: the DP evaluates it when a
+  // cap needs it, the walk otherwise. One node, one triple: never twice.
+  std::vector<std::vector<std::optional<int64_t>>> bytes;
+};
+
+// cost(i, j, r) -> optional<pair<T, optional<int64_t>>>: the stage's cost and,
+// if computed on the way, its bytes; nullopt when the stage does not fit.
+// Only the stage placed r-th from the end is asked about, and only when the
+// rest [j, L) can be cut into r - 1 stages, so callbacks run for no dead end.
+template <typename T, typename Cost>
+Table<T> solve(size_t L, int R, Cost cost) {
+  const size_t rows = static_cast<size_t>(R) + 1;
+  Table<T> t{std::vector<std::vector<T>>(rows, std::vector<T>(L + 1)),
+             std::vector<std::vector<size_t>>(rows, std::vector<size_t>(L + 1, 0)),
+             std::vector<std::vector<std::optional<int64_t>>>(
+                 rows, std::vector<std::optional<int64_t>>(L + 1))};
+  t.next[0][L] = L;  // zero stages fit exactly the empty suffix, at cost T{} (costs are >= 0)
+  for (int r = 1; r <= R; ++r) {
+    const size_t rest = static_cast<size_t>(r) - 1;  // stages after this one
+    // The top row is only read at i == 0 (the whole model in R stages).
+    const size_t last_i = r == R ? 0 : L - static_cast<size_t>(r);
+    for (size_t i = 0; i <= last_i; ++i) {
+      // Ascending j, replaced on strict improvement only: ties keep the
+      // shortest first stage, so the answer is a function of the inputs.
+      for (size_t j = i + 1; j + rest <= L; ++j) {
+        if (t.next[r - 1][j] == 0) continue;
+        auto c = cost(i, j, r);
+        if (!c) continue;
+        // Exact doubles, no epsilon: max() only picks among callback values.
+        T v = std::max(c->first, t.best[r - 1][j]);
+        if (t.next[r][i] == 0 || v < t.best[r][i]) {
+          t.best[r][i] = v;
+          t.next[r][i] = j;
+          t.bytes[r][i] = c->second;
+        }
+      }
+    }
+  }
+  return t;
+}
+
+// The cut into P stages found by solve(), with per-stage bytes filled in.
+template <typename T>
+StageCut walk(Table<T>& t, int P, const StageCostFns& fns) {
+  StageCut cut;
+  cut.cuts.push_back(0);
+  size_t i = 0;
+  for (int r = P; r >= 1; --r) {
+    const size_t j = t.next[r][i];
+    auto& b = t.bytes[r][i];
+    if (!b) b = fns.bytes(i, j, r);
+    cut.bytes.push_back(*b);
+    cut.cuts.push_back(j);
+    i = j;
+  }
+  return cut;
+}
+
+}  // namespace
+
+std::vector<std::optional<StageCut>> minMaxCuts(size_t layers, int max_stages, const StageCostFns& fns,
+                                                int64_t cap) {
+  std::vector<std::optional<StageCut>> out(static_cast<size_t>(std::max(max_stages, 0)));
+  const int R = static_cast<int>(std::min<size_t>(out.size(), layers));
+  if (R == 0) return out;
+  // seconds(i, j) does not depend on r, so every row shares one lazy table.
+  std::vector<std::optional<double>> secs((layers + 1) * (layers + 1));
+  auto cost = [&](size_t i, size_t j, int r)
+      -> std::optional<std::pair<double, std::optional<int64_t>>> {
+    std::optional<int64_t> b;
+    if (cap > 0) {
+      b = fns.bytes(i, j, r);
+      if (*b > cap) return std::nullopt;
+    }
+    auto& s = secs[i * (layers + 1) + j];
+    if (!s) s = fns.seconds(i, j);
+    return std::make_pair(*s, b);
+  };
+  Table<double> t = solve<double>(layers, R, cost);
+  for (int P = 1; P <= R; ++P) {
+    if (t.next[P][0] == 0) continue;
+    StageCut cut = walk(t, P, fns);
+    cut.bottleneck_s = t.best[P][0];
+    out[static_cast<size_t>(P) - 1] = std::move(cut);
+  }
+  return out;
+}
+
+std::optional<StageCut> minPeakBytesCut(size_t layers, int stages, const StageCostFns& fns) {
+  if (stages < 1 || static_cast<size_t>(stages) > layers) return std::nullopt;
+  auto cost = [&](size_t i, size_t j, int r) {
+    const int64_t b = fns.bytes(i, j, r);
+    return std::optional<std::pair<int64_t, std::optional<int64_t>>>(std::make_pair(b, b));
+  };
+  Table<int64_t> t = solve<int64_t>(layers, stages, cost);
+  StageCut cut = walk(t, stages, fns);
+  // Stages are disjoint, so each (i, j) here is asked for once.
+  for (size_t k = 0; k + 1 < cut.cuts.size(); ++k)
+    cut.bottleneck_s = std::max(cut.bottleneck_s, fns.seconds(cut.cuts[k], cut.cuts[k + 1]));
+  return cut;
+}
+
+}  // namespace morph

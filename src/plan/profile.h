@@ -1,0 +1,92 @@
+// Calibration profile: what one VN of a job costs on one kind of machine,
+// per layer, plus the costs of point-to-point transfers and collectives.
+// Scale-invariant: it never depends on the global batch, the VN count, the
+// workers or the stages. Format: docs/profile_format.md (version 1).
+//
+// This file is pure data and parsing: it does no measuring (calibrate.h)
+// and no planning (simulator.h, planner.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace morph {
+
+struct JobSpec;
+
+// t(bytes) = latency_s + bytes * seconds_per_byte.
+struct LinearFit {
+  double latency_s = 0.0;
+  double seconds_per_byte = 0.0;
+  std::vector<std::pair<double, double>> samples;  // (bytes, seconds) it was fitted to
+  double at(double bytes) const { return latency_s + bytes * seconds_per_byte; }
+};
+// Least-squares line through `samples` (clamped to non-negative terms).
+LinearFit fitLine(std::vector<std::pair<double, double>> samples);
+
+struct LayerCost {
+  std::string name;
+  double forward_s = 0, forward_nograd_s = 0, backward_s = 0, recompute_s = 0;  // one VN
+  int64_t output_bytes = 0;      // one VN's output activation (float32)
+  int64_t params = 0;            // parameter values owned
+  int64_t param_bytes = 0, buffer_bytes = 0, optimizer_bytes = 0;
+  int64_t activation_bytes = 0;  // kept for the backward by one VN's forward
+  int64_t tied_params = 0;       // values of a weight owned by layer tied_owner
+  int tied_owner = -1;
+  int64_t bn_values = 0;         // batch-norm statistics reduced per step
+};
+
+// What the profile is valid for (docs/profile_format.md, "fingerprint").
+struct Fingerprint {
+  std::string model, dataset, reduce_mode, optimizer, cpu, blas, torch;
+  std::vector<std::string> layers;
+  int64_t vn_size = 0;
+  int threads = 1;
+};
+Fingerprint jobFingerprint(const JobSpec& job, const std::vector<std::string>& layer_names);
+// One line per differing key: "vn_size: profile 8, job 16". Empty when equal.
+std::vector<std::string> fingerprintDifferences(const Fingerprint& profile, const Fingerprint& job);
+// Short hex digest of the fingerprint (cache file names).
+std::string fingerprintDigest(const Fingerprint& f);
+
+struct Profile {
+  static constexpr int kVersion = 1;
+  Fingerprint fingerprint;
+  double created_unix = 0, calibration_seconds = 0;
+  int64_t runtime_bytes = 0;
+  int64_t input_bytes = 0;
+  std::vector<LayerCost> layers;
+  LinearFit p2p;
+  // Group size -> fit, for int64 SUM ("exact"), float32 SUM ("float") and
+  // float64 MAX of a few values ("max").
+  std::map<int, LinearFit> allreduce_exact, allreduce_float, allreduce_max;
+  double optimizer_s_per_param = 0;
+  double quantize_s_per_value = 0;
+  double step_overhead_s = 0;
+  int host_cores = 1;
+
+  // Seconds for an all-reduce of `bytes` over `group` ranks: 0 for one rank;
+  // a measured group size uses its fit; others extrapolate from the
+  // smallest measured group with the ring algorithm's cost
+  // ((g-1) * 2a + 2(g-1)/g * bytes * b, with a, b the 2-rank terms).
+  double allreduceSeconds(const std::map<int, LinearFit>& fits, double bytes, int group) const;
+  double exactOrFloatAllreduce(bool exact, double bytes, int group) const {
+    return allreduceSeconds(exact ? allreduce_exact : allreduce_float, bytes, group);
+  }
+  int64_t totalParams() const;
+};
+
+std::string profileToJson(const Profile& p);  // pretty JSON text
+// InputError naming `origin` (a file) and the key when the text is not a
+// version-1 profile.
+Profile profileFromJson(const std::string& text, const std::string& origin);
+Profile readProfile(const std::string& path);   // InputError if unreadable
+void writeProfile(const Profile& p, const std::string& path);  // atomic (temp + rename)
+// InputError "<origin>: profile made for a different job: <differences>"
+// unless the fingerprints match.
+void checkProfileMatches(const Profile& p, const Fingerprint& job, const std::string& origin);
+
+}  // namespace morph

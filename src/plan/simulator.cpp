@@ -1,0 +1,400 @@
+#include "plan/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace morph {
+
+namespace {
+
+constexpr double kUnknown = -1.0;
+
+// One message of a channel, in channel order. Times in seconds from the
+// start of the step; kUnknown until the event has been simulated.
+struct Msg {
+  double posted = kUnknown;   // handed to the sender thread
+  double arrival = kUnknown;  // received (the receiver may take it)
+  double taken = kUnknown;    // consumed by the receiving rank's action list
+};
+
+struct Channel {
+  double bytes = 0;
+  std::vector<Msg> msgs;
+};
+
+struct StageCosts {
+  double fwd = 0, bwd = 0, rec = 0;
+};
+
+// The arrival time of message n, once everything it depends on is known:
+// its hand-over (plus the emulated delay), the sender's previous transfer,
+// and its receive, which the receiver posts after message n-1 arrived and
+// once fewer than kRecvWindow received messages wait unused.
+double arrivalOf(Channel& c, size_t n, const Profile& prof, double delay) {
+  if (n >= c.msgs.size()) return kUnknown;
+  Msg& m = c.msgs[n];
+  if (m.arrival != kUnknown) return m.arrival;
+  if (m.posted == kUnknown) return kUnknown;
+  double prev = 0;
+  if (n > 0) {
+    prev = arrivalOf(c, n - 1, prof, delay);
+    if (prev == kUnknown) return kUnknown;
+  }
+  double recv_posted = prev;
+  if (n >= kRecvWindow) {
+    const double t = c.msgs[n - kRecvWindow].taken;
+    if (t == kUnknown) return kUnknown;
+    recv_posted = std::max(recv_posted, t);
+  }
+  const double start = std::max({m.posted + delay, prev, recv_posted});
+  m.arrival = start + prof.p2p.at(c.bytes);
+  return m.arrival;
+}
+
+struct ReplicaRun {
+  std::vector<double> end;    // per stage: schedule done and sends delivered
+  std::vector<double> last;   // per stage: last action done (the executor's timing.end)
+  std::vector<double> busy;   // per stage: compute seconds
+};
+
+// Runs one replica's P action lists over M VNs as discrete events: the rank
+// whose next action can happen earliest goes first, so Varuna's decision
+// "has this gradient arrived?" is taken at the right simulated time.
+ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vector<StageCosts>& cost,
+                      int64_t M, const SimOptions& opts) {
+  const int P = plan.stages;
+  const ScheduleOptions so{plan.schedule, P, M, plan.recompute};
+  Schedule acts = makeSchedule(so);
+  std::vector<Channel> act(static_cast<size_t>(P)), grad(static_cast<size_t>(P));
+  for (int k = 0; k + 1 < P; ++k) {
+    const double b = static_cast<double>(prof.layers[plan.cuts[static_cast<size_t>(k) + 1] - 1].output_bytes);
+    act[static_cast<size_t>(k)].bytes = b;       // k -> k+1
+    grad[static_cast<size_t>(k) + 1].bytes = b;  // k+1 -> k
+  }
+  std::vector<size_t> pc(static_cast<size_t>(P), 0), act_in(static_cast<size_t>(P), 0),
+      grad_in(static_cast<size_t>(P), 0);
+  std::vector<long> decided(static_cast<size_t>(P), -1);  // Varuna: index already decided at
+  ReplicaRun run;
+  run.end.assign(static_cast<size_t>(P), 0.0);
+  run.busy.assign(static_cast<size_t>(P), 0.0);
+  std::vector<double>& t = run.end;
+  const bool varuna = plan.schedule == ScheduleKind::kVaruna;
+  const double delay = opts.link_delay_s;
+  // The incoming message an action waits for, or null.
+  auto incoming = [&](size_t k, const Action& a, size_t* n) -> Channel* {
+    if (a.kind == ActionKind::kRecvAct) {
+      *n = act_in[k];
+      return &act[k - 1];
+    }
+    if (a.kind == ActionKind::kRecvGrad) {
+      *n = grad_in[k];
+      return &grad[k + 1];
+    }
+    return nullptr;
+  };
+  // Position of vn's message in a channel: receives consume in order, so
+  // the next unconsumed one plus how many of this rank's receives of that
+  // kind come before it in the remaining list.
+  auto arrivedBy = [&](size_t k, const Action& a, double now) {
+    const bool is_act = a.kind == ActionKind::kRecvAct;
+    size_t n = is_act ? act_in[k] : grad_in[k];
+    for (size_t q = pc[k]; q < acts[k].size() && !(acts[k][q] == a); ++q)
+      if (acts[k][q].kind == a.kind) ++n;
+    Channel& c = is_act ? act[k - 1] : grad[k + 1];
+    const double arr = arrivalOf(c, n, prof, delay);
+    return arr != kUnknown && arr <= now;
+  };
+  while (true) {
+    int best = -1;
+    double best_t = std::numeric_limits<double>::infinity();
+    bool all_done = true;
+    for (int k = 0; k < P; ++k) {
+      const size_t ku = static_cast<size_t>(k);
+      if (pc[ku] >= acts[ku].size()) continue;
+      all_done = false;
+      const Action& a = acts[ku][pc[ku]];
+      double when = t[ku];
+      const bool undecided = varuna && a.kind == ActionKind::kRecvGrad && decided[ku] != static_cast<long>(pc[ku]);
+      size_t n = 0;
+      if (Channel* c = incoming(ku, a, &n); c && !undecided) {
+        const double arr = arrivalOf(*c, n, prof, delay);
+        if (arr == kUnknown) continue;
+        when = std::max(when, arr);
+      }
+      if (when < best_t) best_t = when, best = k;
+    }
+    if (all_done) break;
+    MORPH_CHECK(best >= 0, "simulated schedule deadlocked (the validator should have refused it)");
+    const size_t k = static_cast<size_t>(best);
+    std::vector<Action>& list = acts[k];
+    const size_t i = pc[k];
+    if (varuna && list[i].kind == ActionKind::kRecvGrad && decided[k] != static_cast<long>(i)) {
+      // The executor's check, at the moment the rank reaches the receive.
+      decided[k] = static_cast<long>(i);
+      if (!arrivedBy(k, list[i], t[k])) {
+        const size_t j = opportunisticMove(list, i, [&](const Action& c) { return arrivedBy(k, c, t[k]); });
+        std::rotate(list.begin() + static_cast<std::ptrdiff_t>(i), list.begin() + static_cast<std::ptrdiff_t>(j),
+                    list.begin() + static_cast<std::ptrdiff_t>(j) + 1);
+      }
+      continue;
+    }
+    const Action a = list[i];
+    const double now = best_t;
+    const StageCosts& sc = cost[k];
+    switch (a.kind) {
+      case ActionKind::kForward: t[k] = now + sc.fwd, run.busy[k] += sc.fwd; break;
+      case ActionKind::kBackward: t[k] = now + sc.bwd, run.busy[k] += sc.bwd; break;
+      case ActionKind::kRecompute: t[k] = now + sc.rec, run.busy[k] += sc.rec; break;
+      case ActionKind::kSendAct: act[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
+      case ActionKind::kSendGrad: grad[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
+      case ActionKind::kRecvAct: act[k - 1].msgs[act_in[k]++].taken = now, t[k] = now; break;
+      case ActionKind::kRecvGrad: grad[k + 1].msgs[grad_in[k]++].taken = now, t[k] = now; break;
+    }
+    ++pc[k];
+  }
+  run.last = t;
+  // The executor waits for its sends to be delivered before reducing.
+  for (int k = 0; k < P; ++k) {
+    const size_t ku = static_cast<size_t>(k);
+    for (Channel* c : {&act[ku], &grad[ku]})
+      if (!c->msgs.empty()) t[ku] = std::max(t[ku], arrivalOf(*c, c->msgs.size() - 1, prof, delay));
+  }
+  return run;
+}
+
+double elemBytes(const Profile& p) { return p.fingerprint.reduce_mode == "float" ? 4.0 : 8.0; }
+
+void checkPlan(const Profile& prof, const PlanSpec& plan) {
+  const size_t L = prof.layers.size();
+  if (L == 0) throw InputError("the profile has no layers");
+  if (plan.stages < 1 || plan.replicas < 1) throw InputError("a plan needs at least one stage and one replica");
+  if (plan.cuts.size() != static_cast<size_t>(plan.stages) + 1 || plan.cuts.front() != 0 || plan.cuts.back() != L)
+    throw InputError("the plan's cuts do not cover the profile's " + std::to_string(L) + " layers in " +
+                     std::to_string(plan.stages) + " stages");
+  for (int k = 0; k < plan.stages; ++k)
+    if (plan.cuts[static_cast<size_t>(k)] >= plan.cuts[static_cast<size_t>(k) + 1])
+      throw InputError("stage " + std::to_string(k) + " of the plan has no layer");
+  if (plan.vn_shares.size() != static_cast<size_t>(plan.replicas))
+    throw InputError("the plan has " + std::to_string(plan.vn_shares.size()) + " VN shares for " +
+                     std::to_string(plan.replicas) + " replicas");
+  for (int64_t s : plan.vn_shares)
+    if (s < 1) throw InputError("every replica needs at least one VN");
+  if (!plan.slowdown.empty() && plan.slowdown.size() != static_cast<size_t>(plan.stages * plan.replicas))
+    throw InputError("the plan's slowdown list does not have one factor per worker");
+}
+
+}  // namespace
+
+std::vector<int64_t> evenShares(int64_t vns, int parts) {
+  std::vector<int64_t> out;
+  for (int d = 0; d < parts; ++d) out.push_back(vns / parts + (d < vns % parts ? 1 : 0));
+  return out;
+}
+
+double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool recompute) {
+  const bool rc = recompute && end < p.layers.size();
+  double s = 0;
+  for (size_t l = first; l < end; ++l) {
+    const LayerCost& c = p.layers[l];
+    s += (rc ? c.forward_nograd_s + c.recompute_s : c.forward_s) + c.backward_s;
+  }
+  return s;
+}
+
+int64_t stageBytes(const Profile& p, size_t first, size_t end, int64_t live_vns, bool recompute,
+                   const SimOptions& opts) {
+  const size_t L = p.layers.size();
+  const bool whole = first == 0 && end == L;  // one stage: data parallelism
+  int64_t all_params = 0, all_buffers = 0, all_optim = 0;
+  for (const LayerCost& c : p.layers) all_params += c.param_bytes, all_buffers += c.buffer_bytes,
+                                       all_optim += c.optimizer_bytes;
+  int64_t own = 0, own_buffers = 0, own_optim = 0, own_values = 2, act = 0;
+  for (size_t l = first; l < end; ++l) {
+    const LayerCost& c = p.layers[l];
+    own += c.param_bytes, own_buffers += c.buffer_bytes, own_optim += c.optimizer_bytes;
+    own_values += c.params + c.bn_values;
+    act += c.activation_bytes;
+    // The copy of a weight owned by a layer of another stage.
+    if (c.tied_params > 0 && (c.tied_owner < static_cast<int>(first) || c.tied_owner >= static_cast<int>(end))) {
+      const LayerCost& o = p.layers[static_cast<size_t>(c.tied_owner)];
+      own += c.tied_params * 4, own_values += c.tied_params;
+      if (o.param_bytes > 0) own_optim += o.optimizer_bytes * c.tied_params * 4 / o.param_bytes;
+    }
+  }
+  const bool holds_model = !whole && first == 0 && opts.rank0_holds_model;
+  // Every worker builds the whole model from the seed and frees the rest.
+  const int64_t init = whole || first == 0 ? 0 : all_params + all_buffers - own - own_buffers;
+  const int64_t model = holds_model ? all_params + all_buffers : own + own_buffers;
+  const int64_t optim = holds_model ? all_optim : own_optim;
+  const int64_t accumulator = own_values * static_cast<int64_t>(elemBytes(p));
+  const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
+  const bool stashes_input = recompute && end < L;
+  int64_t activations = stashes_input ? live_vns * input + act : live_vns * act;
+  if (first > 0) activations += static_cast<int64_t>(kRecvWindow) * input;
+  return p.runtime_bytes + init + model + optim + accumulator + own + activations;
+}
+
+SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOptions& opts) {
+  PlanSpec plan = plan_in;
+  if (plan.cuts.empty() && plan.stages == 1) plan.cuts = {0, prof.layers.size()};
+  checkPlan(prof, plan);
+  const int P = plan.stages, D = plan.replicas;
+  const size_t L = prof.layers.size();
+  const double elem = elemBytes(prof);
+  auto slow = [&](int d, int k) {
+    return plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)];
+  };
+  auto group = [&](int n, double bytes, bool exact) {
+    return opts.in_process ? 0.0 : prof.exactOrFloatAllreduce(exact, bytes, n);
+  };
+  const bool exact = elem == 8.0;
+  const double overhead = opts.in_process ? 0.0 : prof.step_overhead_s;
+  const double max_bytes = 8.0 * (4.0 * static_cast<double>(L) + 4.0);  // flags and maxima of every segment
+  auto maxReduce = [&](int n) { return opts.in_process ? 0.0 : prof.allreduceSeconds(prof.allreduce_max, max_bytes, n); };
+  SimResult out;
+  out.stages.assign(static_cast<size_t>(P), StageSim{});
+
+  if (P == 1) {
+    // Data parallelism: each worker runs its VNs one after another; during
+    // the last VN's backward, a bucket of the gradient buffer is reduced as
+    // soon as the layers it holds are done (back to front), in order.
+    std::vector<std::pair<size_t, double>> buckets;  // (lowest layer in it, bytes)
+    double bytes = 0;
+    size_t low = L;
+    for (size_t l = L; l-- > 0;) {
+      const double b = static_cast<double>(prof.layers[l].params) * elem;
+      if (bytes > 0 && bytes + b > static_cast<double>(opts.bucket_bytes)) {
+        buckets.push_back({low, bytes});
+        bytes = 0;
+      }
+      bytes += b, low = l;
+    }
+    if (bytes > 0) buckets.push_back({low, bytes});
+    double bn = 2;
+    for (const LayerCost& c : prof.layers) bn += static_cast<double>(c.bn_values);
+    buckets.push_back({0, bn * elem});  // statistics: after the last VN
+    std::vector<double> bucket_ready(buckets.size(), 0.0);
+    double compute_end = 0, busy_max = 0;
+    const double per_vn_all = stageComputeSeconds(prof, 0, L, false);
+    double fwd_all = 0;
+    for (const LayerCost& c : prof.layers) fwd_all += c.forward_s;
+    for (int d = 0; d < D; ++d) {
+      const double f = slow(d, 0);
+      const double per_vn = per_vn_all * f;
+      const double last_bwd_start =
+          per_vn * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)] - 1) + fwd_all * f;
+      const double done = per_vn * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        double ready = done;
+        if (b + 1 < buckets.size()) {
+          ready = last_bwd_start;
+          for (size_t l = L; l-- > buckets[b].first;) ready += prof.layers[l].backward_s * f;
+        }
+        bucket_ready[b] = std::max(bucket_ready[b], ready);
+      }
+      compute_end = std::max(compute_end, done);
+      busy_max = std::max(busy_max, done);
+    }
+    double prev = 0;
+    for (size_t b = 0; b < buckets.size(); ++b)
+      prev = std::max(prev, bucket_ready[b]) + group(D, buckets[b].second, exact);
+    const double reduced = std::max(prev, compute_end + maxReduce(D));
+    double step = 0;
+    for (int d = 0; d < D; ++d)
+      step = std::max(step, reduced + prof.optimizer_s_per_param * static_cast<double>(prof.totalParams()) * slow(d, 0));
+    out.schedule_seconds = compute_end;
+    out.reduce_seconds = reduced - compute_end;
+    out.step_seconds = step + overhead;
+    out.stages[0].busy_s = busy_max;
+    out.stages[0].bubble = 0;
+    out.stages[0].peak_bytes = stageBytes(prof, 0, L, 1, false, opts);
+    return out;
+  }
+
+  // Pipelines: each replica's schedule, then the reductions.
+  std::vector<ReplicaRun> runs;
+  for (int d = 0; d < D; ++d) {
+    std::vector<StageCosts> cost(static_cast<size_t>(P));
+    for (int k = 0; k < P; ++k) {
+      const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
+      const bool rc = plan.recompute && b < L;
+      StageCosts& c = cost[static_cast<size_t>(k)];
+      for (size_t l = a; l < b; ++l) {
+        c.fwd += rc ? prof.layers[l].forward_nograd_s : prof.layers[l].forward_s;
+        c.bwd += prof.layers[l].backward_s;
+        c.rec += prof.layers[l].recompute_s;
+      }
+      const double f = slow(d, k);
+      c.fwd *= f, c.bwd *= f, c.rec *= f;
+    }
+    runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], opts));
+  }
+  double compute_end = 0, all_ready = 0;
+  for (const ReplicaRun& r : runs)
+    for (int k = 0; k < P; ++k) {
+      compute_end = std::max(compute_end, r.last[static_cast<size_t>(k)]);
+      all_ready = std::max(all_ready, r.end[static_cast<size_t>(k)]);
+    }
+  // Ranks of one host share its cores: the compute cannot finish sooner
+  // than the host's total compute divided by its cores (all ranks of a
+  // `morph run` are on one host).
+  double total_busy = 0;
+  for (const ReplicaRun& r : runs)
+    for (double b : r.busy) total_busy += b;
+  const double cores_bound = total_busy / std::max(1, prof.host_cores);
+  const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
+  compute_end *= stretch, all_ready *= stretch;
+  const double world_max = all_ready + maxReduce(P * D) + (opts.clipping ? maxReduce(P * D) : 0.0);
+  const double stats = world_max + group(P * D, 2 * elem, exact);
+  double step = 0;
+  for (int k = 0; k < P; ++k) {
+    const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
+    double values = 0, tied = 0, params = 0;
+    for (size_t l = a; l < b; ++l) {
+      values += static_cast<double>(prof.layers[l].params + prof.layers[l].bn_values);
+      params += static_cast<double>(prof.layers[l].params);
+    }
+    // A weight used on two stages is summed between them (not among this
+    // stage's replicas only); the user stage updates a copy of its own.
+    for (size_t u = 0; u < L; ++u) {
+      const LayerCost& c = prof.layers[u];
+      if (c.tied_params == 0) continue;
+      const size_t o = static_cast<size_t>(c.tied_owner);
+      const bool user_here = a <= u && u < b, owner_here = a <= o && o < b;
+      if (user_here == owner_here) continue;
+      tied += static_cast<double>(c.tied_params);
+      if (owner_here) values -= static_cast<double>(c.tied_params);
+      else params += static_cast<double>(c.tied_params);
+    }
+    double ready = 0;
+    for (const ReplicaRun& r : runs) ready = std::max(ready, r.end[static_cast<size_t>(k)] * stretch);
+    double done = std::max(stats, ready + group(D, values * elem, exact));
+    if (tied > 0) done = std::max(done, all_ready + group(2 * D, tied * elem, exact));
+    for (int d = 0; d < D; ++d)
+      step = std::max(step, done + prof.optimizer_s_per_param * params * slow(d, k));
+    StageSim& st = out.stages[static_cast<size_t>(k)];
+    double bubble = 0;
+    for (int d = 0; d < D; ++d) {
+      const ReplicaRun& r = runs[static_cast<size_t>(d)];
+      double span = 0;
+      for (double e : r.last) span = std::max(span, e * stretch);
+      st.busy_s = std::max(st.busy_s, r.busy[static_cast<size_t>(k)]);
+      bubble += span > 0 ? 1.0 - r.busy[static_cast<size_t>(k)] / span : 0.0;
+    }
+    st.bubble = bubble / D;
+    int64_t M = 0;
+    for (int64_t s : plan.vn_shares) M = std::max(M, s);
+    const ScheduleOptions so{plan.schedule, P, M, plan.recompute};
+    const int64_t live = peakLiveActivations(makeSchedule(so)[static_cast<size_t>(k)]);
+    st.peak_bytes = stageBytes(prof, a, b, live, plan.recompute, opts);
+  }
+  out.schedule_seconds = compute_end;
+  out.reduce_seconds = step - compute_end;
+  out.step_seconds = step + overhead;
+  return out;
+}
+
+}  // namespace morph

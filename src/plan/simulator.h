@@ -1,0 +1,92 @@
+// Simulator: predicts one training step of a plan from a calibration
+// profile, by replaying the very action lists the stage executor runs
+// (makeSchedule() in src/exec/schedule.h, and Varuna's run-time moves
+// through the same opportunisticMove()) as discrete events:
+//  - each rank's compute thread runs its actions in order; forward,
+//    backward and recompute take the profile's per-layer times summed over
+//    the stage (times the rank's slowdown);
+//  - each channel (activations k -> k+1, gradients k+1 -> k) has a sender
+//    that transfers one message at a time, in order, and a receiver that
+//    posts the next receive only while fewer than kRecvWindow messages wait
+//    unused; a transfer starts when the message is handed over, the
+//    previous one is done and its receive is posted, and takes the p2p fit
+//    (plus an emulated link delay);
+//  - after the schedule, the reductions as the executor issues them:
+//    data parallel, buckets of the gradient buffer started during the last
+//    VN's backward as their layers finish, in order, one at a time; a
+//    pipeline, the stage's segments among its replicas, the tied weight
+//    between first and last stage, the MAX all-reduce of flags over every
+//    rank and the loss sums; then the optimiser step and the per-step
+//    overhead.
+// A collective starts when its last participant issues it. Ranks of one
+// host share its cores: the step is never shorter than the host's total
+// compute divided by its cores.
+//
+// Pure logic: no tensors, no I/O, no clocks. Never reads src/control.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "exec/schedule.h"
+#include "plan/profile.h"
+
+namespace morph {
+
+// One way to run a job: what `morph plan` chooses and `morph run --plan`
+// executes.
+struct PlanSpec {
+  int stages = 1;                 // P
+  int replicas = 1;               // D
+  std::vector<size_t> cuts;       // P + 1 layer boundaries (empty: the whole model, P = 1)
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  bool recompute = false;
+  std::vector<int64_t> vn_shares; // VNs per replica, each >= 1
+  // Per world rank (replica * P + stage): compute-time factor of its
+  // device (>= 1; empty = all 1).
+  std::vector<double> slowdown;
+};
+
+struct SimOptions {
+  int64_t bucket_bytes = int64_t{25} << 20;  // the executor's MORPH_BUCKET_BYTES
+  double link_delay_s = 0;   // MORPH_PIPE_DELAY_MS's mean, per pipeline message
+  bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
+  bool in_process = false;   // `morph run` without --workers: no collectives, no store
+  bool rank0_holds_model = true;  // world rank 0 assembles the whole model (today's executor)
+};
+
+struct StageSim {
+  double busy_s = 0;     // compute of the stage's busiest replica
+  double bubble = 0;     // 1 - busy / schedule makespan, mean over replicas
+  int64_t peak_bytes = 0;
+};
+
+struct SimResult {
+  double step_seconds = 0;      // one training step, start to start
+  double schedule_seconds = 0;  // the compute phase (longest replica)
+  double reduce_seconds = 0;    // from the end of the compute phase to the optimiser step
+  std::vector<StageSim> stages;
+};
+
+// InputError when the plan does not fit the profile (cuts, shares, sizes).
+SimResult simulate(const Profile& profile, const PlanSpec& plan, const SimOptions& opts = {});
+
+// Bytes the stage [first, end) needs on one worker, as the executor
+// allocates them: the process, the layers every pipeline worker builds at
+// start, parameters, optimiser state, gradients and the fixed-point buffer
+// (int64 or float32 values, from the profile's reduce mode), the stashed
+// VNs (`live_vns`, from the schedule) and the receive window. The stage
+// [0, layers) is data parallelism: one worker holding the whole model.
+int64_t stageBytes(const Profile& profile, size_t first, size_t end, int64_t live_vns, bool recompute,
+                   const SimOptions& opts);
+
+// Seconds of one VN's compute on stage [first, end) (forward, backward and,
+// with recomputation on a stage that is not the last, the recompute).
+double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute);
+
+// Even contiguous shares of `vns` over `parts` (the first vns % parts get
+// one more), as assignVns() in the control plane.
+std::vector<int64_t> evenShares(int64_t vns, int parts);
+
+}  // namespace morph

@@ -1,0 +1,171 @@
+// The simulator against makespans computed by hand.
+#include "plan/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace morph {
+namespace {
+
+// A profile of `layers` identical layers and free communication, on a host
+// with cores enough for every rank.
+Profile uniform(size_t layers, double f, double b, double rc) {
+  Profile p;
+  p.host_cores = 64;
+  p.fingerprint.reduce_mode = "exact";
+  for (size_t l = 0; l < layers; ++l) {
+    LayerCost c;
+    c.name = "l" + std::to_string(l);
+    c.forward_s = c.forward_nograd_s = f;
+    c.backward_s = b;
+    c.recompute_s = rc;
+    c.output_bytes = 1000;
+    c.params = 10;
+    c.param_bytes = 40;
+    p.layers.push_back(c);
+    p.fingerprint.layers.push_back(c.name);
+  }
+  for (auto* m : {&p.allreduce_exact, &p.allreduce_float, &p.allreduce_max}) (*m)[2] = LinearFit{};
+  return p;
+}
+
+// One layer per stage, one replica of M VNs.
+PlanSpec pipeline(int P, int64_t M, ScheduleKind kind, bool rc = false) {
+  PlanSpec s;
+  s.stages = P;
+  s.replicas = 1;
+  for (int k = 0; k <= P; ++k) s.cuts.push_back(static_cast<size_t>(k));
+  s.schedule = kind;
+  s.recompute = rc;
+  s.vn_shares = {M};
+  return s;
+}
+
+const ScheduleKind kKinds[] = {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kVaruna};
+
+TEST(Simulator, UniformCostsGiveTheBubbleFormula) {
+  const double f = 1.0, b = 2.0;
+  for (ScheduleKind kind : kKinds)
+    for (int P : {2, 3, 4})
+      for (int64_t M : {1, 2, 4, 8}) {
+        const Profile prof = uniform(static_cast<size_t>(P), f, b, 0);
+        const SimResult r = simulate(prof, pipeline(P, M, kind));
+        EXPECT_DOUBLE_EQ(r.schedule_seconds, static_cast<double>(M + P - 1) * (f + b))
+            << toString(kind) << " P=" << P << " M=" << M;
+        for (int k = 0; k < P; ++k) {
+          EXPECT_DOUBLE_EQ(r.stages[static_cast<size_t>(k)].busy_s, static_cast<double>(M) * (f + b));
+          EXPECT_NEAR(r.stages[static_cast<size_t>(k)].bubble, bubbleFraction(P, M), 1e-12)
+              << toString(kind) << " P=" << P << " M=" << M << " stage " << k;
+        }
+      }
+}
+
+TEST(Simulator, ChargesTransfersAndHidesVarunaRecompute) {
+  // P=2, M=1, one-way transfer 0.5: F on rank 0 [0,1], arrives 1.5; rank 1
+  // F [1.5,2.5], B [2.5,4.5]; the gradient arrives 5; rank 0 B [5,7].
+  Profile prof = uniform(2, 1, 2, 1);
+  prof.p2p.latency_s = 0.5;
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 1, ScheduleKind::k1F1B)).schedule_seconds, 7.0);
+  // Recompute (1): 1F1B runs it after the gradient arrives at 4 (done 7);
+  // Varuna while waiting for it (done 6).
+  prof.p2p.latency_s = 0;
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 1, ScheduleKind::k1F1B, true)).schedule_seconds, 7.0);
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 1, ScheduleKind::kVaruna, true)).schedule_seconds, 6.0);
+  for (int P : {2, 3, 4})
+    for (int64_t M : {2, 4, 8}) {
+      Profile q = uniform(static_cast<size_t>(P), 1, 2, 1);
+      q.p2p.latency_s = 0.1;
+      EXPECT_LE(simulate(q, pipeline(P, M, ScheduleKind::kVaruna, true)).schedule_seconds,
+                simulate(q, pipeline(P, M, ScheduleKind::k1F1B, true)).schedule_seconds)
+          << "P=" << P << " M=" << M;
+    }
+}
+
+TEST(Simulator, NonUniformProfileByHand) {
+  // Stage 0: f=1, b=2; stage 1: f=2, b=4; 1F1B, M=2.
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.layers[1].forward_s = 2;
+  prof.layers[1].backward_s = 4;
+  // Rank 1: F0 [1,3] B0 [3,7] F1 [7,9] B1 [9,13]; rank 0: F0 [0,1] F1 [1,2],
+  // B0 when g0 arrives (7) [7,9], B1 at 13 [13,15].
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 2, ScheduleKind::k1F1B)).schedule_seconds, 15.0);
+  // With 0.5 per transfer: a0 arrives 1.5, F0 [1.5,3.5] B0 [3.5,7.5], g0 at
+  // 8; a1 (sent at 2) at 2.5; F1 [7.5,9.5] B1 [9.5,13.5], g1 at 14; rank 0
+  // B0 [8,10] B1 [14,16].
+  prof.p2p.latency_s = 0.5;
+  const SimResult r = simulate(prof, pipeline(2, 2, ScheduleKind::k1F1B));
+  EXPECT_DOUBLE_EQ(r.schedule_seconds, 16.0);
+  EXPECT_DOUBLE_EQ(r.stages[0].busy_s, 6.0);
+  EXPECT_DOUBLE_EQ(r.stages[1].busy_s, 12.0);
+  // Per-message delay (MORPH_PIPE_DELAY_MS) adds to every transfer.
+  prof.p2p.latency_s = 0;
+  SimOptions o;
+  o.link_delay_s = 0.5;
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 2, ScheduleKind::k1F1B), o).schedule_seconds, 16.0);
+}
+
+TEST(Simulator, DataParallelReductionByHand) {
+  // Two layers of 100 values, f=1, b=2; worker 0 has 3 VNs, worker 1 one.
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
+  prof.allreduce_max[2] = LinearFit{0.05, 0.0, {}};
+  prof.optimizer_s_per_param = 0.001;
+  prof.step_overhead_s = 0.01;
+  PlanSpec plan;
+  plan.replicas = 2;
+  plan.vn_shares = {3, 1};
+  // Worker 0 computes until 18 (its last backward ends there too): the
+  // parameter bucket (1600 bytes) reduces [18, 19.7], the statistics (16
+  // bytes) [19.7, 19.816]; the MAX [18, 18.05] overlaps. Optimiser 0.2,
+  // overhead 0.01.
+  const SimResult r = simulate(prof, plan);
+  EXPECT_NEAR(r.schedule_seconds, 18.0, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 20.026, 1e-12);
+  // Buckets of one layer each: layer 1's starts as soon as its backward is
+  // done (16), before the worker finishes.
+  SimOptions small;
+  small.bucket_bytes = 800;
+  const SimResult s = simulate(prof, plan, small);
+  // l1 [16, 16.9]; l0 [18, 18.9]; stats [18.9, 19.016].
+  EXPECT_NEAR(s.step_seconds, 19.016 + 0.2 + 0.01, 1e-12);
+  // In one process nothing is reduced or posted.
+  SimOptions alone;
+  alone.in_process = true;
+  plan.replicas = 1;
+  plan.vn_shares = {4};
+  EXPECT_NEAR(simulate(prof, plan, alone).step_seconds, 24.0 + 0.2, 1e-12);
+}
+
+TEST(Simulator, RanksShareTheHostsCores) {
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.host_cores = 1;
+  // Two ranks computing 3 s per VN each on one core: 2 x 4 x 3 = 24 s of
+  // compute cannot finish before 24 s (the pipeline alone takes 15).
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 4, ScheduleKind::k1F1B)).schedule_seconds, 24.0);
+  prof.host_cores = 2;
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 4, ScheduleKind::k1F1B)).schedule_seconds, 15.0);
+}
+
+TEST(Simulator, RingExtrapolationBeyondMeasuredGroups) {
+  Profile prof = uniform(1, 1, 1, 0);
+  prof.allreduce_exact[2] = LinearFit{0.002, 1e-9, {}};
+  EXPECT_DOUBLE_EQ(prof.exactOrFloatAllreduce(true, 1e6, 1), 0.0);
+  EXPECT_DOUBLE_EQ(prof.exactOrFloatAllreduce(true, 1e6, 2), 0.002 + 1e-3);
+  // g = 4: 6 steps of 0.001 s, and 2*3/4 of the buffer at 1e-9 s/byte.
+  EXPECT_NEAR(prof.exactOrFloatAllreduce(true, 1e6, 4), 0.006 + 1.5e-3, 1e-15);
+}
+
+TEST(Simulator, RejectsPlansThatDoNotFitTheProfile) {
+  const Profile prof = uniform(3, 1, 1, 0);
+  PlanSpec bad = pipeline(2, 2, ScheduleKind::k1F1B);
+  bad.cuts = {0, 1, 2};  // does not reach layer 3
+  EXPECT_THROW(simulate(prof, bad), InputError);
+  PlanSpec shares = pipeline(3, 2, ScheduleKind::k1F1B);
+  shares.vn_shares = {0};
+  EXPECT_THROW(simulate(prof, shares), InputError);
+}
+
+}  // namespace
+}  // namespace morph
