@@ -56,7 +56,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "varuna"}));
   run_cmd->add_flag("--recompute", run.recompute,
                     "pipeline: keep only each VN's stage input and recompute the forward before backward");
-  run_cmd->add_option("--plan", run.plan, "pipeline cut: auto (even split, default) or a plan file (JSON)");
+  run_cmd->add_option("--plan", run.plan,
+                      "auto (calibrate if needed, plan for --workers, run the best plan) or a plan file (JSON); "
+                      "default: an even split");
   run_cmd->add_option("--trace", run.trace, "write a Chrome trace (JSON) of every pipeline rank's actions");
   run_cmd->add_option("--memory-cap", run.memory_cap_mib,
                       "MiB a worker may use: a pipeline stage that would need more is rejected before training")
@@ -68,6 +70,44 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--join", worker.join, "HOST:PORT of the job's manager")->required();
   worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
       ->check(CLI::Range(0.1, 3600.0));
+
+  morph::CalibrateOptions calib;
+  calib.self_exe = run.self_exe;
+  auto* calib_cmd = app.add_subcommand("calibrate", "measure the job's per-layer and communication costs once");
+  calib_cmd->add_option("job", calib.job_path, "job file (TOML)")->required();
+  calib_cmd->add_option("--out", calib.out, "profile file (default runs/<job name>/profile.json)");
+  calib_cmd->add_option("--set", calib.overrides, "override a job key");
+  calib_cmd->add_option("--budget", calib.budget_s, "seconds of measuring rounds over the layers (at least 7 rounds)")->check(CLI::Range(0.01, 60.0));
+  calib_cmd->add_flag("--quiet", calib.quiet, "no progress output");
+  std::string peer_join;
+  auto* peer_cmd = app.add_subcommand("calibrate-peer", "");  // started by calibrate; hidden
+  peer_cmd->group("");
+  peer_cmd->add_option("--join", peer_join)->required();
+
+  morph::SimulateOptions sim;
+  auto* sim_cmd = app.add_subcommand("simulate", "predict one plan's step time and memory from a profile");
+  sim_cmd->add_option("job", sim.job_path, "job file (TOML)")->required();
+  sim_cmd->add_option("--profile", sim.profile, "profile from morph calibrate")->required();
+  sim_cmd->add_option("--stages", sim.stages, "pipeline depth P")->check(CLI::Range(1, 4096));
+  sim_cmd->add_option("--workers", sim.workers, "workers (D = workers / P; default: one process)")
+      ->check(CLI::Range(1, 1 << 20));
+  sim_cmd->add_option("--schedule", sim.schedule, "gpipe, 1f1b or varuna")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "varuna"}));
+  sim_cmd->add_flag("--recompute", sim.recompute, "recompute activations");
+  sim_cmd->add_option("--plan", sim.plan, "a plan file (cut, and optionally replicas, schedule, VN shares)");
+  sim_cmd->add_option("--set", sim.overrides, "override a job key");
+  sim_cmd->add_flag("--json", sim.json, "one JSON object");
+
+  morph::PlanOptions plan;
+  auto* plan_cmd = app.add_subcommand("plan", "search depth, width, schedule, recomputation and cut for N workers");
+  plan_cmd->add_option("job", plan.job_path, "job file (TOML)")->required();
+  plan_cmd->add_option("--profile", plan.profile, "profile from morph calibrate")->required();
+  plan_cmd->add_option("--workers", plan.workers, "workers available")->required()->check(CLI::Range(1, 1 << 20));
+  plan_cmd->add_option("--memory-cap", plan.memory_cap_mib, "MiB a worker may use")->check(CLI::Range(1.0, 1e9));
+  plan_cmd->add_option("--top", plan.top, "plans to show")->check(CLI::Range(1, 1000));
+  plan_cmd->add_option("--out", plan.out, "write the best plan here (for morph run --plan FILE)");
+  plan_cmd->add_option("--set", plan.overrides, "override a job key");
+  plan_cmd->add_flag("--json", plan.json, "one JSON object");
 
   std::string ctl_join;
   int resize_workers = 0;
@@ -91,6 +131,10 @@ int main(int argc, char** argv) {
       if (run.workers == 0 && run.spawn >= 0) throw morph::InputError("--spawn needs --workers");
       return morph::runJob(run);
     }
+    if (*calib_cmd) return morph::runCalibrate(calib);
+    if (*peer_cmd) return morph::runCalibratePeer(peer_join);
+    if (*sim_cmd) return morph::runSimulate(sim);
+    if (*plan_cmd) return morph::runPlan(plan);
     if (*resize_cmd) return morph::runResize(ctl_join, resize_workers);
     if (*status_cmd) return morph::runStatus(ctl_join);
     return morph::runWorker(worker);

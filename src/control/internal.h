@@ -144,5 +144,9 @@ int64_t newestGoodCheckpoint(const std::string& dir);
 
 // `job_text` is the job file's text as validated into `job`.
 int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_text);
+// `--plan auto`: finds (or measures) the job's profile, plans for o.workers
+// and returns the options that run the chosen plan (a plan file in the run
+// folder). plan_commands.cpp.
+RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job);
 
 }  // namespace morph

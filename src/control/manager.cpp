@@ -13,12 +13,18 @@
 
 #include "control/internal.h"
 #include "exec/pipeline.h"
+#include "plan/plan_file.h"
 
 namespace morph {
 
 using namespace detail;
 
 namespace {
+
+// How long the manager's loop sleeps between looks at the store: while
+// membership changes (joins, a new generation) and while training.
+constexpr long kBusyPollNs = 1000000L;     // 1 ms
+constexpr long kSteadyPollNs = 20000000L;  // 20 ms
 
 struct WorkerInfo {
   pid_t pid = -1;        // local child, or -1
@@ -88,26 +94,45 @@ class Manager {
   double pending_since_ = 0, last_hb_poll_ = 0, last_status_ = 0, last_sps_ = 0;
   // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
   json pipeline_;
+  // Data parallelism from a plan file: VNs per worker while the job runs
+  // on exactly that many (a resize falls back to even shares).
+  std::vector<int64_t> dp_shares_;
 };
 
 // Validates the pipeline before any worker starts: the cut (even or from
 // the plan file), the worker count, each replica's schedule, and the memory
 // cap. Pipeline jobs run on a fixed set of workers for now.
 void Manager::setUpPipeline() {
-  if (o_.stages <= 1 && (o_.plan.empty() || o_.plan == "auto")) return;
+  const bool plan_file = !o_.plan.empty() && o_.plan != "auto";
+  if (o_.stages <= 1 && !plan_file) return;
   auto model = buildModel(job_.model, job_.seed);
-  std::vector<size_t> cuts;
-  if (!o_.plan.empty() && o_.plan != "auto") {
-    cuts = readPlanFile(o_.plan, *model);
-    const int planned = static_cast<int>(cuts.size()) - 1;
-    if (o_.stages > 1 && o_.stages != planned)
+  std::vector<std::string> names;
+  for (size_t l = 0; l < model->size(); ++l) names.push_back(model->layerName(l));
+  PlanFile pf;
+  if (plan_file) {
+    pf = readPlanFile(o_.plan, names, job_.virtual_nodes);
+    if (o_.stages > 1 && o_.stages != pf.stages())
       throw InputError("--stages " + std::to_string(o_.stages) + " disagrees with " + o_.plan + " (" +
-                       std::to_string(planned) + " stages)");
+                       std::to_string(pf.stages()) + " stages)");
   } else {
-    cuts = evenCuts(model->size(), o_.stages);
+    pf.cuts = evenCuts(model->size(), o_.stages);
   }
-  const int P = static_cast<int>(cuts.size()) - 1;
-  if (P < 2) return;  // one stage: plain data parallelism
+  const std::vector<size_t>& cuts = pf.cuts;
+  const int P = pf.stages();
+  if (!o_.schedule.empty() && pf.schedule && *pf.schedule != parseScheduleKind(o_.schedule))
+    throw InputError("--schedule " + o_.schedule + " disagrees with " + o_.plan + " (schedule " +
+                     toString(*pf.schedule) + ")");
+  const ScheduleKind kind = !o_.schedule.empty() ? parseScheduleKind(o_.schedule)
+                                                 : pf.schedule.value_or(ScheduleKind::k1F1B);
+  const bool recompute = o_.recompute || pf.recompute.value_or(false);
+  if (pf.replicas && o_.workers != P * *pf.replicas)
+    throw InputError(o_.plan + ": key 'replicas': the plan runs " + std::to_string(*pf.replicas) + " replicas of " +
+                     std::to_string(P) + " stages (" + std::to_string(P * *pf.replicas) + " workers), not --workers " +
+                     std::to_string(o_.workers));
+  if (P < 2) {  // one stage: plain data parallelism, perhaps with the plan's VN shares
+    dp_shares_ = pf.vn_shares;
+    return;
+  }
   if (o_.workers % P != 0)
     throw InputError("--workers " + std::to_string(o_.workers) + " is not a multiple of the " +
                      std::to_string(P) + " pipeline stages (data-parallel width = workers / stages)");
@@ -115,20 +140,28 @@ void Manager::setUpPipeline() {
   if (job_.virtual_nodes < D)
     throw InputError("batch.virtual_nodes = " + std::to_string(job_.virtual_nodes) + " cannot feed " +
                      std::to_string(D) + " pipeline replicas (each needs at least one VN)");
-  const ScheduleKind kind = parseScheduleKind(o_.schedule);
-  auto ranges = assignVns(job_.virtual_nodes, D);
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  if (pf.vn_shares.empty()) {
+    ranges = assignVns(job_.virtual_nodes, D);
+  } else {
+    int64_t b = 0;
+    for (int64_t n : pf.vn_shares) {
+      ranges.push_back({b, b + n});
+      b += n;
+    }
+  }
+  int64_t M = 0;  // the largest replica share
   for (auto& [b, e] : ranges) {
-    ScheduleOptions so{kind, P, e - b, o_.recompute};
+    M = std::max(M, e - b);
+    ScheduleOptions so{kind, P, e - b, recompute};
     validateSchedule(makeSchedule(so), so);
   }
   std::printf("morph: pipeline of %d stages x %d replicas, schedule %s%s, cut: %s\n", P, D,
-              toString(kind).c_str(), o_.recompute ? " with recomputation" : "",
-              describeCuts(*model, cuts).c_str());
+              toString(kind).c_str(), recompute ? " with recomputation" : "", describeCuts(names, cuts).c_str());
   if (o_.memory_cap_mib > 0) {
     DataPair data = loadDatasets(job_.data, job_.seed);
     const int64_t cap = static_cast<int64_t>(o_.memory_cap_mib * 1048576.0);
-    const int64_t M = ranges.front().second - ranges.front().first;  // the largest replica share
-    auto mem = estimateStageMemory(job_, cuts, {kind, P, M, o_.recompute}, *data.train);
+    auto mem = estimateStageMemory(job_, cuts, {kind, P, M, recompute}, *data.train);
     for (int k = 0; k < P; ++k) {
       const StageMemory& m = mem[static_cast<size_t>(k)];
       auto mib = [](int64_t b) { return std::to_string((b + 524288) / 1048576); };
@@ -140,11 +173,11 @@ void Manager::setUpPipeline() {
                     mib(m.model_bytes).c_str(), mib(m.optimizer_bytes).c_str(),
                     mib(m.accumulator_bytes + m.grad_bytes).c_str(), mib(m.activation_bytes).c_str(),
                     static_cast<long long>(m.live_vns),
-                    mib(o_.recompute && k + 1 < P ? m.vn_input_bytes : m.vn_activation_bytes).c_str());
+                    mib(recompute && k + 1 < P ? m.vn_input_bytes : m.vn_activation_bytes).c_str());
       if (m.total() > cap)
         throw InputError("--memory-cap " + std::to_string(static_cast<int64_t>(o_.memory_cap_mib)) +
                          " MiB: pipeline stage " + std::to_string(k) + " (" +
-                         describeCuts(*model, {cuts[k], cuts[k + 1]}) + ") needs about " + mib(m.total()) +
+                         describeCuts(names, {cuts[k], cuts[k + 1]}) + ") needs about " + mib(m.total()) +
                          " MiB, of which activations " + mib(m.activation_bytes) + " MiB (" +
                          std::to_string(m.live_vns) + " VNs stashed by " + toString(kind) +
                          "); use more stages, --recompute, 1f1b, or more VNs per batch");
@@ -153,7 +186,7 @@ void Manager::setUpPipeline() {
   json vr = json::array();
   for (auto& [b, e] : ranges) vr.push_back({b, e});
   pipeline_ = {{"stages", P},         {"replicas", D},       {"cuts", cuts},       {"schedule", toString(kind)},
-               {"recompute", o_.recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
+               {"recompute", recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
 }
 
 // Chrome trace-event JSON (Perfetto, chrome://tracing): one process per
@@ -481,6 +514,12 @@ void Manager::publish() {
     plan["pipeline"] = pipeline_;
     const int P = pipeline_.at("stages").get<int>();
     for (size_t r = 0; r < next.size(); ++r) plan["vn_ranges"].push_back(pipeline_["replica_ranges"][r / P]);
+  } else if (dp_shares_.size() == next.size()) {
+    int64_t b = 0;
+    for (int64_t n : dp_shares_) {
+      plan["vn_ranges"].push_back({b, b + n});
+      b += n;
+    }
   } else {
     for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
       plan["vn_ranges"].push_back({r.first, r.second});
@@ -622,7 +661,11 @@ int Manager::run() {
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
     if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
-    const timespec wait = {0, in_transition_ || gen_ < 0 ? 1000000L : 5000000L};
+    // Steady training needs no quick answers: a local death wakes the loop
+    // (SIGCHLD), heartbeats are read every interval anyway, and each store
+    // round trip here costs the workers' cores time (a 5 ms loop took 14% of
+    // a core next to a 2-core job's worker).
+    const timespec wait = {0, in_transition_ || gen_ < 0 ? kBusyPollNs : kSteadyPollNs};
     sigtimedwait(&chld, nullptr, &wait);
   }
 

@@ -38,7 +38,10 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
                {"grad_norm", st.grad_norm},
                {"attempts", st.attempts},
                {"step_seconds", st.seconds},
-               {"reduce_seconds", st.reduce_seconds}};
+               {"reduce_seconds", st.reduce_seconds},
+               // When the step committed (wall clock): the time between two
+               // lines is everything a step costs, between-step work included.
+               {"unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
 }
 
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
@@ -218,10 +221,19 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
 
 }  // namespace detail
 
-int runJob(const RunOptions& o) {
+int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.
-  const std::string text = readJobFile(o.job_path);
-  JobSpec job = parseJob(text, o.job_path, effectiveOverrides(o));
+  const std::string text = readJobFile(given.job_path);
+  JobSpec job = parseJob(text, given.job_path, effectiveOverrides(given));
+  RunOptions o = given;
+  if (o.plan == "auto") {
+    if (o.workers == 0) {
+      o.plan.clear();  // one process: there is nothing to choose
+      if (o.memory_cap_mib > 0) throw InputError("--plan auto with --memory-cap needs --workers");
+    } else {
+      o = resolveAutoPlan(o, job);
+    }
+  }
   const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
   if (!pipeline && (o.recompute || !o.trace.empty() || o.memory_cap_mib > 0))
     throw InputError(std::string(o.recompute ? "--recompute" : !o.trace.empty() ? "--trace" : "--memory-cap") +

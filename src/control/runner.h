@@ -29,9 +29,9 @@ struct RunOptions {
   double heartbeat_timeout_s = 2.0;   // silence after which a worker is declared dead
   // Pipeline parallelism (stages > 1): D = workers / stages replicas.
   int stages = 1;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | varuna
+  std::string schedule;           // gpipe | 1f1b | varuna; "" = the plan file's, else 1f1b
   bool recompute = false;         // stash stage inputs, recompute before backward
-  std::string plan;               // "" or "auto": even split; else a plan file
+  std::string plan;               // "": even split; "auto": the planner's choice; else a plan file
   std::string trace;              // Chrome trace file of every rank's actions ("" = none)
   double memory_cap_mib = 0;      // per worker; 0 = no check
 };
@@ -48,6 +48,38 @@ int runWorker(const WorkerOptions& opts);
 int runResize(const std::string& join, int workers);
 // `morph status`: prints the manager's status record.
 int runStatus(const std::string& join);
+
+// `morph calibrate`: measures the job's profile (docs/profile_format.md)
+// with this process and one peer process, and writes it.
+struct CalibrateOptions {
+  std::string job_path;
+  std::vector<std::string> overrides;
+  std::string out;       // default runs/<job name>/profile.json
+  std::string self_exe;  // to start the peer process
+  double budget_s = 3.0;  // seconds of measuring rounds over the layers
+  bool quiet = false;
+};
+int runCalibrate(const CalibrateOptions& opts);
+int runCalibratePeer(const std::string& join);  // the peer half (hidden command)
+
+// `morph simulate`: one plan's predicted step.
+struct SimulateOptions {
+  std::string job_path, profile, plan, schedule;
+  std::vector<std::string> overrides;
+  int stages = 1, workers = 0;
+  bool recompute = false, json = false;
+};
+int runSimulate(const SimulateOptions& opts);
+
+// `morph plan`: the best plans for N workers.
+struct PlanOptions {
+  std::string job_path, profile, out;
+  std::vector<std::string> overrides;
+  int workers = 1, top = 5;
+  double memory_cap_mib = 0;
+  bool json = false;
+};
+int runPlan(const PlanOptions& opts);
 
 // Contiguous VN ranges for `workers` workers: the first V % W get one more.
 // Throws InputError when a worker would get no VN.

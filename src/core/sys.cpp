@@ -36,6 +36,11 @@ void tuneAllocator() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+int64_t allocatorBytesInUse() {
+  struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
+
 std::string checkBlas(bool warn) {
   using GetConfig = char* (*)();
   if (auto f = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config")))

@@ -24,6 +24,10 @@ int64_t peakRssBytes();
 // Current resident set size of this process, in bytes (0 if unknown).
 int64_t currentRssBytes();
 
+// Bytes the C allocator has handed out and not taken back (heap and
+// mmapped blocks): the difference around a forward pass is what it keeps.
+int64_t allocatorBytesInUse();
+
 // Wall-clock seconds since an arbitrary epoch (steady clock).
 double nowSeconds();
 

@@ -11,18 +11,14 @@
 // over every rank) give the single-process bits.
 #include "exec/pipeline.h"
 
-#include <malloc.h>
-
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <random>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/error.h"
@@ -501,62 +497,7 @@ std::vector<size_t> evenCuts(size_t layers, int stages) {
   return cuts;
 }
 
-std::vector<size_t> readPlanFile(const std::string& path, const LayerList& model) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot read the plan file");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw InputError(path + ": not JSON (" + e.what() + ")");
-  }
-  const std::string expect = "expected {\"stages\": [[\"first layer\", \"last layer\"], ...]}";
-  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
-    throw InputError(path + ": key 'stages': " + expect);
-  auto find = [&](const nlohmann::json& name, const std::string& key) {
-    if (!name.is_string()) throw InputError(path + ": key '" + key + "': expected a layer name");
-    for (size_t l = 0; l < model.size(); ++l)
-      if (model.layerName(l) == name.get<std::string>()) return l;
-    std::string names;
-    for (size_t l = 0; l < model.size(); ++l) names += (l ? ", " : "") + model.layerName(l);
-    throw InputError(path + ": key '" + key + "': no layer '" + name.get<std::string>() + "' (the model's: " +
-                     names + ")");
-  };
-  std::vector<size_t> cuts{0};
-  for (size_t k = 0; k < j["stages"].size(); ++k) {
-    const auto& st = j["stages"][k];
-    const std::string key = "stages[" + std::to_string(k) + "]";
-    if (!st.is_array() || st.size() != 2) throw InputError(path + ": key '" + key + "': " + expect);
-    const size_t a = find(st[0], key + "[0]"), b = find(st[1], key + "[1]");
-    if (a != cuts.back())
-      throw InputError(path + ": key '" + key + "': stage " + std::to_string(k) + " starts at '" +
-                       model.layerName(a) + "', expected '" +
-                       (cuts.back() < model.size() ? model.layerName(cuts.back()) : std::string("(end)")) +
-                       "' (stages must cover the layers in order)");
-    if (b < a) throw InputError(path + ": key '" + key + "': last layer before first");
-    cuts.push_back(b + 1);
-  }
-  if (cuts.back() != model.size())
-    throw InputError(path + ": key 'stages': the stages end at '" + model.layerName(cuts.back() - 1) +
-                     "', not at the model's last layer '" + model.layerName(model.size() - 1) + "'");
-  return cuts;
-}
-
-std::string describeCuts(const LayerList& model, const std::vector<size_t>& cuts) {
-  std::string out;
-  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
-    if (k) out += " | ";
-    out += model.layerName(cuts[k]);
-    if (cuts[k + 1] - cuts[k] > 1) out += ".." + model.layerName(cuts[k + 1] - 1);
-  }
-  return out;
-}
-
 namespace {
-int64_t bytesInUse() {
-  struct mallinfo2 mi = mallinfo2();
-  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
-}
 int64_t bytesOf(const std::vector<torch::Tensor>& ts) {
   int64_t n = 0;
   for (const auto& t : ts) n += t.numel() * t.element_size();
@@ -603,13 +544,13 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     m.accumulator_bytes = own_values * elem;
     m.vn_input_bytes = x.numel() * x.element_size();
     torch::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(k > 0) : x;
-    const int64_t before = bytesInUse();
+    const int64_t before = allocatorBytesInUse();
     torch::Tensor y = model->forwardRange(in, cuts[k], cuts[k + 1], 0);
     if (k + 1 == so.stages) {
       torch::Tensor o = y.reshape({-1, y.size(-1)});
       y = torch::nn::functional::cross_entropy(o, b.y.reshape({-1}));
     }
-    m.vn_activation_bytes = std::max<int64_t>(bytesInUse() - before, 0);
+    m.vn_activation_bytes = std::max<int64_t>(allocatorBytesInUse() - before, 0);
     m.live_vns = peakLiveActivations(sched[static_cast<size_t>(k)]);
     const bool stashes_input = so.recompute && k + 1 < so.stages;
     // Stashed VNs, plus the VNs received ahead of use on each channel.

@@ -20,14 +20,6 @@ namespace morph {
 // layers / stages consecutive layers. InputError when stages > layers.
 std::vector<size_t> evenCuts(size_t layers, int stages);
 
-// Reads a plan file: JSON {"stages": [["first layer", "last layer"], ...]},
-// one pair per stage, inclusive, covering the model's layers in order.
-// InputError naming the file, the key and what was expected.
-std::vector<size_t> readPlanFile(const std::string& path, const LayerList& model);
-
-// "conv1..fc | head" (for logs and messages).
-std::string describeCuts(const LayerList& model, const std::vector<size_t>& cuts);
-
 struct StageMemory {
   // Parameters and optimiser state: the stage's own (with the copy of a
   // weight tied to another stage); stage 0 counts the whole model's, which

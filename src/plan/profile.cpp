@@ -18,16 +18,21 @@ namespace morph {
 using json = nlohmann::json;
 
 LinearFit fitLine(std::vector<std::pair<double, double>> samples) {
+  // Least squares on the relative error (weights 1/y^2): a 64-byte
+  // all-reduce matters as much as a 25 MB one, so neither end may be off by
+  // a factor for the other's sake.
   LinearFit f;
   f.samples = samples;
-  const double n = static_cast<double>(samples.size());
   if (samples.empty()) return f;
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (auto [x, y] : samples) sx += x, sy += y, sxx += x * x, sxy += x * y;
-  const double den = n * sxx - sx * sx;
-  double b = den > 0 ? (n * sxy - sx * sy) / den : 0.0;
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : samples) {
+    const double w = y > 0 ? 1.0 / (y * y) : 1.0;
+    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  }
+  const double den = sw * sxx - sx * sx;
+  double b = den > 0 ? (sw * sxy - sx * sy) / den : 0.0;
   if (b < 0) b = 0;  // noise on a flat curve: time does not fall with size
-  double a = (sy - b * sx) / n;
+  double a = (sy - b * sx) / sw;
   if (a < 0) {  // a negative intercept: refit through the origin
     a = 0;
     b = sxx > 0 ? std::max(0.0, sxy / sxx) : 0.0;
@@ -265,6 +270,7 @@ std::string profileToJson(const Profile& p) {
             {"optimizer_s_per_param", p.optimizer_s_per_param},
             {"quantize_s_per_value", p.quantize_s_per_value},
             {"step_overhead_s", p.step_overhead_s},
+            {"compute_contention", p.compute_contention},
             {"host_cores", p.host_cores}};
   return j.dump(2) + "\n";
 }
@@ -347,6 +353,8 @@ Profile profileFromJson(const std::string& text, const std::string& origin) {
   p.optimizer_s_per_param = r.num(j, "optimizer_s_per_param", "");
   p.quantize_s_per_value = r.num(j, "quantize_s_per_value", "");
   p.step_overhead_s = r.num(j, "step_overhead_s", "");
+  p.compute_contention = r.num(j, "compute_contention", "");
+  if (p.compute_contention < 1.0) r.fail("compute_contention", "expected a factor >= 1");
   p.host_cores = static_cast<int>(r.integer(j, "host_cores", ""));
   if (p.host_cores < 1) r.fail("host_cores", "expected >= 1");
   return p;

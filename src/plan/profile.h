@@ -66,6 +66,9 @@ struct Profile {
   double optimizer_s_per_param = 0;
   double quantize_s_per_value = 0;
   double step_overhead_s = 0;
+  // One VN's compute while another worker process of the host computes too,
+  // over the same alone (>= 1): shared cores, caches and memory bandwidth.
+  double compute_contention = 1.0;
   int host_cores = 1;
 
   // Seconds for an all-reduce of `bytes` over `group` ranks: 0 for one rank;

@@ -244,8 +244,11 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   const int P = plan.stages, D = plan.replicas;
   const size_t L = prof.layers.size();
   const double elem = elemBytes(prof);
+  // Worker processes of one host slow each other down when they compute at
+  // the same time (all of a `morph run`'s workers are on one host).
+  const double contention = opts.in_process || P * D < 2 ? 1.0 : prof.compute_contention;
   auto slow = [&](int d, int k) {
-    return plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)];
+    return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)]) * contention;
   };
   auto group = [&](int n, double bytes, bool exact) {
     return opts.in_process ? 0.0 : prof.exactOrFloatAllreduce(exact, bytes, n);
@@ -379,8 +382,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     double bubble = 0;
     for (int d = 0; d < D; ++d) {
       const ReplicaRun& r = runs[static_cast<size_t>(d)];
-      double span = 0;
-      for (double e : r.last) span = std::max(span, e * stretch);
+      double span = 0;  // the schedule's own shape, before sharing cores
+      for (double e : r.last) span = std::max(span, e);
       st.busy_s = std::max(st.busy_s, r.busy[static_cast<size_t>(k)]);
       bubble += span > 0 ? 1.0 - r.busy[static_cast<size_t>(k)] / span : 0.0;
     }

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Simulator accuracy and plan quality, on gpt-mini over the fortunes text
+(examples/fortunes-gpt.toml, VNs of 8 sequences of 64 characters).
+
+1. Calibrate once (`morph calibrate`, timed): the profile every row uses.
+2. Accuracy: for each configuration, `morph simulate --json` predicts the
+   step time, then `morph run` measures it: the wall-clock time between the
+   commits of consecutive steps (metrics.jsonl `unix_time`), over the steady
+   steps (the first WARMUP steps and the last, which evaluates, left out),
+   median over the steps. Data parallel with 1 and 2 workers; pipelines of
+   P = 2 and 3 with M = 4, 8, 16 VNs, gpipe / 1f1b / varuna, with and without
+   recomputation; and with an emulated slow link (MORPH_PIPE_DELAY_MS, the
+   stage executor's per-message delay). Prints predicted, measured and the
+   error per row, then the median and worst error.
+3. Plan quality (--quality): for 2 and 3 workers, every (P, D, schedule,
+   recompute) the planner would consider is measured, and the planner's
+   choice (`morph plan --json`, top 1) is compared with the best measured.
+
+Usage: python3 bench/sim_accuracy.py [--morph build/morph] [--steps 30]
+       [--quick] [--quality]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+JOB = os.path.join(os.path.dirname(__file__), "..", "examples", "fortunes-gpt.toml")
+WARMUP = 5
+
+
+def sets(vns):
+    # VNs of 8 sequences (the profile's VN size) whatever M is.
+    return ["--set", f"batch.global={8 * vns}", "--set", f"batch.virtual_nodes={vns}",
+            "--set", "eval.every=0", "--set", "job.name=simacc"]
+
+
+def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recompute=False, delay=None, plan=None):
+    cmd = [morph, "run", JOB, "--steps", str(steps), "--out", out, "--quiet"] + sets(vns)
+    if workers:
+        cmd += ["--workers", str(workers)]
+    if stages > 1:
+        cmd += ["--stages", str(stages)]
+    if schedule:
+        cmd += ["--schedule", schedule]
+    if recompute:
+        cmd += ["--recompute"]
+    if plan:
+        cmd += ["--plan", plan]
+    env = dict(os.environ)
+    if delay:
+        env["MORPH_PIPE_DELAY_MS"] = str(delay)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        lines = [json.loads(l) for l in f]
+    t = [l["unix_time"] for l in lines]
+    gaps = [b - a for a, b in zip(t[WARMUP:-2], t[WARMUP + 1:-1])]
+    return statistics.median(gaps)
+
+
+def predict(morph, profile, vns, workers=0, stages=1, schedule=None, recompute=False, delay=None):
+    cmd = [morph, "simulate", JOB, "--profile", profile, "--json"] + sets(vns)
+    if workers:
+        cmd += ["--workers", str(workers)]
+    if stages > 1:
+        cmd += ["--stages", str(stages)]
+    if schedule:
+        cmd += ["--schedule", schedule]
+    if recompute:
+        cmd += ["--recompute"]
+    env = dict(os.environ)
+    if delay:
+        env["MORPH_PIPE_DELAY_MS"] = str(delay)
+    r = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+    return json.loads(r.stdout)["step_seconds"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--morph", default=os.path.join(os.path.dirname(__file__), "..", "build", "morph"))
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="a few rows only")
+    ap.add_argument("--quality", action="store_true", help="also measure plan quality")
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="morph_simacc_")
+    profile = os.path.join(tmp, "profile.json")
+    t0 = time.time()
+    subprocess.run([a.morph, "calibrate", JOB, "--out", profile, "--quiet"] + sets(4)[:4], check=True,
+                   stdout=subprocess.DEVNULL)
+    print(f"calibration: {time.time() - t0:.1f} s (wall clock of morph calibrate)")
+
+    rows = [dict(workers=1, vns=8), dict(workers=2, vns=8)]
+    for P in (2, 3):
+        for M in (4, 8, 16):
+            rows.append(dict(workers=P, stages=P, vns=M, schedule="1f1b"))
+        for s in ("gpipe", "varuna"):
+            rows.append(dict(workers=P, stages=P, vns=8, schedule=s))
+        for s in ("1f1b", "varuna"):
+            rows.append(dict(workers=P, stages=P, vns=8, schedule=s, recompute=True))
+    rows.append(dict(workers=2, stages=2, vns=8, schedule="1f1b", delay=2))
+    rows.append(dict(workers=2, stages=2, vns=8, schedule="gpipe", delay=2))
+    rows.append(dict(workers=2, stages=2, vns=8, schedule="varuna", recompute=True, delay=2))
+    if a.quick:
+        rows = rows[:2] + rows[2:4]
+    errs = []
+    print(f"{'configuration':44s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}")
+    for r in rows:
+        label = f"N={r['workers']} P={r.get('stages', 1)} M={r['vns']} {r.get('schedule', '-')}" + \
+                (" +recompute" if r.get("recompute") else "") + (f" delay {r['delay']}ms" if r.get("delay") else "")
+        pred = predict(a.morph, profile, **r)
+        meas = measure(a.morph, os.path.join(tmp, "run"), steps=a.steps, **r)
+        err = (pred - meas) / meas
+        errs.append(abs(err))
+        print(f"{label:44s} {pred * 1e3:12.2f} {meas * 1e3:12.2f} {err * 100:+6.1f}%", flush=True)
+    print(f"|error| median {statistics.median(errs) * 100:.1f}%, worst {max(errs) * 100:.1f}% over {len(errs)} rows")
+
+    if a.quality:
+        for N in (2, 3):
+            r = subprocess.run([a.morph, "plan", JOB, "--profile", profile, "--workers", str(N), "--json",
+                                "--top", "1"] + sets(8), check=True, capture_output=True, text=True)
+            best = json.loads(r.stdout)["plans"][0]
+            measured = {}
+            for P in range(1, N + 1):
+                for D in range(1, N // P + 1):
+                    scheds = [None] if P == 1 else ["gpipe", "1f1b", "varuna"]
+                    for s in scheds:
+                        for rc in ([False] if P == 1 else [False, True]):
+                            key = (P, D, s or "-", rc)
+                            measured[key] = measure(a.morph, os.path.join(tmp, "q"), 8, a.steps, workers=P * D,
+                                                    stages=P, schedule=s, recompute=rc)
+            top = min(measured, key=measured.get)
+            chosen = (best["stages"], best["replicas"], best["schedule"], best["recompute"])
+            print(f"N={N}: planner chose {chosen} (predicted {best['step_seconds'] * 1e3:.2f} ms, measured "
+                  f"{measured.get(chosen, float('nan')) * 1e3:.2f} ms); best measured {top} "
+                  f"{measured[top] * 1e3:.2f} ms; chosen/best = {measured.get(chosen, float('nan')) / measured[top]:.3f}"
+                  f" over {len(measured)} configurations")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+// The planner's commands: `morph calibrate` (this process measures the
+// layers; a peer process it starts measures transfers and collectives with
+// it over Gloo), `morph simulate`, `morph plan`, and `morph run --plan auto`
+// (find or make a matching profile, plan for the workers, run the plan).
+// The measuring and planning live in src/plan; this file only wires them to
+// files, processes and the terminal.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "comm/communicator.h"
+#include "control/internal.h"
+#include "exec/pipeline.h"
+#include "models/model.h"
+#include "plan/calibrate.h"
+#include "plan/plan_file.h"
+#include "plan/planner.h"
+
+namespace morph {
+
+using namespace detail;
+
+namespace {
+
+// Seconds of measuring rounds over the layers (docs/profile_format.md).
+constexpr double kCalibrateBudget = 3.0;
+// VNs both calibration processes compute at once to measure contention.
+constexpr int kContentionRounds = 15;
+
+std::vector<std::string> layerNames(const JobSpec& job) {
+  auto model = buildModel(job.model, job.seed);
+  std::vector<std::string> names;
+  for (size_t l = 0; l < model->size(); ++l) names.push_back(model->layerName(l));
+  return names;
+}
+
+// What the executor will do that the profile does not know: bucket size and
+// emulated link delay (environment), clipping (the job).
+SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
+  SimOptions o;
+  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) o.bucket_bytes = std::max<int64_t>(1, std::atoll(s));
+  if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) o.link_delay_s = std::atof(d) / 1000.0;
+  o.clipping = job.optim.clip_norm > 0;
+  o.in_process = in_process;
+  return o;
+}
+
+Profile loadProfileFor(const std::string& path, const JobSpec& job) {
+  Profile p = readProfile(path);
+  checkProfileMatches(p, jobFingerprint(job, layerNames(job)), path);
+  return p;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// Measures `job`'s profile: layers here, communication with a peer process.
+Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
+                     const std::string& self_exe, double budget_s, bool quiet) {
+  const double t0 = nowSeconds();
+  auto say = [&](const std::string& line) {
+    if (!quiet) std::printf("calibrate: %s\n", line.c_str()), std::fflush(stdout);
+  };
+  pinThreads(job.threads);
+  say("loading " + job.data.dataset);
+  DataPair data = loadDatasets(job.data, job.seed);
+  Profile p = measureCompute(job, *data.train, budget_s, say);
+
+  c10d::TCPStoreOptions so;
+  so.port = 0;
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(60);
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  const std::vector<int64_t> p2p = p2pSizes(p), ar = allreduceSizes(p);
+  setString(*store, "calib/sizes", json({{"p2p", p2p}, {"allreduce", ar}}).dump());
+  setString(*store, "calib/job", json({{"path", job_path}, {"overrides", overrides}}).dump());
+  const std::string join = "127.0.0.1:" + std::to_string(store->getPort());
+  pid_t pid = fork();
+  if (pid < 0) throw JobError("cannot start the calibration peer process");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execl(self_exe.c_str(), self_exe.c_str(), "calibrate-peer", "--join", join.c_str(), static_cast<char*>(nullptr));
+    std::perror("morph: exec calibrate-peer");
+    _exit(3);
+  }
+  try {
+    GlooOptions go;
+    go.interface_addr = "127.0.0.1";
+    auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 0, 2, go);
+    measureComm(*comm, p2p, ar, &p, say);
+    double whole = 0;
+    for (const LayerCost& c : p.layers) whole += c.forward_s + c.backward_s;
+    const double together = measureConcurrentVn(job, *data.train, *comm, kContentionRounds);
+    p.compute_contention = whole > 0 ? std::max(1.0, together / whole) : 1.0;
+    say("two workers computing at once: " + fmt("%.3f", together * 1e3) + " ms per VN (x" +
+        fmt("%.3f", p.compute_contention) + ")");
+    store->wait({"calib/store_rtt"}, std::chrono::seconds(60));
+    // A worker reads the generation key each step and rank 0 posts the
+    // step's metrics: two store round trips.
+    p.step_overhead_s = 2.0 * std::stod(getString(*store, "calib/store_rtt"));
+  } catch (const std::exception& e) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    throw JobError(std::string("calibration failed: ") + e.what());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  p.created_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  p.calibration_seconds = nowSeconds() - t0;
+  say("done in " + fmt("%.1f", p.calibration_seconds) + " s");
+  return p;
+}
+
+// Where --plan auto keeps profiles between runs: $MORPH_CACHE, else
+// ~/.cache/morph/profiles.
+std::string cacheDir() {
+  if (const char* c = std::getenv("MORPH_CACHE")) return c;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/morph/profiles";
+}
+
+json planJson(const PlanChoice& c, int workers) {
+  json peak = json::array(), bubble = json::array(), busy = json::array();
+  for (const StageSim& s : c.sim.stages)
+    peak.push_back(s.peak_bytes), bubble.push_back(s.bubble), busy.push_back(s.busy_s);
+  return {{"stages", c.plan.stages},         {"replicas", c.plan.replicas},
+          {"schedule", scheduleLabel(c.plan)}, {"recompute", c.plan.recompute},
+          {"cuts", c.plan.cuts},             {"vn_shares", c.plan.vn_shares},
+          {"step_seconds", c.sim.step_seconds}, {"peak_bytes", peak},
+          {"bubble", bubble},                {"busy_seconds", busy},
+          {"idle_workers", workers - c.plan.stages * c.plan.replicas}};
+}
+
+void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, int workers) {
+  std::printf("%3s %3s %3s %4s %-8s %-9s %10s %7s  %-18s %s\n", "#", "P", "D", "idle", "schedule", "recompute",
+              "step ms", "bubble", "peak MiB/stage", "cut");
+  for (size_t i = 0; i < out.plans.size(); ++i) {
+    const PlanChoice& c = out.plans[i];
+    std::string peak;
+    double bubble = 0;
+    for (const StageSim& s : c.sim.stages) {
+      peak += (peak.empty() ? "" : "/") + fmt("%.0f", static_cast<double>(s.peak_bytes) / 1048576.0);
+      bubble = std::max(bubble, s.bubble);
+    }
+    std::printf("%3zu %3d %3d %4d %-8s %-9s %10.2f %7.3f  %-18s %s\n", i + 1, c.plan.stages, c.plan.replicas,
+                workers - c.plan.stages * c.plan.replicas, scheduleLabel(c.plan).c_str(),
+                c.plan.recompute ? "yes" : "no", c.sim.step_seconds * 1e3, bubble, peak.c_str(),
+                describeCuts(names, c.plan.cuts).c_str());
+  }
+  std::printf("planning: %.1f ms, %lld candidates, %lld simulated\n", out.planning_seconds * 1e3,
+              static_cast<long long>(out.candidates), static_cast<long long>(out.simulated));
+}
+
+}  // namespace
+
+int runCalibrate(const CalibrateOptions& o) {
+  const JobSpec job = loadJobFile(o.job_path, o.overrides);
+  const std::string out = !o.out.empty() ? o.out : "runs/" + job.name + "/profile.json";
+  const Profile p = calibrateJob(job, o.job_path, o.overrides, o.self_exe, o.budget_s, o.quiet);
+  writeProfile(p, out);
+  std::printf("profile: %s (%zu layers, %.1f s)\n", out.c_str(), p.layers.size(), p.calibration_seconds);
+  return 0;
+}
+
+int runCalibratePeer(const std::string& join) {
+  auto store = connectToManager(join, 30.0);
+  const json sizes = json::parse(getString(*store, "calib/sizes"));
+  const json job_ref = json::parse(getString(*store, "calib/job"));
+  const JobSpec job = loadJobFile(job_ref.at("path").get<std::string>(),
+                                  job_ref.at("overrides").get<std::vector<std::string>>());
+  pinThreads(job.threads);
+  DataPair data = loadDatasets(job.data, job.seed);
+  GlooOptions go;
+  go.interface_addr = "127.0.0.1";
+  auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 1, 2, go);
+  measureComm(*comm, sizes.at("p2p").get<std::vector<int64_t>>(), sizes.at("allreduce").get<std::vector<int64_t>>(),
+              nullptr, nullptr);
+  measureConcurrentVn(job, *data.train, *comm, kContentionRounds);
+  // One store round trip, as a worker pays it between steps.
+  std::vector<double> rtt;
+  for (int i = 0; i < 41; ++i) {
+    const double t0 = nowSeconds();
+    setString(*store, "calib/probe", std::to_string(i));
+    (void)getString(*store, "calib/probe");
+    if (i > 0) rtt.push_back((nowSeconds() - t0) / 2);
+  }
+  std::sort(rtt.begin(), rtt.end());
+  setString(*store, "calib/store_rtt", std::to_string(rtt[rtt.size() / 2]));
+  return 0;
+}
+
+int runSimulate(const SimulateOptions& o) {
+  const JobSpec job = loadJobFile(o.job_path, o.overrides);
+  const Profile prof = loadProfileFor(o.profile, job);
+  std::vector<std::string> names;
+  for (const LayerCost& l : prof.layers) names.push_back(l.name);
+  PlanSpec plan;
+  if (!o.plan.empty()) {
+    const PlanFile pf = readPlanFile(o.plan, names, job.virtual_nodes);
+    plan.cuts = pf.cuts;
+    plan.stages = pf.stages();
+    plan.schedule = pf.schedule.value_or(ScheduleKind::k1F1B);
+    plan.recompute = pf.recompute.value_or(false);
+    plan.replicas = pf.replicas.value_or(o.workers > 0 ? o.workers / plan.stages : 1);
+    plan.vn_shares = pf.vn_shares;
+  } else {
+    plan.stages = o.stages;
+    plan.cuts = evenCuts(names.size(), o.stages);
+    plan.replicas = o.workers > 0 ? o.workers / o.stages : 1;
+  }
+  if (!o.schedule.empty()) plan.schedule = parseScheduleKind(o.schedule);
+  plan.recompute = plan.recompute || o.recompute;
+  if (o.workers > 0 && o.workers % plan.stages != 0)
+    throw InputError("--workers " + std::to_string(o.workers) + " is not a multiple of the " +
+                     std::to_string(plan.stages) + " stages");
+  if (plan.vn_shares.empty()) {
+    if (job.virtual_nodes < plan.replicas)
+      throw InputError("batch.virtual_nodes = " + std::to_string(job.virtual_nodes) + " cannot feed " +
+                       std::to_string(plan.replicas) + " replicas");
+    plan.vn_shares = evenShares(job.virtual_nodes, plan.replicas);
+  }
+  const SimResult r = simulate(prof, plan, simOptionsFor(job, o.workers == 0 && plan.stages == 1));
+  if (o.json) {
+    json stages = json::array();
+    for (int k = 0; k < plan.stages; ++k) {
+      const StageSim& s = r.stages[static_cast<size_t>(k)];
+      stages.push_back({{"layers", {plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1]}},
+                        {"busy_seconds", s.busy_s},
+                        {"bubble", s.bubble},
+                        {"peak_bytes", s.peak_bytes}});
+    }
+    std::printf("%s\n", json({{"step_seconds", r.step_seconds},
+                              {"schedule_seconds", r.schedule_seconds},
+                              {"reduce_seconds", r.reduce_seconds},
+                              {"stages", stages},
+                              {"replicas", plan.replicas},
+                              {"schedule", scheduleLabel(plan)},
+                              {"recompute", plan.recompute},
+                              {"cuts", plan.cuts},
+                              {"vn_shares", plan.vn_shares}})
+                            .dump(2)
+                            .c_str());
+    return 0;
+  }
+  std::printf("predicted step: %.2f ms (compute %.2f ms, then reductions and optimiser %.2f ms)\n",
+              r.step_seconds * 1e3, r.schedule_seconds * 1e3, r.reduce_seconds * 1e3);
+  std::printf("plan: %d stages x %d replicas, schedule %s%s, cut: %s\n", plan.stages, plan.replicas,
+              scheduleLabel(plan).c_str(), plan.recompute ? " with recomputation" : "",
+              describeCuts(names, plan.cuts).c_str());
+  std::printf("%5s  %-24s %10s %7s %10s\n", "stage", "layers", "busy ms", "bubble", "peak MiB");
+  for (int k = 0; k < plan.stages; ++k) {
+    const StageSim& s = r.stages[static_cast<size_t>(k)];
+    std::printf("%5d  %-24s %10.2f %7.3f %10.1f\n", k,
+                describeCuts(names, {plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1]}).c_str(),
+                s.busy_s * 1e3, s.bubble, static_cast<double>(s.peak_bytes) / 1048576.0);
+  }
+  return 0;
+}
+
+int runPlan(const PlanOptions& o) {
+  const JobSpec job = loadJobFile(o.job_path, o.overrides);
+  const Profile prof = loadProfileFor(o.profile, job);
+  std::vector<std::string> names;
+  for (const LayerCost& l : prof.layers) names.push_back(l.name);
+  PlanRequest rq;
+  rq.workers = o.workers;
+  rq.virtual_nodes = job.virtual_nodes;
+  rq.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_mib * 1048576.0);
+  rq.top_k = o.top;
+  rq.sim = simOptionsFor(job, false);
+  const PlanOutcome out = planJob(prof, rq);
+  if (!o.out.empty())
+    writePlanFile(o.out, out.plans.front().plan, names,
+                  json({{"predicted_step_seconds", out.plans.front().sim.step_seconds}, {"profile", o.profile}}).dump());
+  if (o.json) {
+    json plans = json::array();
+    for (const PlanChoice& c : out.plans) plans.push_back(planJson(c, o.workers));
+    std::printf("%s\n", json({{"plans", plans},
+                              {"planning_seconds", out.planning_seconds},
+                              {"candidates", out.candidates},
+                              {"simulated", out.simulated}})
+                            .dump(2)
+                            .c_str());
+    return 0;
+  }
+  printPlans(out, names, o.workers);
+  if (!o.out.empty()) std::printf("plan: %s\n", o.out.c_str());
+  return 0;
+}
+
+RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
+  const std::string dir = outDir(o, job);
+  const std::vector<std::string> names = layerNames(job);
+  const Fingerprint want = jobFingerprint(job, names);
+  const std::string run_profile = dir + "/profile.json";
+  const std::string cached = cacheDir() + "/" + fingerprintDigest(want) + ".json";
+  Profile prof;
+  bool found = false;
+  for (const std::string& path : {run_profile, cached}) {
+    if (!std::filesystem::exists(path)) continue;
+    try {
+      prof = readProfile(path);
+      if (fingerprintDifferences(prof.fingerprint, want).empty()) {
+        found = true;
+        std::printf("morph: --plan auto: using the profile %s\n", path.c_str());
+        break;
+      }
+      std::printf("morph: --plan auto: %s is for another job or machine\n", path.c_str());
+    } catch (const InputError& e) {
+      std::fprintf(stderr, "morph: --plan auto: ignoring %s\n", e.what());
+    }
+  }
+  if (!found) {
+    std::printf("morph: --plan auto: no matching profile; calibrating (docs/profile_format.md)\n");
+    std::fflush(stdout);
+    prof = calibrateJob(job, o.job_path, effectiveOverrides(o), o.self_exe, kCalibrateBudget, o.quiet);
+    writeProfile(prof, run_profile);
+    try {
+      writeProfile(prof, cached);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "morph: --plan auto: cannot cache the profile in %s (%s)\n", cached.c_str(), e.what());
+    }
+  }
+  PlanRequest rq;
+  rq.workers = std::max(1, o.workers);
+  rq.virtual_nodes = job.virtual_nodes;
+  rq.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_mib * 1048576.0);
+  rq.top_k = 3;
+  rq.sim = simOptionsFor(job, o.workers == 0);
+  if (o.stages > 1) rq.max_stages = o.stages;  // an upper bound the user set
+  if (!o.schedule.empty()) rq.schedules = {parseScheduleKind(o.schedule)};
+  const PlanOutcome out = planJob(prof, rq);
+  const PlanChoice& best = out.plans.front();
+  if (!o.quiet) printPlans(out, names, rq.workers);
+  const int used = best.plan.stages * best.plan.replicas;
+  RunOptions r = o;
+  r.plan = dir + "/plan.json";
+  writePlanFile(r.plan, best.plan, names,
+                json({{"predicted_step_seconds", best.sim.step_seconds}, {"profile", found ? "cached" : run_profile}}).dump());
+  std::printf("morph: --plan auto chose %d stage%s x %d replica%s%s%s, predicted %.2f ms per step (%s)\n",
+              best.plan.stages, best.plan.stages == 1 ? "" : "s", best.plan.replicas,
+              best.plan.replicas == 1 ? "" : "s",
+              best.plan.stages > 1 ? (", " + toString(best.plan.schedule)).c_str() : "",
+              best.plan.recompute ? " with recomputation" : "", best.sim.step_seconds * 1e3, r.plan.c_str());
+  if (o.workers > used)
+    std::printf("morph: %d of the %d workers would not make a step faster; starting %d\n", o.workers - used,
+                o.workers, used);
+  std::fflush(stdout);
+  r.stages = best.plan.stages;
+  r.schedule.clear();  // the plan file's
+  r.recompute = false;
+  if (o.workers > 0) r.workers = used;
+  if (o.spawn > r.workers) r.spawn = r.workers;
+  return r;
+}
+
+}  // namespace morph

@@ -1,0 +1,49 @@
+// Calibration: measures what a job's plans are made of, once, on this
+// machine (docs/profile_format.md). Two halves:
+//  - measureCompute(): in this process, per layer at the job's VN size:
+//    forward (with and without autograd), backward (with the fixed-point
+//    quantisation of its gradients), recompute, activation and state sizes;
+//    the optimiser step per parameter.
+//  - measureComm(): on a 2-rank communicator (this process and a peer
+//    process over Gloo, the executor's path): one-way send/recv, int64 and
+//    float32 SUM and float64 MAX all-reduces, each fitted to a line in bytes.
+//    Both ranks call it with the same arguments; rank 0's profile gets the
+//    fits.
+// It never plans and never talks to the control plane.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/job_spec.h"
+#include "data/dataset.h"
+#include "plan/profile.h"
+
+namespace morph {
+
+// Progress lines ("layer 3/5 (fc): ...") for a person who waits.
+using ProgressFn = std::function<void(const std::string&)>;
+
+// Fills everything but the communication fits. `budget_s` bounds the time
+// spent in rounds over every layer (at least 7 rounds are kept).
+Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s, const ProgressFn& progress);
+
+// Message sizes worth measuring for `profile`: its cut sizes and powers of 4
+// around them (bytes, sorted, unique).
+std::vector<int64_t> p2pSizes(const Profile& profile);
+std::vector<int64_t> allreduceSizes(const Profile& profile);
+
+// Both ranks of `comm` (size 2) call it with the same sizes; rank 0 stores
+// the fits in `*profile` (rank 1 may pass nullptr).
+void measureComm(Communicator& comm, const std::vector<int64_t>& p2p_bytes,
+                 const std::vector<int64_t>& allreduce_bytes, Profile* profile, const ProgressFn& progress);
+
+// Both ranks of `comm` (size 2, one host) run `rounds` VNs' forward and
+// backward through the whole model at the same time; rank 0 gets the
+// median seconds per VN (to set against measureCompute's figure alone:
+// Profile::compute_contention).
+double measureConcurrentVn(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds);
+
+}  // namespace morph

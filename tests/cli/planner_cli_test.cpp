@@ -1,0 +1,158 @@
+// The planner's commands end to end: calibrate a job, plan it, run the plan
+// (`--plan auto` and plan files with uneven VN shares) against the
+// single-process hash, and refuse bad profiles and impossible caps.
+#include "cli_util.h"
+
+namespace {
+
+using namespace morph_test;
+
+// gpt-mini: a tied head across the first and last stage, dropout, AdamW.
+const char* kGpt = R"([job]
+name = "plan-gpt"
+seed = 3
+steps = 3
+[data]
+dataset = "fortunes-char"
+seq_len = 16
+[model]
+name = "gpt-mini"
+layers = 2
+dim = 16
+heads = 2
+dropout = 0.1
+[batch]
+global = 24
+virtual_nodes = 6
+[optim]
+name = "adamw"
+lr = 0.003
+[eval]
+batch = 512
+)";
+
+class PlannerCli : public Cli {
+ protected:
+  // Calibrates once per test into the test's folder.
+  std::string profile(const std::string& j) {
+    const std::string p = out("profile.json");
+    const Result r = run("calibrate " + j + " --budget 0.3 --quiet --out " + p);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return p;
+  }
+  std::string reference(const std::string& j) {
+    const Result r = run("run " + j + " --quiet --out " + out("ref"));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return lastLineHash(r.out);
+  }
+};
+
+TEST_F(PlannerCli, PlanAutoRunsTheChosenPlanWithTheReferenceHash) {
+  const std::string j = job(kGpt);
+  const std::string ref = reference(j);
+  ASSERT_EQ(ref.size(), 16u);
+  setenv("MORPH_CACHE", out("cache").c_str(), 1);  // the workers' and this test's own
+  // First run: no profile anywhere, so it calibrates, plans for 3 workers
+  // and runs the plan; the second finds the profile in the run folder.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Result r = run("run " + j + " --plan auto --workers 3 --quiet --out " + out("auto"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("--plan auto chose"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(attempt == 0 ? "calibrat" : "using the profile"), std::string::npos) << r.out;
+    EXPECT_EQ(lastLineHash(r.out), ref) << r.out;
+    EXPECT_TRUE(fs::exists(out("auto") + "/plan.json"));
+  }
+  // A new run folder finds the profile in the cache.
+  const Result r = run("run " + j + " --plan auto --workers 2 --quiet --out " + out("auto2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("using the profile " + out("cache")), std::string::npos) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+}
+
+TEST_F(PlannerCli, PlanFilesFromThePlannerAndUnevenSharesKeepTheHash) {
+  const std::string j = job(kGpt);
+  const std::string ref = reference(j);
+  const std::string p = profile(j);
+  // The planner's own file, for 2 workers, run as written.
+  Result r = run("plan " + j + " --profile " + p + " --workers 2 --out " + out("plan.json"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(out("plan.json"));
+  const nlohmann::json plan = nlohmann::json::parse(in);
+  const int workers = static_cast<int>(plan.at("stages").size()) * plan.at("replicas").get<int>();
+  r = run("run " + j + " --plan " + out("plan.json") + " --workers " + std::to_string(workers) + " --quiet --out " +
+          out("planned"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+  // Data parallelism with uneven shares (5 + 1 of 6 VNs), and a 2-stage
+  // pipeline whose replicas take 4 and 2.
+  std::ofstream(out("dp.json")) << R"({"stages": [["embed", "head"]], "replicas": 2, "vn_shares": [5, 1]})";
+  r = run("run " + j + " --plan " + out("dp.json") + " --workers 2 --out " + out("dp"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("=[0,5)"), std::string::npos) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+  std::ofstream(out("pp.json")) << R"({"stages": [["embed", "block1"], ["block2", "head"]], "replicas": 2,
+      "schedule": "varuna", "recompute": true, "vn_shares": [4, 2]})";
+  r = run("run " + j + " --plan " + out("pp.json") + " --workers 4 --quiet --out " + out("pp"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+}
+
+TEST_F(PlannerCli, SimulateAndPlanPrintWhatTheContractSays) {
+  const std::string j = job(kGpt);
+  const std::string p = profile(j);
+  Result r = run("simulate " + j + " --profile " + p + " --stages 2 --workers 2 --schedule varuna --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto sim = nlohmann::json::parse(r.out);
+  EXPECT_GT(sim.at("step_seconds").get<double>(), 0.0);
+  ASSERT_EQ(sim.at("stages").size(), 2u);
+  for (const auto& s : sim.at("stages")) {
+    EXPECT_GE(s.at("bubble").get<double>(), 0.0);
+    EXPECT_GT(s.at("busy_seconds").get<double>(), 0.0);
+    EXPECT_GT(s.at("peak_bytes").get<int64_t>(), 0);
+  }
+  r = run("plan " + j + " --profile " + p + " --workers 4 --top 3 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto plans = nlohmann::json::parse(r.out);
+  EXPECT_GE(plans.at("planning_seconds").get<double>(), 0.0);
+  ASSERT_FALSE(plans.at("plans").empty());
+  double prev = 0;
+  for (const auto& pl : plans.at("plans")) {
+    for (const char* k : {"stages", "replicas", "schedule", "recompute", "cuts", "vn_shares", "step_seconds", "peak_bytes"})
+      EXPECT_TRUE(pl.contains(k)) << k;
+    EXPECT_LE(pl.at("stages").get<int>() * pl.at("replicas").get<int>(), 4);
+    EXPECT_GE(pl.at("step_seconds").get<double>(), prev);
+    prev = pl.at("step_seconds").get<double>();
+  }
+}
+
+TEST_F(PlannerCli, BadProfilesAndImpossibleCapsExitTwoNamingTheProblem) {
+  const std::string j = job(kGpt);
+  const std::string p = profile(j);
+  std::ifstream in(p);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string good = text.str();
+  auto expectRefused = [&](const std::string& args, const std::string& what) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(what), std::string::npos) << args << "\n" << r.out;
+  };
+  // Corrupt: not JSON, and truncated.
+  std::ofstream(out("corrupt.json")) << "{\"format\": \"morph-prof";
+  expectRefused("plan " + j + " --profile " + out("corrupt.json") + " --workers 2", "corrupt.json: not a profile");
+  // A key missing.
+  std::string missing = good;
+  missing.replace(missing.find("\"step_overhead_s\""), 17, "\"step_overheads\"");
+  std::ofstream(out("missing.json")) << missing;
+  expectRefused("simulate " + j + " --profile " + out("missing.json"), "key 'step_overhead_s': missing");
+  // Foreign: calibrated for another VN size and model (stale after an edit).
+  expectRefused("plan " + j + " --profile " + p + " --workers 2 --set batch.virtual_nodes=3",
+                "vn_size: profile 4, job 8");
+  expectRefused("simulate " + j + " --profile " + p + " --set model.dim=32", "model: profile");
+  // No cut fits the cap: refused naming the stage and the shortfall.
+  expectRefused("plan " + j + " --profile " + p + " --workers 2 --memory-cap 8", "MiB over the cap");
+  expectRefused("run " + j + " --plan auto --workers 2 --memory-cap 8 --out " + out("capped"), "MiB over the cap");
+  EXPECT_FALSE(fs::exists(out("capped") + "/metrics.jsonl"));
+}
+
+}  // namespace
