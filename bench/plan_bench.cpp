@@ -1,0 +1,137 @@
+// Planner speed and cut quality.
+//
+// 1. planning_seconds (the search alone, as `morph plan` reports it) for
+//    8, 128 and 1024 workers, on a synthetic 96-layer transformer-like
+//    profile (an embedding, 94 equal blocks with +-20% noise, a head three
+//    blocks heavy; 512 VNs) and, with --profile FILE, on a calibrated one
+//    (e.g. gpt-mini's), without and with a memory cap. Varuna reports
+//    0.4-0.7 s for 128 GPUs.
+// 2. Cut quality: for each P the planner's cut (min-max DP over the
+//    calibrated costs) against the equal-layer-count split Varuna's code
+//    uses, both simulated with 1F1B on one replica: predicted step time of
+//    the even split over the DP's.
+//
+//   build/bench/plan_bench [--profile FILE] [--vns V] [--repeat 5]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "exec/pipeline.h"
+#include "plan/planner.h"
+
+using namespace morph;
+
+namespace {
+
+Profile synthetic(size_t layers) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> noise(0.8, 1.2);
+  Profile p;
+  p.host_cores = 1 << 20;  // one worker per host
+  p.fingerprint.reduce_mode = "exact";
+  p.runtime_bytes = int64_t{300} << 20;
+  p.input_bytes = 8 * 512 * 8;
+  for (size_t l = 0; l < layers; ++l) {
+    LayerCost c;
+    c.name = l == 0 ? "embed" : l + 1 == layers ? "head" : "block" + std::to_string(l);
+    const double w = l == 0 ? 0.05 : l + 1 == layers ? 3.0 : noise(rng);
+    c.forward_s = c.forward_nograd_s = c.recompute_s = 0.004 * w;
+    c.backward_s = 0.008 * w;
+    c.output_bytes = 8 * 512 * 1024 * 4;  // 8 sequences x 512 tokens x 1024 dims
+    c.params = l == 0 ? 50000 * 1024 : 12 * 1024 * 1024;
+    c.param_bytes = 4 * c.params;
+    c.optimizer_bytes = 8 * c.params;
+    c.activation_bytes = 16 * c.output_bytes;
+    if (l + 1 == layers) c.tied_params = 50000 * 1024, c.tied_owner = 0;
+    p.layers.push_back(c);
+    p.fingerprint.layers.push_back(c.name);
+  }
+  p.p2p = LinearFit{5e-5, 1e-10, {}};                // ~10 GB/s
+  p.allreduce_exact[2] = LinearFit{1e-4, 2e-10, {}};
+  p.allreduce_float[2] = LinearFit{1e-4, 1e-10, {}};
+  p.allreduce_max[2] = LinearFit{5e-5, 0, {}};
+  p.optimizer_s_per_param = 1e-9;
+  return p;
+}
+
+void speed(const char* label, const Profile& p, int64_t vns, int repeat) {
+  std::printf("\n%s: %zu layers, %lld VNs\n", label, p.layers.size(), static_cast<long long>(vns));
+  std::printf("%8s %10s %14s %12s %10s %12s  %s\n", "workers", "cap MiB", "planning ms", "candidates", "simulated",
+              "step ms", "best plan");
+  int64_t whole = 0;
+  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+  for (int n : {8, 128, 1024})
+    for (int64_t cap : {int64_t{0}, whole / 3 + p.runtime_bytes}) {
+      PlanRequest rq;
+      rq.workers = n;
+      rq.virtual_nodes = vns;
+      rq.memory_cap_bytes = cap;
+      rq.top_k = 5;
+      double best = 1e30;
+      PlanOutcome out;
+      for (int r = 0; r < repeat; ++r) {
+        try {
+          out = planJob(p, rq);
+        } catch (const std::exception& e) {
+          std::printf("%8d %10lld  %s\n", n, static_cast<long long>(cap >> 20), e.what());
+          break;
+        }
+        best = std::min(best, out.planning_seconds);
+      }
+      if (out.plans.empty()) continue;
+      const PlanChoice& c = out.plans.front();
+      std::printf("%8d %10lld %14.2f %12lld %10lld %12.2f  P=%d D=%d %s%s\n", n, static_cast<long long>(cap >> 20),
+                  best * 1e3, static_cast<long long>(out.candidates), static_cast<long long>(out.simulated),
+                  c.sim.step_seconds * 1e3, c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str(),
+                  c.plan.recompute ? "+rc" : "");
+    }
+}
+
+void cuts(const char* label, const Profile& p, int64_t vns) {
+  std::printf("\n%s: the planner's cut vs an equal-count split (1F1B, one replica, %lld VNs)\n", label,
+              static_cast<long long>(vns));
+  std::printf("%4s %16s %16s %10s\n", "P", "even split ms", "planner cut ms", "even/cut");
+  const size_t L = p.layers.size();
+  for (int P : {2, 3, 4, 8, 16}) {
+    if (static_cast<size_t>(P) > L) break;
+    PlanRequest rq;
+    rq.workers = P;
+    rq.virtual_nodes = vns;
+    rq.max_stages = P;
+    rq.schedules = {ScheduleKind::k1F1B};
+    rq.try_recompute = false;
+    rq.top_k = 1000;
+    const PlanOutcome out = planJob(p, rq);
+    const PlanChoice* dp = nullptr;
+    for (const PlanChoice& c : out.plans)
+      if (c.plan.stages == P && c.plan.replicas == 1) dp = &c;
+    if (!dp) continue;
+    PlanSpec even = dp->plan;
+    even.cuts = evenCuts(L, P);
+    const double e = simulate(p, even).step_seconds, d = dp->sim.step_seconds;
+    std::printf("%4d %16.2f %16.2f %10.3f\n", P, e * 1e3, d * 1e3, e / d);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string profile;
+  int64_t vns = 16;
+  int repeat = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--profile")) profile = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--vns")) vns = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::atoi(argv[i + 1]);
+  }
+  const Profile syn = synthetic(96);
+  speed("synthetic", syn, 512, repeat);
+  cuts("synthetic", syn, 64);
+  if (!profile.empty()) {
+    const Profile p = readProfile(profile);
+    speed(profile.c_str(), p, vns, repeat);
+    cuts(profile.c_str(), p, vns);
+  }
+  return 0;
+}
