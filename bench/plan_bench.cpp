@@ -62,7 +62,7 @@ void speed(const char* label, const Profile& p, int64_t vns, int repeat) {
   int64_t whole = 0;
   for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
   for (int n : {8, 128, 1024})
-    for (int64_t cap : {int64_t{0}, whole / 3 + p.runtime_bytes}) {
+    for (int64_t cap : {int64_t{0}, whole * 5 / 4 + p.runtime_bytes}) {
       PlanRequest rq;
       rq.workers = n;
       rq.virtual_nodes = vns;
@@ -81,6 +81,7 @@ void speed(const char* label, const Profile& p, int64_t vns, int repeat) {
       }
       if (out.plans.empty()) continue;
       const PlanChoice& c = out.plans.front();
+      std::fflush(stdout);
       std::printf("%8d %10lld %14.2f %12lld %10lld %12.2f  P=%d D=%d %s%s\n", n, static_cast<long long>(cap >> 20),
                   best * 1e3, static_cast<long long>(out.candidates), static_cast<long long>(out.simulated),
                   c.sim.step_seconds * 1e3, c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str(),
@@ -117,6 +118,7 @@ void cuts(const char* label, const Profile& p, int64_t vns) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string profile;
   int64_t vns = 16;
   int repeat = 5;

@@ -381,6 +381,13 @@ double bubbleFraction(int stages, int64_t micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
 }
 
+int64_t stashedVns(const ScheduleOptions& o, int rank) {
+  checkOptions(o);
+  MORPH_CHECK(0 <= rank && rank < o.stages, "rank outside the pipeline");
+  if (o.kind == ScheduleKind::kGpipe) return o.micro_batches;
+  return std::min<int64_t>(o.stages - rank, o.micro_batches);
+}
+
 size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
                          const std::function<bool(const Action&)>& arrived) {
   for (size_t j = i + 1; j < actions.size(); ++j) {

@@ -109,6 +109,10 @@ ScheduleKind parseScheduleKind(const std::string& name);  // InputError if unkno
 // but not yet backwarded. With recomputation a VN stashes only its stage
 // input; it still counts as one unit (the caller knows the unit's size).
 int64_t peakLiveActivations(const std::vector<Action>& rank_actions);
+// The same for rank k of makeSchedule(opts) without generating it (the
+// planner asks for millions): M under GPipe, min(P - k, M) under 1F1B and
+// Varuna (before Varuna's run-time moves). Tested against the generator.
+int64_t stashedVns(const ScheduleOptions& opts, int rank);
 
 // Whether moving actions[j] to just before actions[i] (i <= j < size; the
 // actions in between shift one place later) keeps the rank's list valid:

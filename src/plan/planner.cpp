@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "core/error.h"
@@ -25,7 +26,9 @@ std::string fmtMib(int64_t b) {
 // counts and cached cuts per memory situation.
 class Search {
  public:
-  Search(const Profile& p, const PlanRequest& rq) : p_(p), rq_(rq), L_(p.layers.size()) {}
+  Search(const Profile& p, const PlanRequest& rq) : p_(p), rq_(rq), L_(p.layers.size()) {
+    for (const LayerCost& c : p.layers) tied_values_ += static_cast<double>(c.tied_params);
+  }
 
   // Seconds per VN of stage [i, j): its compute, or the transfer of its
   // outgoing activation or incoming gradient when a link is slower (the
@@ -40,19 +43,64 @@ class Search {
 
   // VNs stashed at once by the stage r-th from the end: the rank's list in
   // an r-stage pipeline is the same as in any longer one (1F1B's warm-up
-  // depends on P - k only), so the generator answers it.
-  int64_t live(ScheduleKind kind, int r, int64_t M, bool rc) {
-    auto key = std::make_tuple(static_cast<int>(kind), r, M, rc);
-    auto it = live_.find(key);
-    if (it != live_.end()) return it->second;
-    const int64_t v = peakLiveActivations(makeSchedule({kind, r, M, rc})[0]);
-    return live_[key] = v;
+  // depends on P - k only).
+  static int64_t live(ScheduleKind kind, int r, int64_t M, bool rc) { return stashedVns({kind, r, M, rc}, 0); }
+
+  // No plan with this cut and M VNs per replica can step faster: some
+  // stage k computes all M VNs one after another (or its link carries
+  // them), after the first VN's forward through the stages before it and
+  // before the last VN's backward through them.
+  // No plan with this cut and M VNs per replica can step faster. Stage k
+  // computes its M VNs one after another (or its link carries them); before
+  // that the first VN's forward crosses the stages ahead of it; it idles
+  // while VN 0 goes down the rest of the pipeline and back, except for the
+  // forwards the schedule lets it run meanwhile; after its last backward
+  // the stages ahead of it drain, while its gradient is summed among the D
+  // replicas and applied (pipelines only: data parallelism reduces during
+  // its last backward; a tied weight is summed in another group, left out).
+  double lowerBound(const std::vector<size_t>& cuts, int64_t M, int D, ScheduleKind kind, bool rc) const {
+    const bool exact = p_.fingerprint.reduce_mode != "float";
+    const size_t P = cuts.size() - 1;
+    std::vector<double> f(P, 0.0), b(P, 0.0), values(P, -tied_values_);
+    for (size_t k = 0; k < P; ++k)
+      for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
+        f[k] += std::min(p_.layers[l].forward_s, p_.layers[l].forward_nograd_s);
+        b[k] += p_.layers[l].backward_s;
+        values[k] += static_cast<double>(p_.layers[l].params + p_.layers[l].bn_values);
+      }
+    double best = 0, fill_f = 0, fill_b = 0, after = 0;
+    for (size_t k = 0; k < P; ++k) after += f[k] + b[k];
+    for (size_t k = 0; k < P; ++k) {
+      after -= f[k] + b[k];
+      const double v = std::max(values[k], 0.0);
+      const double reduce = P == 1 ? 0.0
+                                   : p_.exactOrFloatAllreduce(exact, v * (exact ? 8.0 : 4.0), D) +
+                                         p_.optimizer_s_per_param * v;
+      const double ahead = kind == ScheduleKind::k1F1B ? std::min<double>(static_cast<double>(P - k - 1), M - 1.0)
+                                                       : M - 1.0;
+      const double idle = std::max(0.0, after - ahead * f[k]);
+      best = std::max(best, static_cast<double>(M) * seconds(cuts[k], cuts[k + 1], rc) + fill_f + idle +
+                                std::max(reduce, fill_b));
+      fill_f += f[k], fill_b += b[k];
+    }
+    return best;
   }
 
-  StageCostFns fns(ScheduleKind kind, bool rc, int64_t M) {
+  // A stage's memory parts, computed once per (range, recompute).
+  const StageFootprint& memory(size_t i, size_t j, bool rc) {
+    auto& table = mem_[rc ? 1 : 0];
+    if (table.empty()) table.resize((L_ + 1) * (L_ + 1));
+    auto& slot = table[i * (L_ + 1) + j];
+    if (!slot) slot = stageFootprint(p_, i, j, rc, rq_.sim);
+    return *slot;
+  }
+
+  StageCostFns fns(ScheduleKind kind, bool rc, int64_t M, int max_stages) {
+    std::vector<int64_t> stash{0};  // by r, the position from the end
+    for (int r = 1; r <= max_stages; ++r) stash.push_back(live(kind, r, M, rc));
     return {[this, rc](size_t i, size_t j) { return seconds(i, j, rc); },
-            [this, kind, rc, M](size_t i, size_t j, int r) {
-              return stageBytes(p_, i, j, live(kind, r, M, rc), rc, rq_.sim);
+            [this, rc, stash](size_t i, size_t j, int r) {
+              return memory(i, j, rc).bytes(stash[static_cast<size_t>(r)]);
             }};
   }
 
@@ -67,15 +115,23 @@ class Search {
     const int klass = !capped ? 0 : gpipe ? 1 : 2;
     auto key = std::make_tuple(klass, rc, m_eff);
     auto it = cuts_.find(key);
-    if (it != cuts_.end()) return it->second;
-    return cuts_[key] = minMaxCuts(L_, max_stages, fns(kind, rc, std::max<int64_t>(M, 1)), rq_.memory_cap_bytes);
+    // A table made for fewer stages cannot answer this P; without a cap one
+    // table for the deepest pipeline serves every M.
+    if (it != cuts_.end() && static_cast<int>(it->second.size()) >= max_stages) return it->second;
+    return cuts_[key] = minMaxCuts(L_, max_stages, fns(kind, rc, std::max<int64_t>(M, 1), max_stages),
+                                   rq_.memory_cap_bytes);
   }
 
  private:
   const Profile& p_;
   const PlanRequest& rq_;
   size_t L_;
-  std::map<std::tuple<int, int, int64_t, bool>, int64_t> live_;
+  double tied_values_ = 0;
+ public:
+  ScheduleCache schedules_;
+
+ private:
+  std::vector<std::optional<StageFootprint>> mem_[2];
   std::map<std::tuple<int, bool, int64_t>, std::vector<std::optional<StageCut>>> cuts_;
 };
 
@@ -84,7 +140,7 @@ struct Candidate {
   ScheduleKind kind;
   bool rc;
   int64_t M;
-  const StageCut* cut;
+  StageCut cut;  // a copy: the tables it came from may be remade deeper
   double lower_bound;
 };
 
@@ -98,7 +154,7 @@ struct Candidate {
     for (ScheduleKind kind : rq.schedules)
       for (bool rc : {false, true}) {
         if ((rc && !rq.try_recompute) || (P == 1 && (rc || kind != rq.schedules.front()))) continue;
-        auto cut = minPeakBytesCut(p.layers.size(), P, search.fns(kind, rc, M));
+        auto cut = minPeakBytesCut(p.layers.size(), P, search.fns(kind, rc, M, P));
         if (!cut) continue;
         size_t k = 0;
         for (size_t s = 0; s < cut->bytes.size(); ++s)
@@ -143,10 +199,13 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
         if (P == 1 && (rc || kind != rq.schedules.front())) continue;  // no schedule to choose
         for (int D = 1; D <= max_d; ++D) {
           const int64_t M = (rq.virtual_nodes + D - 1) / D;
-          const auto& cuts = search.cuts(kind, rc, M, max_stages);
+          // With a cap, the table for this M only needs pipelines that fit
+          // D replicas: P <= N / D.
+          const int depth = rq.memory_cap_bytes > 0 ? std::min(max_stages, rq.workers / D) : max_stages;
+          const auto& cuts = search.cuts(kind, rc, M, depth);
           const auto& cut = cuts[static_cast<size_t>(P) - 1];
           if (!cut) continue;
-          cands.push_back({P, D, kind, rc, M, &*cut, cut->bottleneck_s * static_cast<double>(M)});
+          cands.push_back({P, D, kind, rc, M, *cut, search.lowerBound(cut->cuts, M, D, kind, rc)});
         }
       }
   }
@@ -165,12 +224,14 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
     PlanChoice ch;
     ch.plan.stages = c.P;
     ch.plan.replicas = c.D;
-    ch.plan.cuts = c.cut->cuts;
+    ch.plan.cuts = c.cut.cuts;
     ch.plan.schedule = c.kind;
     ch.plan.recompute = c.rc;
     ch.plan.vn_shares = evenShares(rq.virtual_nodes, c.D);
-    ch.bottleneck_s = c.cut->bottleneck_s;
-    ch.sim = simulate(p, ch.plan, rq.sim);
+    ch.bottleneck_s = c.cut.bottleneck_s;
+    SimOptions so = rq.sim;
+    so.schedules = &search.schedules_;
+    ch.sim = simulate(p, ch.plan, so);
     ++out.simulated;
     if (rq.memory_cap_bytes > 0) {
       // The cut fits by construction; the simulator's own per-stage figure

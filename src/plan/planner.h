@@ -3,8 +3,8 @@
 // (any P * D <= N; the rest idle), the schedule, recomputation, the cut
 // (minMaxCuts(): the slowest stage including its sends, under the memory
 // cap) and the VN shares, and ranks the candidates by the simulator's step
-// time. A lower bound (the bottleneck stage's per-VN time times its VNs)
-// orders the candidates, so only those that could beat the K-th best so far
+// time. A lower bound (the bottleneck stage's per-VN time times its VNs,
+// plus the fill ahead of it) orders the candidates, so only those that could beat the K-th best so far
 // are simulated: the result is the same as simulating every candidate.
 //
 // Never reads src/control: the control plane calls the planner.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "core/error.h"
 
@@ -67,7 +68,7 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
                       int64_t M, const SimOptions& opts) {
   const int P = plan.stages;
   const ScheduleOptions so{plan.schedule, P, M, plan.recompute};
-  Schedule acts = makeSchedule(so);
+  Schedule acts = opts.schedules ? opts.schedules->get(so) : makeSchedule(so);
   std::vector<Channel> act(static_cast<size_t>(P)), grad(static_cast<size_t>(P));
   for (int k = 0; k + 1 < P; ++k) {
     const double b = static_cast<double>(prof.layers[plan.cuts[static_cast<size_t>(k) + 1] - 1].output_bytes);
@@ -95,14 +96,21 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
     }
     return nullptr;
   };
-  // Position of vn's message in a channel: receives consume in order, so
-  // the next unconsumed one plus how many of this rank's receives of that
-  // kind come before it in the remaining list.
+  // Position of each receive's message in its channel: a rank receives in
+  // channel order (canSwap() never reorders a channel), so it is the
+  // receive's rank among the rank's receives of that kind in the list.
+  std::vector<std::vector<size_t>> act_pos(static_cast<size_t>(P), std::vector<size_t>(static_cast<size_t>(M))),
+      grad_pos = act_pos;
+  for (size_t k = 0; k < static_cast<size_t>(P); ++k) {
+    size_t na = 0, ng = 0;
+    for (const Action& a : acts[k]) {
+      if (a.kind == ActionKind::kRecvAct) act_pos[k][static_cast<size_t>(a.vn)] = na++;
+      if (a.kind == ActionKind::kRecvGrad) grad_pos[k][static_cast<size_t>(a.vn)] = ng++;
+    }
+  }
   auto arrivedBy = [&](size_t k, const Action& a, double now) {
     const bool is_act = a.kind == ActionKind::kRecvAct;
-    size_t n = is_act ? act_in[k] : grad_in[k];
-    for (size_t q = pc[k]; q < acts[k].size() && !(acts[k][q] == a); ++q)
-      if (acts[k][q].kind == a.kind) ++n;
+    const size_t n = (is_act ? act_pos : grad_pos)[k][static_cast<size_t>(a.vn)];
     Channel& c = is_act ? act[k - 1] : grad[k + 1];
     const double arr = arrivalOf(c, n, prof, delay);
     return arr != kUnknown && arr <= now;
@@ -188,6 +196,13 @@ void checkPlan(const Profile& prof, const PlanSpec& plan) {
 
 }  // namespace
 
+const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
+  auto key = std::make_tuple(static_cast<int>(so.kind), so.stages, so.micro_batches, so.recompute);
+  auto it = lists_.find(key);
+  if (it != lists_.end()) return it->second;
+  return lists_[key] = makeSchedule(so);
+}
+
 std::vector<int64_t> evenShares(int64_t vns, int parts) {
   std::vector<int64_t> out;
   for (int d = 0; d < parts; ++d) out.push_back(vns / parts + (d < vns % parts ? 1 : 0));
@@ -204,8 +219,7 @@ double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool reco
   return s;
 }
 
-int64_t stageBytes(const Profile& p, size_t first, size_t end, int64_t live_vns, bool recompute,
-                   const SimOptions& opts) {
+StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool recompute, const SimOptions& opts) {
   const size_t L = p.layers.size();
   const bool whole = first == 0 && end == L;  // one stage: data parallelism
   int64_t all_params = 0, all_buffers = 0, all_optim = 0;
@@ -231,10 +245,21 @@ int64_t stageBytes(const Profile& p, size_t first, size_t end, int64_t live_vns,
   const int64_t optim = holds_model ? all_optim : own_optim;
   const int64_t accumulator = own_values * static_cast<int64_t>(elemBytes(p));
   const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
-  const bool stashes_input = recompute && end < L;
-  int64_t activations = stashes_input ? live_vns * input + act : live_vns * act;
-  if (first > 0) activations += static_cast<int64_t>(kRecvWindow) * input;
-  return p.runtime_bytes + init + model + optim + accumulator + own + activations;
+  StageFootprint m;
+  m.fixed_bytes = p.runtime_bytes + init + model + optim + accumulator + own;
+  if (first > 0) m.fixed_bytes += static_cast<int64_t>(kRecvWindow) * input;
+  if (recompute && end < L) {  // stashes its input per VN, one VN's activations at a time
+    m.per_vn_bytes = input;
+    m.fixed_bytes += act;
+  } else {
+    m.per_vn_bytes = act;
+  }
+  return m;
+}
+
+int64_t stageBytes(const Profile& p, size_t first, size_t end, int64_t live_vns, bool recompute,
+                   const SimOptions& opts) {
+  return stageFootprint(p, first, end, recompute, opts).bytes(live_vns);
 }
 
 SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOptions& opts) {
@@ -317,9 +342,18 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     return out;
   }
 
-  // Pipelines: each replica's schedule, then the reductions.
+  // Pipelines: each replica's schedule, then the reductions. Replicas with
+  // the same VN share and the same devices run alike: simulated once.
   std::vector<ReplicaRun> runs;
+  std::map<std::pair<int64_t, std::vector<double>>, size_t> seen;
   for (int d = 0; d < D; ++d) {
+    std::vector<double> factors;
+    for (int k = 0; k < P; ++k) factors.push_back(slow(d, k));
+    auto key = std::make_pair(plan.vn_shares[static_cast<size_t>(d)], factors);
+    if (auto it = seen.find(key); it != seen.end()) {
+      runs.push_back(runs[it->second]);
+      continue;
+    }
     std::vector<StageCosts> cost(static_cast<size_t>(P));
     for (int k = 0; k < P; ++k) {
       const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
@@ -330,9 +364,10 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
         c.bwd += prof.layers[l].backward_s;
         c.rec += prof.layers[l].recompute_s;
       }
-      const double f = slow(d, k);
+      const double f = factors[static_cast<size_t>(k)];
       c.fwd *= f, c.bwd *= f, c.rec *= f;
     }
+    seen[key] = runs.size();
     runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], opts));
   }
   double compute_end = 0, all_ready = 0;
@@ -352,6 +387,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   compute_end *= stretch, all_ready *= stretch;
   const double world_max = all_ready + maxReduce(P * D) + (opts.clipping ? maxReduce(P * D) : 0.0);
   const double stats = world_max + group(P * D, 2 * elem, exact);
+  int64_t M_max = 0;  // the largest share stashes the most
+  for (int64_t s : plan.vn_shares) M_max = std::max(M_max, s);
   double step = 0;
   for (int k = 0; k < P; ++k) {
     const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
@@ -388,11 +425,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       bubble += span > 0 ? 1.0 - r.busy[static_cast<size_t>(k)] / span : 0.0;
     }
     st.bubble = bubble / D;
-    int64_t M = 0;
-    for (int64_t s : plan.vn_shares) M = std::max(M, s);
-    const ScheduleOptions so{plan.schedule, P, M, plan.recompute};
-    const int64_t live = peakLiveActivations(makeSchedule(so)[static_cast<size_t>(k)]);
-    st.peak_bytes = stageBytes(prof, a, b, live, plan.recompute, opts);
+    st.peak_bytes = stageBytes(prof, a, b, stashedVns({plan.schedule, P, M_max, plan.recompute}, k), plan.recompute, opts);
   }
   out.schedule_seconds = compute_end;
   out.reduce_seconds = step - compute_end;

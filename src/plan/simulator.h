@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -48,7 +50,18 @@ struct PlanSpec {
   std::vector<double> slowdown;
 };
 
+// Action lists by (schedule, P, M, recompute), made once: a planner
+// simulates many plans that share them. Not thread-safe.
+class ScheduleCache {
+ public:
+  const Schedule& get(const ScheduleOptions& so);
+
+ private:
+  std::map<std::tuple<int, int, int64_t, bool>, Schedule> lists_;
+};
+
 struct SimOptions {
+  ScheduleCache* schedules = nullptr;  // optional; must outlive the call
   int64_t bucket_bytes = int64_t{25} << 20;  // the executor's MORPH_BUCKET_BYTES
   double link_delay_s = 0;   // MORPH_PIPE_DELAY_MS's mean, per pipeline message
   bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
@@ -71,6 +84,13 @@ struct SimResult {
 
 // InputError when the plan does not fit the profile (cuts, shares, sizes).
 SimResult simulate(const Profile& profile, const PlanSpec& plan, const SimOptions& opts = {});
+
+// A stage's memory as a fixed part and a part per stashed VN.
+struct StageFootprint {
+  int64_t fixed_bytes = 0, per_vn_bytes = 0;
+  int64_t bytes(int64_t live_vns) const { return fixed_bytes + live_vns * per_vn_bytes; }
+};
+StageFootprint stageFootprint(const Profile& profile, size_t first, size_t end, bool recompute, const SimOptions& opts);
 
 // Bytes the stage [first, end) needs on one worker, as the executor
 // allocates them: the process, the layers every pipeline worker builds at

@@ -309,6 +309,19 @@ TEST(Schedule, RejectsTooManyLiveActivations) {
   EXPECT_EQ(rejection(makeSchedule(opts(ScheduleKind::k1F1B, 2, 4)), o, 2), "");
 }
 
+TEST(Schedule, StashedVnsAgreesWithTheGenerator) {
+  for (ScheduleKind kind : kKinds)
+    for (int p = 1; p <= 6; ++p)
+      for (int64_t m = 1; m <= 12; ++m)
+        for (bool rc : {false, true}) {
+          const auto o = opts(kind, p, m, rc);
+          const Schedule s = makeSchedule(o);
+          for (int k = 0; k < p; ++k)
+            EXPECT_EQ(stashedVns(o, k), peakLiveActivations(s[static_cast<size_t>(k)]))
+                << toString(kind) << " P=" << p << " M=" << m << " rc=" << rc << " rank " << k;
+        }
+}
+
 TEST(Schedule, CanSwap) {
   const Schedule s = makeSchedule(opts(ScheduleKind::kVaruna, 2, 4));
   const auto& r0 = s[0];
