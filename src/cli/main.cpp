@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--memory-cap", run.memory_cap_mib,
                       "MiB a worker may use: a pipeline stage that would need more is rejected before training")
       ->check(CLI::Range(1.0, 1e9));
+  run_cmd->add_option("--resources", run.resources,
+                      "devices per worker slot (TOML: types with memory and slowdown; docs/resources.md)");
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
 
   morph::WorkerOptions worker;
@@ -96,13 +98,16 @@ int main(int argc, char** argv) {
   sim_cmd->add_flag("--recompute", sim.recompute, "recompute activations");
   sim_cmd->add_option("--plan", sim.plan, "a plan file (cut, and optionally replicas, schedule, VN shares)");
   sim_cmd->add_option("--set", sim.overrides, "override a job key");
+  sim_cmd->add_option("--resources", sim.resources, "devices per worker slot (their slowdowns)");
   sim_cmd->add_flag("--json", sim.json, "one JSON object");
 
   morph::PlanOptions plan;
   auto* plan_cmd = app.add_subcommand("plan", "search depth, width, schedule, recomputation and cut for N workers");
   plan_cmd->add_option("job", plan.job_path, "job file (TOML)")->required();
   plan_cmd->add_option("--profile", plan.profile, "profile from morph calibrate")->required();
-  plan_cmd->add_option("--workers", plan.workers, "workers available")->required()->check(CLI::Range(1, 1 << 20));
+  auto* plan_workers = plan_cmd->add_option("--workers", plan.workers, "workers available")->check(CLI::Range(1, 1 << 20));
+  plan_cmd->add_option("--resources", plan.resources, "devices per worker slot (instead of --workers)")
+      ->excludes(plan_workers);
   plan_cmd->add_option("--memory-cap", plan.memory_cap_mib, "MiB a worker may use")->check(CLI::Range(1.0, 1e9));
   plan_cmd->add_option("--top", plan.top, "plans to show")->check(CLI::Range(1, 1000));
   plan_cmd->add_option("--out", plan.out, "write the best plan here (for morph run --plan FILE)");
@@ -134,7 +139,10 @@ int main(int argc, char** argv) {
     if (*calib_cmd) return morph::runCalibrate(calib);
     if (*peer_cmd) return morph::runCalibratePeer(peer_join);
     if (*sim_cmd) return morph::runSimulate(sim);
-    if (*plan_cmd) return morph::runPlan(plan);
+    if (*plan_cmd) {
+      if (plan_workers->count() == 0 && plan.resources.empty()) throw morph::InputError("morph plan needs --workers or --resources");
+      return morph::runPlan(plan);
+    }
     if (*resize_cmd) return morph::runResize(ctl_join, resize_workers);
     if (*status_cmd) return morph::runStatus(ctl_join);
     return morph::runWorker(worker);

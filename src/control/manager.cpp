@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -14,6 +15,7 @@
 #include "control/internal.h"
 #include "exec/pipeline.h"
 #include "plan/plan_file.h"
+#include "plan/resources.h"
 
 namespace morph {
 
@@ -97,6 +99,13 @@ class Manager {
   // Data parallelism from a plan file: VNs per worker while the job runs
   // on exactly that many (a resize falls back to even shares).
   std::vector<int64_t> dp_shares_;
+  // From a plan file: the worker slot (= worker id) of each world rank of
+  // the first generation. Devices of a resources file, by worker slot.
+  std::vector<int> plan_workers_;
+  std::optional<Resources> res_;
+  json vn_shares_ = json::array();  // VNs per member of the current generation
+  void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
+                         const std::vector<std::string>& names);
 };
 
 // Validates the pipeline before any worker starts: the cut (even or from
@@ -104,7 +113,8 @@ class Manager {
 // cap. Pipeline jobs run on a fixed set of workers for now.
 void Manager::setUpPipeline() {
   const bool plan_file = !o_.plan.empty() && o_.plan != "auto";
-  if (o_.stages <= 1 && !plan_file) return;
+  if (!o_.resources.empty()) res_ = readResources(o_.resources);
+  if (o_.stages <= 1 && !plan_file && !res_) return;
   auto model = buildModel(job_.model, job_.seed);
   std::vector<std::string> names;
   for (size_t l = 0; l < model->size(); ++l) names.push_back(model->layerName(l));
@@ -117,6 +127,16 @@ void Manager::setUpPipeline() {
   } else {
     pf.cuts = evenCuts(model->size(), o_.stages);
   }
+  plan_workers_ = pf.workers;
+  if (!plan_workers_.empty()) {
+    // The plan names the worker slots it runs on; the other workers started
+    // are released at the first generation.
+    for (int slot : plan_workers_)
+      if (slot >= o_.workers)
+        throw InputError(o_.plan + ": key 'workers': slot " + std::to_string(slot) + " but only " +
+                         std::to_string(o_.workers) + " workers (--workers)");
+    target_ = static_cast<int>(plan_workers_.size());
+  }
   const std::vector<size_t>& cuts = pf.cuts;
   const int P = pf.stages();
   if (!o_.schedule.empty() && pf.schedule && *pf.schedule != parseScheduleKind(o_.schedule))
@@ -125,18 +145,19 @@ void Manager::setUpPipeline() {
   const ScheduleKind kind = !o_.schedule.empty() ? parseScheduleKind(o_.schedule)
                                                  : pf.schedule.value_or(ScheduleKind::k1F1B);
   const bool recompute = o_.recompute || pf.recompute.value_or(false);
-  if (pf.replicas && o_.workers != P * *pf.replicas)
+  if (pf.replicas && target_ != P * *pf.replicas)
     throw InputError(o_.plan + ": key 'replicas': the plan runs " + std::to_string(*pf.replicas) + " replicas of " +
                      std::to_string(P) + " stages (" + std::to_string(P * *pf.replicas) + " workers), not --workers " +
-                     std::to_string(o_.workers));
+                     std::to_string(target_));
   if (P < 2) {  // one stage: plain data parallelism, perhaps with the plan's VN shares
     dp_shares_ = pf.vn_shares;
+    if (res_) checkDeviceMemory(cuts, {kind, 1, 1, false}, names);
     return;
   }
-  if (o_.workers % P != 0)
-    throw InputError("--workers " + std::to_string(o_.workers) + " is not a multiple of the " +
+  if (target_ % P != 0)
+    throw InputError("--workers " + std::to_string(target_) + " is not a multiple of the " +
                      std::to_string(P) + " pipeline stages (data-parallel width = workers / stages)");
-  const int D = o_.workers / P;
+  const int D = target_ / P;
   if (job_.virtual_nodes < D)
     throw InputError("batch.virtual_nodes = " + std::to_string(job_.virtual_nodes) + " cannot feed " +
                      std::to_string(D) + " pipeline replicas (each needs at least one VN)");
@@ -183,10 +204,34 @@ void Manager::setUpPipeline() {
                          "); use more stages, --recompute, 1f1b, or more VNs per batch");
     }
   }
+  if (res_) checkDeviceMemory(cuts, {kind, P, M, recompute}, names);
   json vr = json::array();
   for (auto& [b, e] : ranges) vr.push_back({b, e});
   pipeline_ = {{"stages", P},         {"replicas", D},       {"cuts", cuts},       {"schedule", toString(kind)},
                {"recompute", recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
+}
+
+// Morph's own accounting of each device's memory (resources file): the
+// stage estimate of --memory-cap against the cap of the device each world
+// rank runs on. Exit 2 naming the device, the stage and both sizes.
+void Manager::checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
+                                const std::vector<std::string>& names) {
+  DataPair data = loadDatasets(job_.data, job_.seed);
+  const auto mem = estimateStageMemory(job_, cuts, so, *data.train);
+  const int P = so.stages;
+  for (int r = 0; r < target_; ++r) {
+    const size_t slot = plan_workers_.empty() ? static_cast<size_t>(r) : static_cast<size_t>(plan_workers_[static_cast<size_t>(r)]);
+    const DeviceType& t = res_->typeOf(slot);
+    const int64_t need = mem[static_cast<size_t>(r % P)].total();
+    if (need > t.memory_bytes)
+      throw InputError(res_->file + ": worker slot " + std::to_string(slot) + " (type " + t.name + ", " +
+                       std::to_string(t.memory_bytes >> 20) + " MiB) cannot hold " +
+                       (P > 1 ? "stage " + std::to_string(r % P) + " (" +
+                                    describeCuts(names, {cuts[static_cast<size_t>(r % P)], cuts[static_cast<size_t>(r % P) + 1]}) + ")"
+                              : std::string("the model")) +
+                       ": it needs about " + std::to_string((need + 524288) >> 20) + " MiB, " +
+                       std::to_string((need - t.memory_bytes + 524288) >> 20) + " MiB more");
+  }
 }
 
 // Chrome trace-event JSON (Perfetto, chrome://tracing): one process per
@@ -500,6 +545,15 @@ void Manager::publish() {
   const size_t size = pipelined() ? static_cast<size_t>(target_)
                                   : std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
                                                       static_cast<size_t>(job_.virtual_nodes)});
+  if (gen_ < 0 && !plan_workers_.empty()) {
+    // The first generation runs the plan's devices: world rank r on worker
+    // slot plan_workers_[r]; the others are released.
+    std::vector<int64_t> ordered;
+    for (int slot : plan_workers_) ordered.push_back(slot);
+    for (int64_t id : candidates)
+      if (std::find(ordered.begin(), ordered.end(), id) == ordered.end()) ordered.push_back(id);
+    candidates = ordered;
+  }
   std::vector<int64_t> next(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
   std::vector<int64_t> released(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
   int source = 0;
@@ -523,6 +577,15 @@ void Manager::publish() {
   } else {
     for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
       plan["vn_ranges"].push_back({r.first, r.second});
+  }
+  vn_shares_ = json::array();
+  for (const auto& r : plan["vn_ranges"]) vn_shares_.push_back(r[1].get<int64_t>() - r[0].get<int64_t>());
+  if (res_) {
+    // Emulated devices: each member idles per its device's slowdown.
+    json slow = json::array();
+    for (int64_t id : next)
+      slow.push_back(static_cast<size_t>(id) < res_->devices.size() ? res_->typeOf(static_cast<size_t>(id)).slowdown : 1.0);
+    plan["slowdown"] = slow;
   }
   setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
   setString(*store_, "gen/current", std::to_string(g));
@@ -555,7 +618,7 @@ void Manager::publish() {
 
 int Manager::run() {
   setUpPipeline();
-  if (!pipelined()) assignVns(job_.virtual_nodes, o_.workers);  // validates the worker count
+  if (!pipelined()) assignVns(job_.virtual_nodes, target_);  // validates the worker count
   const int spawn_count = o_.spawn < 0 ? o_.workers : o_.spawn;
   if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
@@ -611,7 +674,14 @@ int Manager::run() {
     updateStatus();
     if (gen_ < 0) {
       int placeable = 0;
-      for (auto& [id, w] : workers_) placeable += w.alive && w.placeable;
+      if (plan_workers_.empty()) {
+        for (auto& [id, w] : workers_) placeable += w.alive && w.placeable;
+      } else {  // the plan's own slots
+        for (int slot : plan_workers_) {
+          auto it = workers_.find(slot);
+          placeable += it != workers_.end() && it->second.alive && it->second.placeable;
+        }
+      }
       if (placeable >= target_) publish();
       else if (spawn_count == o_.workers && nowSeconds() - start > 120)
         throw JobError("workers did not start within 120 s");
@@ -702,6 +772,12 @@ int Manager::run() {
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
   json extra = json::object();
+  extra["vn_shares"] = vn_shares_;
+  if (res_) {
+    json types = json::array();
+    for (int64_t id : members_) types.push_back(res_->devices.at(static_cast<size_t>(id)).type);
+    extra["devices"] = types;
+  }
   // All-reduce payload per step of a worker that stayed throughout.
   if (resizes_.empty() && steps_ > first_step_)
     extra["reduce_payload_bytes_per_step"] = static_cast<double>(bytes) / static_cast<double>(steps_ - first_step_);

@@ -17,6 +17,7 @@
 #include "plan/calibrate.h"
 #include "plan/plan_file.h"
 #include "plan/planner.h"
+#include "plan/resources.h"
 
 namespace morph {
 
@@ -134,12 +135,13 @@ json planJson(const PlanChoice& c, int workers) {
           {"cuts", c.plan.cuts},             {"vn_shares", c.plan.vn_shares},
           {"step_seconds", c.sim.step_seconds}, {"peak_bytes", peak},
           {"bubble", bubble},                {"busy_seconds", busy},
-          {"idle_workers", workers - c.plan.stages * c.plan.replicas}};
+          {"idle_workers", workers - c.plan.stages * c.plan.replicas},
+          {"workers", c.plan.workers}};
 }
 
 void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, int workers) {
-  std::printf("%3s %3s %3s %4s %-8s %-9s %10s %7s  %-18s %s\n", "#", "P", "D", "idle", "schedule", "recompute",
-              "step ms", "bubble", "peak MiB/stage", "cut");
+  std::printf("%3s %3s %3s %4s %-8s %-9s %10s %7s  %-18s %-12s %s\n", "#", "P", "D", "idle", "schedule",
+              "recompute", "step ms", "bubble", "peak MiB/stage", "VN shares", "cut");
   for (size_t i = 0; i < out.plans.size(); ++i) {
     const PlanChoice& c = out.plans[i];
     std::string peak;
@@ -148,13 +150,33 @@ void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, i
       peak += (peak.empty() ? "" : "/") + fmt("%.0f", static_cast<double>(s.peak_bytes) / 1048576.0);
       bubble = std::max(bubble, s.bubble);
     }
-    std::printf("%3zu %3d %3d %4d %-8s %-9s %10.2f %7.3f  %-18s %s\n", i + 1, c.plan.stages, c.plan.replicas,
+    std::string shares;
+    for (int64_t v : c.plan.vn_shares) shares += (shares.empty() ? "" : "+") + std::to_string(v);
+    std::string cut = describeCuts(names, c.plan.cuts);
+    if (!c.plan.workers.empty()) {
+      cut += "  (worker slots";
+      for (int w : c.plan.workers) cut += " " + std::to_string(w);
+      cut += ")";
+    }
+    std::printf("%3zu %3d %3d %4d %-8s %-9s %10.2f %7.3f  %-18s %-12s %s\n", i + 1, c.plan.stages, c.plan.replicas,
                 workers - c.plan.stages * c.plan.replicas, scheduleLabel(c.plan).c_str(),
-                c.plan.recompute ? "yes" : "no", c.sim.step_seconds * 1e3, bubble, peak.c_str(),
-                describeCuts(names, c.plan.cuts).c_str());
+                c.plan.recompute ? "yes" : "no", c.sim.step_seconds * 1e3, bubble, peak.c_str(), shares.c_str(),
+                cut.c_str());
   }
   std::printf("planning: %.1f ms, %lld candidates, %lld simulated\n", out.planning_seconds * 1e3,
               static_cast<long long>(out.candidates), static_cast<long long>(out.simulated));
+}
+
+// A resources file's devices as the planner takes them: per worker slot,
+// its slowdown and memory.
+void addDevices(PlanRequest& rq, const std::string& path) {
+  if (path.empty()) return;
+  const Resources res = readResources(path);
+  for (size_t s = 0; s < res.devices.size(); ++s) {
+    rq.slot_slowdown.push_back(res.typeOf(s).slowdown);
+    rq.slot_memory.push_back(res.typeOf(s).memory_bytes);
+  }
+  rq.workers = static_cast<int>(res.devices.size());
 }
 
 }  // namespace
@@ -209,6 +231,7 @@ int runSimulate(const SimulateOptions& o) {
     plan.recompute = pf.recompute.value_or(false);
     plan.replicas = pf.replicas.value_or(o.workers > 0 ? o.workers / plan.stages : 1);
     plan.vn_shares = pf.vn_shares;
+    plan.workers = pf.workers;
   } else {
     plan.stages = o.stages;
     plan.cuts = evenCuts(names.size(), o.stages);
@@ -224,6 +247,15 @@ int runSimulate(const SimulateOptions& o) {
       throw InputError("batch.virtual_nodes = " + std::to_string(job.virtual_nodes) + " cannot feed " +
                        std::to_string(plan.replicas) + " replicas");
     plan.vn_shares = evenShares(job.virtual_nodes, plan.replicas);
+  }
+  if (!o.resources.empty()) {
+    const Resources res = readResources(o.resources);
+    const size_t ranks = static_cast<size_t>(plan.stages * plan.replicas);
+    if (res.devices.size() < ranks)
+      throw InputError(o.resources + ": lists " + std::to_string(res.devices.size()) + " devices for a plan of " +
+                       std::to_string(ranks) + " workers");
+    for (size_t r = 0; r < ranks; ++r)
+      plan.slowdown.push_back(res.typeOf(plan.workers.empty() ? r : static_cast<size_t>(plan.workers[r])).slowdown);
   }
   const SimResult r = simulate(prof, plan, simOptionsFor(job, o.workers == 0 && plan.stages == 1));
   if (o.json) {
@@ -274,13 +306,14 @@ int runPlan(const PlanOptions& o) {
   rq.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_mib * 1048576.0);
   rq.top_k = o.top;
   rq.sim = simOptionsFor(job, false);
+  addDevices(rq, o.resources);
   const PlanOutcome out = planJob(prof, rq);
   if (!o.out.empty())
     writePlanFile(o.out, out.plans.front().plan, names,
                   json({{"predicted_step_seconds", out.plans.front().sim.step_seconds}, {"profile", o.profile}}).dump());
   if (o.json) {
     json plans = json::array();
-    for (const PlanChoice& c : out.plans) plans.push_back(planJson(c, o.workers));
+    for (const PlanChoice& c : out.plans) plans.push_back(planJson(c, rq.workers));
     std::printf("%s\n", json({{"plans", plans},
                               {"planning_seconds", out.planning_seconds},
                               {"candidates", out.candidates},
@@ -289,7 +322,7 @@ int runPlan(const PlanOptions& o) {
                             .c_str());
     return 0;
   }
-  printPlans(out, names, o.workers);
+  printPlans(out, names, rq.workers);
   if (!o.out.empty()) std::printf("plan: %s\n", o.out.c_str());
   return 0;
 }
@@ -334,6 +367,7 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   rq.top_k = 3;
   rq.sim = simOptionsFor(job, o.workers == 0);
   if (o.stages > 1) rq.max_stages = o.stages;  // an upper bound the user set
+  addDevices(rq, o.resources);
   if (!o.schedule.empty()) rq.schedules = {parseScheduleKind(o.schedule)};
   const PlanOutcome out = planJob(prof, rq);
   const PlanChoice& best = out.plans.front();
@@ -355,7 +389,8 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   r.stages = best.plan.stages;
   r.schedule.clear();  // the plan file's
   r.recompute = false;
-  if (o.workers > 0) r.workers = used;
+  // Devices: every listed worker starts; the plan names the slots it uses.
+  if (o.workers > 0 && o.resources.empty()) r.workers = used;
   if (o.spawn > r.workers) r.spawn = r.workers;
   return r;
 }

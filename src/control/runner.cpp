@@ -1,6 +1,7 @@
 #include "control/runner.h"
 
 #include "control/internal.h"
+#include "plan/resources.h"
 
 namespace morph {
 
@@ -226,6 +227,19 @@ int runJob(const RunOptions& given) {
   const std::string text = readJobFile(given.job_path);
   JobSpec job = parseJob(text, given.job_path, effectiveOverrides(given));
   RunOptions o = given;
+  if (!o.resources.empty()) {
+    // One worker per listed device; those on "local" are started here.
+    const Resources res = readResources(o.resources);
+    const int devices = static_cast<int>(res.devices.size());
+    if (o.workers == 0) o.workers = devices;
+    if (o.workers != devices)
+      throw InputError(o.resources + ": lists " + std::to_string(devices) + " devices, but --workers is " +
+                       std::to_string(o.workers) + " (one device per worker slot)");
+    if (o.spawn < 0) {
+      o.spawn = 0;
+      for (const Device& d : res.devices) o.spawn += d.host == "local";
+    }
+  }
   if (o.plan == "auto") {
     if (o.workers == 0) {
       o.plan.clear();  // one process: there is nothing to choose

@@ -34,6 +34,7 @@ struct RunOptions {
   std::string plan;               // "": even split; "auto": the planner's choice; else a plan file
   std::string trace;              // Chrome trace file of every rank's actions ("" = none)
   double memory_cap_mib = 0;      // per worker; 0 = no check
+  std::string resources;          // resources file (devices per worker slot; docs/resources.md)
 };
 
 struct WorkerOptions {
@@ -64,7 +65,7 @@ int runCalibratePeer(const std::string& join);  // the peer half (hidden command
 
 // `morph simulate`: one plan's predicted step.
 struct SimulateOptions {
-  std::string job_path, profile, plan, schedule;
+  std::string job_path, profile, plan, schedule, resources;
   std::vector<std::string> overrides;
   int stages = 1, workers = 0;
   bool recompute = false, json = false;
@@ -73,7 +74,7 @@ int runSimulate(const SimulateOptions& opts);
 
 // `morph plan`: the best plans for N workers.
 struct PlanOptions {
-  std::string job_path, profile, out;
+  std::string job_path, profile, out, resources;
   std::vector<std::string> overrides;
   int workers = 1, top = 5;
   double memory_cap_mib = 0;

@@ -202,6 +202,7 @@ int runWorker(const WorkerOptions& o) {
       Communicator& comm = *comms.back();
       tr.setCommunicator(&comm);
       auto range = plan.at("vn_ranges").at(rank);
+      tr.setSlowdown(plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0);
       if (plan.contains("pipeline")) {
         // Every member starts from the same state (the job seed or the
         // checkpoint it loaded), so there is nothing to broadcast.

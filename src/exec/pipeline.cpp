@@ -457,6 +457,7 @@ void Trainer::runStageSchedule(bool first_attempt) {
         v.in = torch::Tensor();
         break;
     }
+    if (compute) emulateSlowdown(unixSeconds() - a0);
     const double a1 = unixSeconds();
     if (compute) timing.busy += a1 - a0;
     if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), step_, a0, a1});

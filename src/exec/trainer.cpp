@@ -1,6 +1,7 @@
 #include "exec/trainer.h"
 
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 #include "core/model_hash.h"
@@ -145,7 +146,18 @@ void Trainer::launchReadyBuckets(bool all) {
   }
 }
 
+void Trainer::setSlowdown(double factor) {
+  MORPH_CHECK(factor >= 1.0, "a slowdown factor is >= 1");
+  slowdown_ = factor;
+}
+
+void Trainer::emulateSlowdown(double compute_seconds) const {
+  if (slowdown_ > 1.0)
+    std::this_thread::sleep_for(std::chrono::duration<double>((slowdown_ - 1.0) * compute_seconds));
+}
+
 void Trainer::runVn(int64_t vn, bool last) {
+  const double t0 = nowSeconds();
   Batch b = prefetch_.take(step_, vn);
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   std::fill(seg_ready_.begin(), seg_ready_.end(), 0);
@@ -172,6 +184,7 @@ void Trainer::runVn(int64_t vn, bool last) {
     stats[1] = static_cast<float>(out.argmax(1).eq(y).sum().item<int64_t>());
   }
   acc_->add(stats_seg_, stats);
+  emulateSlowdown(nowSeconds() - t0);
   if (last) launchReadyBuckets(true);
 }
 

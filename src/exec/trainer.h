@@ -97,6 +97,13 @@ class Trainer {
   void setControl(std::vector<double> local) { control_ = std::move(local); }
   const std::vector<double>& reducedControl() const { return reduced_control_; }
 
+  // Emulates a device `factor` times slower (>= 1; 1 = this machine's
+  // speed): after each VN's compute (a forward, backward or recompute in a
+  // pipeline) the worker idles (factor - 1) x the time that compute took.
+  // Timing only: the results are unchanged. docs/resources.md.
+  void setSlowdown(double factor);
+  double slowdown() const { return slowdown_; }
+
   // VNs [begin, end) of every step are this worker's.
   void setVnRange(int64_t begin, int64_t end);
   // Processing order of the local VNs (a permutation of the range); tests
@@ -163,6 +170,7 @@ class Trainer {
   void reduceLocal(std::vector<double>& flags);
   void reducePipeline(std::vector<double>& flags);
   uint64_t vnSeed(int64_t vn) const;
+  void emulateSlowdown(double compute_seconds) const;
   void onGrad(size_t param, const torch::Tensor& grad);
   void launchReadyBuckets(bool all);
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
@@ -218,6 +226,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t spike_step_ = -1, spike_vn_ = -1;
   float spike_factor_ = 1.0f;
+  double slowdown_ = 1.0;
 };
 
 }  // namespace morph

@@ -114,4 +114,47 @@ std::optional<StageCut> minPeakBytesCut(size_t layers, int stages, const StageCo
   return cut;
 }
 
+std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int> types, const DeviceStageFns& fns) {
+  const int P = static_cast<int>(types.size());
+  if (P < 1 || static_cast<size_t>(P) > layers) return std::nullopt;
+  int T = 0;
+  for (int t : types) T = std::max(T, t + 1);
+  // Shared by every order: time per (range, type), bytes per (range, r).
+  const size_t n = layers + 1;
+  std::vector<std::optional<double>> secs(n * n * static_cast<size_t>(T));
+  std::vector<std::optional<int64_t>> bytes(n * n * static_cast<size_t>(P + 1));
+  auto sec = [&](size_t i, size_t j, int t) {
+    auto& s = secs[(i * n + j) * static_cast<size_t>(T) + static_cast<size_t>(t)];
+    if (!s) s = fns.seconds(i, j, t);
+    return *s;
+  };
+  auto mem = [&](size_t i, size_t j, int r) {
+    auto& b = bytes[(i * n + j) * static_cast<size_t>(P + 1) + static_cast<size_t>(r)];
+    if (!b) b = fns.bytes(i, j, r);
+    return *b;
+  };
+  std::optional<DevicePipeline> best;
+  std::sort(types.begin(), types.end());
+  do {
+    // Position k = P - r from the front.
+    auto cost = [&](size_t i, size_t j, int r) -> std::optional<std::pair<double, std::optional<int64_t>>> {
+      const int t = types[static_cast<size_t>(P - r)];
+      const int64_t cap = fns.caps.empty() ? 0 : fns.caps[static_cast<size_t>(t)];
+      const int64_t b = mem(i, j, r);
+      if (cap > 0 && b > cap) return std::nullopt;
+      return std::make_pair(sec(i, j, t), std::optional<int64_t>(b));
+    };
+    Table<double> tab = solve<double>(layers, P, cost);
+    if (tab.next[static_cast<size_t>(P)][0] == 0) continue;
+    if (best && !(tab.best[static_cast<size_t>(P)][0] < best->cut.bottleneck_s)) continue;
+    StageCostFns plain{[&](size_t, size_t) { return 0.0; }, [&](size_t i, size_t j, int r) { return mem(i, j, r); }};
+    DevicePipeline d;
+    d.order = types;
+    d.cut = walk(tab, P, plain);
+    d.cut.bottleneck_s = tab.best[static_cast<size_t>(P)][0];
+    best = std::move(d);
+  } while (std::next_permutation(types.begin(), types.end()));
+  return best;
+}
+
 }  // namespace morph

@@ -46,4 +46,28 @@ std::vector<std::optional<StageCut>> minMaxCuts(size_t layers, int max_stages, c
 // fit and by how much. nullopt when P > layers or P < 1.
 std::optional<StageCut> minPeakBytesCut(size_t layers, int stages, const StageCostFns& fns);
 
+// Heterogeneous pipelines (one virtual worker of mixed devices): stage k
+// runs on the device at position k of an order, so its time depends on the
+// device's type and its memory must fit that device.
+struct DeviceStageFns {
+  // Seconds per VN of the stage [i, j) on a device of type `type`.
+  std::function<double(size_t i, size_t j, int type)> seconds;
+  // Peak bytes of the stage [i, j) placed r-th from the end.
+  std::function<int64_t(size_t i, size_t j, int r)> bytes;
+  std::vector<int64_t> caps;  // per type; <= 0: none
+};
+
+struct DevicePipeline {
+  std::vector<int> order;  // type of the device running stage k
+  StageCut cut;
+};
+
+// The order of the given devices (their types, one entry per device) and
+// the cut with the fastest slowest stage, every stage within its device's
+// cap: the exact DP above for each distinct order. Devices of one type are
+// interchangeable, so only distinct type sequences are tried (a multiset's
+// permutations, not all P!). nullopt when no order and cut fit.
+std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int> device_types,
+                                                 const DeviceStageFns& fns);
+
 }  // namespace morph

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,20 @@ PlanFile readPlanFile(const std::string& path, const std::vector<std::string>& n
                        std::to_string(d) + " replicas");
     pf.replicas = d;
   }
+  if (j.contains("workers")) {
+    const json& w = j["workers"];
+    const size_t want = static_cast<size_t>(pf.stages() * pf.replicas.value_or(1));
+    if (!w.is_array() || w.size() != want)
+      throw InputError(path + ": key 'workers': expected " + std::to_string(want) +
+                       " worker slots (one per stage and replica)");
+    for (const json& x : w) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= 4096)
+        throw InputError(path + ": key 'workers': expected worker slots 0..4095");
+      if (std::find(pf.workers.begin(), pf.workers.end(), x.get<int>()) != pf.workers.end())
+        throw InputError(path + ": key 'workers': slot " + x.dump() + " is listed twice");
+      pf.workers.push_back(x.get<int>());
+    }
+  }
   return pf;
 }
 
@@ -102,6 +117,7 @@ void writePlanFile(const std::string& path, const PlanSpec& plan, const std::vec
     j["recompute"] = plan.recompute;
   }
   j["vn_shares"] = plan.vn_shares;
+  if (!plan.workers.empty()) j["workers"] = plan.workers;
   const std::filesystem::path target(path);
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(getpid());

@@ -4,7 +4,8 @@
 // Format (docs/pipeline.md, "Plan files"):
 //   {"stages": [["first layer", "last layer"], ...],      required
 //    "replicas": D, "schedule": "1f1b", "recompute": false, optional
-//    "vn_shares": [VNs of replica 0, ...]}                  optional
+//    "vn_shares": [VNs of replica 0, ...],                  optional
+//    "workers": [worker slot of world rank 0, ...]}         optional (devices)
 // Other keys (the planner's predictions) are kept for people and ignored.
 #pragma once
 
@@ -22,6 +23,7 @@ struct PlanFile {
   std::optional<ScheduleKind> schedule;
   std::optional<bool> recompute;
   std::vector<int64_t> vn_shares;  // empty: even shares
+  std::vector<int> workers;        // worker slot per world rank; empty: rank r on slot r
   int stages() const { return static_cast<int>(cuts.size()) - 1; }
 };
 

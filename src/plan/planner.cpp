@@ -175,6 +175,122 @@ struct Candidate {
                    fmtMib(best - rq.memory_cap_bytes) + " MiB over the cap");
 }
 
+// Heterogeneous devices: see planner.h.
+PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t L = p.layers.size();
+  const int N = static_cast<int>(rq.slot_slowdown.size());
+  auto capOf = [&](int slot) {
+    const int64_t c = rq.slot_memory.empty() ? 0 : rq.slot_memory[static_cast<size_t>(slot)];
+    return c > 0 ? c : rq.memory_cap_bytes;
+  };
+  std::vector<int> by_speed(static_cast<size_t>(N));
+  for (int s = 0; s < N; ++s) by_speed[static_cast<size_t>(s)] = s;
+  std::stable_sort(by_speed.begin(), by_speed.end(), [&](int a, int b) {
+    return rq.slot_slowdown[static_cast<size_t>(a)] < rq.slot_slowdown[static_cast<size_t>(b)];
+  });
+  PlanOutcome out;
+  auto consider = [&](PlanSpec plan) {
+    ++out.candidates;
+    PlanChoice ch;
+    SimOptions so = rq.sim;
+    so.schedules = &search.schedules_;
+    ch.sim = simulate(p, plan, so);
+    ++out.simulated;
+    for (size_t r = 0; r < plan.workers.size(); ++r) {
+      const int64_t cap = capOf(plan.workers[r]);
+      if (cap > 0 && ch.sim.stages[r % static_cast<size_t>(plan.stages)].peak_bytes > cap) return;
+    }
+    ch.plan = std::move(plan);
+    out.plans.push_back(std::move(ch));
+  };
+  // Data parallelism on the fastest devices that hold the whole model.
+  const int64_t whole = stageBytes(p, 0, L, 1, false, rq.sim);
+  std::vector<int> fit;
+  for (int s : by_speed)
+    if (capOf(s) <= 0 || whole <= capOf(s)) fit.push_back(s);
+  const double per_vn = stageComputeSeconds(p, 0, L, false);
+  for (size_t k = 1; k <= fit.size() && static_cast<int64_t>(k) <= rq.virtual_nodes; ++k) {
+    PlanSpec plan;
+    plan.replicas = static_cast<int>(k);
+    plan.cuts = {0, L};
+    std::vector<double> t;
+    for (size_t r = 0; r < k; ++r) {
+      plan.workers.push_back(fit[r]);
+      plan.slowdown.push_back(rq.slot_slowdown[static_cast<size_t>(fit[r])]);
+      t.push_back(per_vn * plan.slowdown.back());
+    }
+    plan.vn_shares = weightedShares(rq.virtual_nodes, t);
+    if (std::find(plan.vn_shares.begin(), plan.vn_shares.end(), 0) != plan.vn_shares.end()) break;  // k too many
+    consider(std::move(plan));
+  }
+  // One pipeline on the P fastest devices; types = distinct (speed, memory).
+  std::vector<std::pair<double, int64_t>> kinds;
+  auto typeOf = [&](int slot) {
+    const std::pair<double, int64_t> k{rq.slot_slowdown[static_cast<size_t>(slot)], capOf(slot)};
+    auto it = std::find(kinds.begin(), kinds.end(), k);
+    if (it != kinds.end()) return static_cast<int>(it - kinds.begin());
+    kinds.push_back(k);
+    return static_cast<int>(kinds.size()) - 1;
+  };
+  for (int s = 0; s < N; ++s) typeOf(s);
+  std::vector<int64_t> caps;
+  for (const auto& k : kinds) caps.push_back(k.second);
+  const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
+  for (int P = 2; P <= max_p; ++P) {
+    std::vector<int> chosen(by_speed.begin(), by_speed.begin() + P), types;
+    for (int s : chosen) types.push_back(typeOf(s));
+    for (ScheduleKind kind : rq.schedules)
+      for (bool rc : {false, true}) {
+        if (rc && !rq.try_recompute) continue;
+        const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, P);
+        const DeviceStageFns fns{[&](size_t i, size_t j, int t) {
+                                   const double f = kinds[static_cast<size_t>(t)].first;
+                                   return std::max(stageComputeSeconds(p, i, j, rc) * f, search.seconds(i, j, rc));
+                                 },
+                                 base.bytes, caps};
+        const auto best = bestDevicePipeline(L, types, fns);
+        if (!best) continue;
+        PlanSpec plan;
+        plan.stages = P;
+        plan.cuts = best->cut.cuts;
+        plan.schedule = kind;
+        plan.recompute = rc;
+        plan.vn_shares = {rq.virtual_nodes};
+        std::vector<int> left = chosen;
+        for (int t : best->order) {
+          auto it = std::find_if(left.begin(), left.end(), [&](int s) { return typeOf(s) == t; });
+          plan.workers.push_back(*it);
+          plan.slowdown.push_back(rq.slot_slowdown[static_cast<size_t>(*it)]);
+          left.erase(it);
+        }
+        consider(std::move(plan));
+      }
+  }
+  if (out.plans.empty()) {
+    // Name the tightest device and what the model needs at best on all N.
+    int tight = 0;
+    for (int s = 1; s < N; ++s)
+      if (capOf(s) > 0 && (capOf(tight) <= 0 || capOf(s) < capOf(tight))) tight = s;
+    int64_t need = whole;
+    for (int P = 2; P <= max_p; ++P)
+      if (auto c = minPeakBytesCut(L, P, search.fns(ScheduleKind::k1F1B, true, rq.virtual_nodes, P)))
+        need = std::min(need, *std::max_element(c->bytes.begin(), c->bytes.end()));
+    int64_t largest = 0;
+    for (int s = 0; s < N; ++s) largest = std::max(largest, capOf(s));
+    throw InputError("the devices cannot hold the model: its smallest pipeline stage over " + std::to_string(max_p) +
+                     " devices needs " + fmtMib(need) + " MiB, the largest device has " + fmtMib(largest) +
+                     " MiB (" + fmtMib(need - largest) + " MiB short); the tightest is worker slot " +
+                     std::to_string(tight) + " with " + fmtMib(capOf(tight)) + " MiB");
+  }
+  std::stable_sort(out.plans.begin(), out.plans.end(), [](const PlanChoice& a, const PlanChoice& b) {
+    return a.sim.step_seconds < b.sim.step_seconds;
+  });
+  if (out.plans.size() > static_cast<size_t>(std::max(1, rq.top_k))) out.plans.resize(static_cast<size_t>(rq.top_k));
+  out.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
 }  // namespace
 
 std::string scheduleLabel(const PlanSpec& plan) { return plan.stages == 1 ? "-" : toString(plan.schedule); }
@@ -189,6 +305,7 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
   int max_stages = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(rq.workers)));
   if (rq.max_stages > 0) max_stages = std::min(max_stages, rq.max_stages);
   Search search(p, rq);
+  if (!rq.slot_slowdown.empty()) return planDevices(p, rq, search);
 
   std::vector<Candidate> cands;
   for (int P = 1; P <= max_stages; ++P) {

@@ -27,6 +27,11 @@ struct PlanRequest {
   std::vector<ScheduleKind> schedules{ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kVaruna};
   bool try_recompute = true;
   SimOptions sim;
+  // Heterogeneous devices (a resources file): per worker slot, its compute
+  // factor (>= 1) and memory in bytes (0: memory_cap_bytes). Empty: N
+  // identical workers.
+  std::vector<double> slot_slowdown;
+  std::vector<int64_t> slot_memory;
 };
 
 struct PlanChoice {
@@ -42,6 +47,13 @@ struct PlanOutcome {
   double planning_seconds = 0;    // the search alone
 };
 
+// With slot_slowdown set (heterogeneous devices), the candidates are:
+//  - data parallelism on the k fastest devices that hold the model, k = 1..N,
+//    each with the VN shares that minimise the slowest worker
+//    (weightedShares(): faster devices get more VNs);
+//  - one pipeline on the P fastest devices, P = 2..min(layers, N), with the
+//    device order and cut of bestDevicePipeline() (the slowest stage on its
+//    own device's speed, every stage within its device's memory).
 // InputError when no plan fits the memory cap, naming the stage (its
 // layers) that comes closest and by how many MiB it is over, or the layer
 // that does not fit even alone.

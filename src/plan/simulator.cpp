@@ -203,6 +203,17 @@ const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
   return lists_[key] = makeSchedule(so);
 }
 
+std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds) {
+  std::vector<int64_t> out(seconds.size(), 0);
+  for (int64_t v = 0; v < vns; ++v) {
+    size_t w = 0;
+    for (size_t k = 1; k < seconds.size(); ++k)
+      if (static_cast<double>(out[k] + 1) * seconds[k] < static_cast<double>(out[w] + 1) * seconds[w]) w = k;
+    ++out[w];
+  }
+  return out;
+}
+
 std::vector<int64_t> evenShares(int64_t vns, int parts) {
   std::vector<int64_t> out;
   for (int d = 0; d < parts; ++d) out.push_back(vns / parts + (d < vns % parts ? 1 : 0));
@@ -325,6 +336,18 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       }
       compute_end = std::max(compute_end, done);
       busy_max = std::max(busy_max, done);
+    }
+    // More workers than the host has cores: they take turns (the ranks of
+    // a `morph run` share one host), and their buckets are ready that much
+    // later.
+    double total_busy = 0;
+    for (int d = 0; d < D; ++d)
+      total_busy += per_vn_all * slow(d, 0) * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
+    const double cores_bound = total_busy / std::max(1, prof.host_cores);
+    if (!opts.in_process && cores_bound > compute_end) {
+      const double stretch = cores_bound / compute_end;
+      for (double& r : bucket_ready) r *= stretch;
+      compute_end = cores_bound;
     }
     double prev = 0;
     for (size_t b = 0; b < buckets.size(); ++b)

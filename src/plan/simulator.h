@@ -48,6 +48,9 @@ struct PlanSpec {
   // Per world rank (replica * P + stage): compute-time factor of its
   // device (>= 1; empty = all 1).
   std::vector<double> slowdown;
+  // Per world rank: the worker slot (resources file device) it runs on;
+  // empty = rank r on slot r.
+  std::vector<int> workers;
 };
 
 // Action lists by (schedule, P, M, recompute), made once: a planner
@@ -104,6 +107,12 @@ int64_t stageBytes(const Profile& profile, size_t first, size_t end, int64_t liv
 // Seconds of one VN's compute on stage [first, end) (forward, backward and,
 // with recomputation on a stage that is not the last, the recompute).
 double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute);
+
+// Shares of `vns` for workers whose VN takes `seconds[w]`, minimising the
+// slowest worker's time max_w share_w * seconds[w]: each VN goes to the
+// worker that would finish it first (exact for equal-sized tasks on workers
+// of different speeds; ties to the lower index). A worker may get 0.
+std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds);
 
 // Even contiguous shares of `vns` over `parts` (the first vns % parts get
 // one more), as assignVns() in the control plane.

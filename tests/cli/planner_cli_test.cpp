@@ -155,4 +155,59 @@ TEST_F(PlannerCli, BadProfilesAndImpossibleCapsExitTwoNamingTheProblem) {
   EXPECT_FALSE(fs::exists(out("capped") + "/metrics.jsonl"));
 }
 
+// Heterogeneous devices: a worker twice as slow (emulated) gets fewer VNs
+// (9 VNs as 6 + 3), a pipeline over a fast and a slow device is ordered and
+// cut for them; the model is the single-process one either way.
+TEST_F(PlannerCli, ResourcesGiveSpeedWeightedSharesAndTheReferenceHash) {
+  std::string body = kGpt;
+  body.replace(body.find("global = 24"), 11, "global = 18");
+  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
+  const std::string j = job(body);
+  const std::string ref = reference(j);
+  setenv("MORPH_CACHE", out("cache").c_str(), 1);
+  std::ofstream(out("res.toml")) << R"([types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+slowdown = 2.0
+[[devices]]
+type = "fast"
+[[devices]]
+type = "slow"
+)";
+  // Data parallel with the planner's shares (the plan is made for these devices).
+  Result r = run("run " + j + " --resources " + out("res.toml") + " --plan auto --set batch.global=18 --out " +
+                 out("het"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref) << r.out;
+  std::ifstream sin(out("het") + "/summary.json");
+  const auto summary = nlohmann::json::parse(sin);
+  if (summary.at("vn_shares").size() == 2) {
+    EXPECT_EQ(summary.at("vn_shares"), nlohmann::json::parse("[6, 3]")) << r.out;
+  }
+  // The same shares written by hand, on the same devices.
+  std::ofstream(out("dp.json")) << R"({"stages": [["embed", "head"]], "replicas": 2, "vn_shares": [6, 3]})";
+  r = run("run " + j + " --resources " + out("res.toml") + " --plan " + out("dp.json") + " --out " + out("dp"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("=[0,6)"), std::string::npos) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+  // A two-device pipeline whose order the planner chose (slow device first).
+  std::ofstream(out("pp.json")) << R"({"stages": [["embed", "block1"], ["block2", "head"]], "replicas": 1,
+      "workers": [1, 0]})";
+  r = run("run " + j + " --resources " + out("res.toml") + " --plan " + out("pp.json") + " --quiet --out " + out("pp"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref);
+  // Refused: a device count that is not the worker count, a device too small.
+  r = run("run " + j + " --resources " + out("res.toml") + " --workers 3 --out " + out("bad"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("lists 2 devices, but --workers is 3"), std::string::npos) << r.out;
+  std::ofstream(out("tiny.toml")) << "[types.t]\nmemory_mib = 8\n[[devices]]\ntype = \"t\"\ncount = 2\n";
+  r = run("run " + j + " --resources " + out("tiny.toml") + " --out " + out("tiny"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("worker slot 0 (type t, 8 MiB) cannot hold the model"), std::string::npos) << r.out;
+  r = run("plan " + j + " --profile " + profile(j) + " --resources " + out("tiny.toml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the tightest is worker slot"), std::string::npos) << r.out;
+}
+
 }  // namespace

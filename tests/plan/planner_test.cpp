@@ -1,6 +1,8 @@
 // The planner (memory caps, pruning, infeasible pools) and the profile
 // format (round trip, refusals naming the file and the key).
 #include "plan/planner.h"
+#include "plan/partitioner.h"
+#include "plan/resources.h"
 
 #include <gtest/gtest.h>
 
@@ -52,7 +54,9 @@ TEST(Planner, NeverReturnsAPlanOverTheMemoryCap) {
     rq.virtual_nodes = 4 + trial % 9;
     rq.top_k = 50;
     // From hopeless to roomy, around the single-worker footprint.
-    const int64_t whole = simulate(p, {1, 1, {}, ScheduleKind::k1F1B, false, {rq.virtual_nodes}, {}}).stages[0].peak_bytes;
+    PlanSpec one;
+    one.vn_shares = {rq.virtual_nodes};
+    const int64_t whole = simulate(p, one).stages[0].peak_bytes;
     rq.memory_cap_bytes = static_cast<int64_t>(static_cast<double>(whole) * (0.3 + 0.1 * (trial % 10)));
     try {
       const PlanOutcome out = planJob(p, rq);
@@ -211,6 +215,218 @@ TEST(Profile, FitsALineThroughSamples) {
   EXPECT_NEAR(f.latency_s, 1.0, 1e-12);
   EXPECT_NEAR(f.seconds_per_byte, 0.1, 1e-12);
   EXPECT_NEAR(f.at(30), 4.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace morph
+
+namespace morph {
+namespace {
+
+TEST(Resources, ExpandsCountsAndPinnedSlots) {
+  const Resources r = parseResources(R"([types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 2048.5
+slowdown = 2
+[[devices]]
+type = "fast"
+count = 2
+[[devices]]
+type = "slow"
+workers = [1]
+host = "10.0.0.7"
+)",
+                                     "res.toml");
+  ASSERT_EQ(r.devices.size(), 3u);
+  EXPECT_EQ(r.devices[0].type, "fast");
+  EXPECT_EQ(r.devices[1].type, "slow");
+  EXPECT_EQ(r.devices[1].host, "10.0.0.7");
+  EXPECT_EQ(r.devices[2].type, "fast");
+  EXPECT_DOUBLE_EQ(r.typeOf(1).slowdown, 2.0);
+  EXPECT_EQ(r.typeOf(1).memory_bytes, static_cast<int64_t>(2048.5 * 1048576));
+  EXPECT_DOUBLE_EQ(r.typeOf(0).slowdown, 1.0);
+}
+
+TEST(Resources, RefusesBadFilesNamingTheKey) {
+  auto refusal = [](const std::string& text) {
+    try {
+      parseResources(text, "res.toml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string type = "[types.a]\nmemory_mib = 100\n";
+  EXPECT_NE(refusal("[types.a\n").find("res.toml:1: not TOML"), std::string::npos);
+  EXPECT_NE(refusal(type + "[[devices]]\ntype = \"b\"\n").find("key 'devices[0].type': unknown type 'b'"),
+            std::string::npos);
+  EXPECT_NE(refusal("[types.a]\nslowdown = 2.0\n[[devices]]\ntype = \"a\"\n").find("key 'types.a.memory_mib': missing"),
+            std::string::npos);
+  EXPECT_NE(refusal("[types.a]\nmemory_mib = 100\nslowdown = 0.5\n[[devices]]\ntype = \"a\"\n")
+                .find("key 'types.a.slowdown'"),
+            std::string::npos);
+  EXPECT_NE(refusal(type + "[[devices]]\ntype = \"a\"\nworkers = [0]\n[[devices]]\ntype = \"a\"\nworkers = [0]\n")
+                .find("worker slot 0 is listed twice"),
+            std::string::npos);
+  EXPECT_NE(refusal(type + "[[devices]]\ntype = \"a\"\nworkers = [3]\n").find("without gaps"), std::string::npos);
+  EXPECT_NE(refusal(type + "[[devices]]\ntype = \"a\"\ncolor = 1\n").find("key 'devices[0].color': unknown key"),
+            std::string::npos);
+  EXPECT_NE(refusal(type).find("key 'devices': missing"), std::string::npos);
+}
+
+TEST(Planner, WeightedSharesMinimiseTheSlowestWorker) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> speed(1.0, 4.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t W = 1 + static_cast<size_t>(trial % 4);
+    const int64_t V = 1 + trial % 11;
+    std::vector<double> t;
+    for (size_t w = 0; w < W; ++w) t.push_back(trial % 3 ? speed(rng) : std::floor(speed(rng)));
+    const auto shares = weightedShares(V, t);
+    int64_t sum = 0;
+    double worst = 0;
+    for (size_t w = 0; w < W; ++w) sum += shares[w], worst = std::max(worst, static_cast<double>(shares[w]) * t[w]);
+    EXPECT_EQ(sum, V);
+    // Brute force over every split of V into W shares.
+    double best = 1e30;
+    std::vector<int64_t> s(W, 0);
+    std::function<void(size_t, int64_t)> go = [&](size_t w, int64_t left) {
+      if (w + 1 == W) {
+        s[w] = left;
+        double m = 0;
+        for (size_t k = 0; k < W; ++k) m = std::max(m, static_cast<double>(s[k]) * t[k]);
+        best = std::min(best, m);
+        return;
+      }
+      for (int64_t x = 0; x <= left; ++x) s[w] = x, go(w + 1, left - x);
+    };
+    go(0, V);
+    EXPECT_DOUBLE_EQ(worst, best) << "trial " << trial;
+  }
+  // 9 VNs on a worker and one twice as slow: 6 + 3.
+  EXPECT_EQ(weightedShares(9, {1.0, 2.0}), (std::vector<int64_t>{6, 3}));
+}
+
+TEST(Planner, DeviceOrderAndCutMatchBruteForce) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> u(0.5, 3.0);
+  int feasible = 0, infeasible = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t L = 2 + static_cast<size_t>(trial % 6);
+    const int P = 2 + trial % 3;
+    if (static_cast<size_t>(P) > L) continue;
+    const int T = 1 + trial % 3;
+    std::vector<double> cost(L), speed(static_cast<size_t>(T));
+    std::vector<int64_t> bytes(L), caps(static_cast<size_t>(T));
+    for (auto& c : cost) c = std::round(u(rng) * 4) / 4;
+    for (auto& b : bytes) b = static_cast<int64_t>(u(rng) * 100);
+    for (auto& s : speed) s = std::round(u(rng) * 2) / 2 + 0.5;
+    for (auto& c : caps) c = trial % 5 == 0 ? 0 : static_cast<int64_t>(u(rng) * 250);
+    std::vector<int> devices;
+    for (int d = 0; d < P; ++d) devices.push_back(static_cast<int>(rng() % static_cast<unsigned>(T)));
+    DeviceStageFns fns{[&](size_t i, size_t j, int t) {
+                         double c = 0;
+                         for (size_t l = i; l < j; ++l) c += cost[l];
+                         return c * speed[static_cast<size_t>(t)];
+                       },
+                       [&](size_t i, size_t j, int r) {
+                         int64_t b = 10 * r;  // deeper stages stash more
+                         for (size_t l = i; l < j; ++l) b += bytes[l];
+                         return b;
+                       },
+                       caps};
+    const auto got = bestDevicePipeline(L, devices, fns);
+    // Every permutation of the devices (equal types included) and every cut.
+    double best = 1e30;
+    std::vector<int> perm = devices;
+    std::sort(perm.begin(), perm.end());
+    std::vector<size_t> idx(static_cast<size_t>(P));
+    for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+    do {
+      std::vector<size_t> cuts{0};
+      std::function<void(int)> go = [&](int k) {
+        if (k == P) {
+          if (cuts.back() != L) return;
+          double m = 0;
+          for (int s = 0; s < P; ++s) {
+            const int t = devices[idx[static_cast<size_t>(s)]];
+            const int64_t cap = caps[static_cast<size_t>(t)];
+            if (cap > 0 && fns.bytes(cuts[static_cast<size_t>(s)], cuts[static_cast<size_t>(s) + 1], P - s) > cap) return;
+            m = std::max(m, fns.seconds(cuts[static_cast<size_t>(s)], cuts[static_cast<size_t>(s) + 1], t));
+          }
+          best = std::min(best, m);
+          return;
+        }
+        for (size_t j = cuts.back() + 1; j + static_cast<size_t>(P - k - 1) <= L; ++j) {
+          cuts.push_back(j);
+          go(k + 1);
+          cuts.pop_back();
+        }
+      };
+      go(0);
+    } while (std::next_permutation(idx.begin(), idx.end()));
+    if (best >= 1e30) {
+      EXPECT_FALSE(got.has_value()) << "trial " << trial;
+      ++infeasible;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value()) << "trial " << trial;
+    ++feasible;
+    EXPECT_DOUBLE_EQ(got->cut.bottleneck_s, best) << "trial " << trial;
+    // The returned order is a rearrangement of the devices, and its cut
+    // achieves the bottleneck within every device's cap.
+    std::vector<int> a = got->order, b = devices;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b);
+    double m = 0;
+    for (int s = 0; s < P; ++s) {
+      const size_t i = got->cut.cuts[static_cast<size_t>(s)], j = got->cut.cuts[static_cast<size_t>(s) + 1];
+      const int t = got->order[static_cast<size_t>(s)];
+      m = std::max(m, fns.seconds(i, j, t));
+      if (caps[static_cast<size_t>(t)] > 0) {
+        EXPECT_LE(fns.bytes(i, j, P - s), caps[static_cast<size_t>(t)]);
+      }
+    }
+    EXPECT_DOUBLE_EQ(m, best);
+  }
+  EXPECT_GT(feasible, 50);
+  EXPECT_GT(infeasible, 10);
+}
+
+TEST(Planner, DevicePlansKeepEveryDevicesMemory) {
+  std::mt19937 rng(13);
+  int planned = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    const Profile p = randomProfile(rng, 3 + static_cast<size_t>(trial % 5));
+    PlanRequest rq;
+    rq.virtual_nodes = 6 + trial % 5;
+    rq.top_k = 100;
+    const int64_t whole = stageBytes(p, 0, p.layers.size(), 1, false, rq.sim);
+    const int N = 2 + trial % 4;
+    for (int s = 0; s < N; ++s) {
+      rq.slot_slowdown.push_back(1.0 + static_cast<double>(s % 3));
+      rq.slot_memory.push_back(static_cast<int64_t>(static_cast<double>(whole) * (0.6 + 0.25 * ((s + trial) % 4))));
+    }
+    rq.workers = N;
+    try {
+      const PlanOutcome out = planJob(p, rq);
+      ++planned;
+      for (const PlanChoice& c : out.plans) {
+        ASSERT_EQ(c.plan.workers.size(), static_cast<size_t>(c.plan.stages * c.plan.replicas));
+        for (size_t r = 0; r < c.plan.workers.size(); ++r)
+          EXPECT_LE(c.sim.stages[r % static_cast<size_t>(c.plan.stages)].peak_bytes,
+                    rq.slot_memory[static_cast<size_t>(c.plan.workers[r])]);
+        int64_t vns = 0;
+        for (int64_t v : c.plan.vn_shares) vns += v;
+        EXPECT_EQ(vns, rq.virtual_nodes);
+      }
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("the tightest is worker slot"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(planned, 10);
 }
 
 }  // namespace

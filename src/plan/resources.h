@@ -1,0 +1,44 @@
+// Resources file: the devices a job may run on (docs/resources.md). Device
+// types have a memory cap and, on machines without such devices, a
+// slowdown factor that Morph emulates (a worker idles (f - 1) x its measured
+// compute after each VN). Devices are listed in worker order: worker slot i
+// (the i-th worker of `morph run`, or world rank i) is device i.
+//
+//   [types.fast]                 [[devices]]
+//   memory_mib = 4096            type = "fast"
+//   slowdown = 1.0               host = "local"     # or an address
+//                                count = 1          # or: workers = [0, 2]
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace morph {
+
+struct DeviceType {
+  std::string name;
+  int64_t memory_bytes = 0;
+  double slowdown = 1.0;  // >= 1
+};
+
+struct Device {
+  std::string type;
+  std::string host = "local";
+};
+
+struct Resources {
+  std::string file;  // for messages
+  std::map<std::string, DeviceType> types;
+  std::vector<Device> devices;  // by worker slot
+  const DeviceType& typeOf(size_t slot) const { return types.at(devices.at(slot).type); }
+};
+
+// InputError naming the file and the key: not TOML, an unknown key, a type
+// without memory_mib, a slowdown below 1, a device of an unknown type, a
+// worker slot listed twice or left out.
+Resources readResources(const std::string& path);
+Resources parseResources(const std::string& toml_text, const std::string& origin);
+
+}  // namespace morph
