@@ -28,7 +28,7 @@ namespace {
 // Seconds of measuring rounds over the layers (docs/profile_format.md).
 constexpr double kCalibrateBudget = 3.0;
 // VNs both calibration processes compute at once to measure contention.
-constexpr int kContentionRounds = 15;
+constexpr int kContentionRounds = 25;
 
 std::vector<std::string> layerNames(const JobSpec& job) {
   auto model = buildModel(job.model, job.seed);
@@ -95,12 +95,8 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
     go.interface_addr = "127.0.0.1";
     auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 0, 2, go);
     measureComm(*comm, p2p, ar, &p, say);
-    double whole = 0;
-    for (const LayerCost& c : p.layers) whole += c.forward_s + c.backward_s;
-    const double together = measureConcurrentVn(job, *data.train, *comm, kContentionRounds);
-    p.compute_contention = whole > 0 ? std::max(1.0, together / whole) : 1.0;
-    say("two workers computing at once: " + fmt("%.3f", together * 1e3) + " ms per VN (x" +
-        fmt("%.3f", p.compute_contention) + ")");
+    p.compute_contention = measureContention(job, *data.train, *comm, kContentionRounds);
+    say("two workers computing at once: x" + fmt("%.3f", p.compute_contention) + " per VN");
     store->wait({"calib/store_rtt"}, std::chrono::seconds(60));
     // A worker reads the generation key each step and rank 0 posts the
     // step's metrics: two store round trips.
@@ -203,7 +199,7 @@ int runCalibratePeer(const std::string& join) {
   auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 1, 2, go);
   measureComm(*comm, sizes.at("p2p").get<std::vector<int64_t>>(), sizes.at("allreduce").get<std::vector<int64_t>>(),
               nullptr, nullptr);
-  measureConcurrentVn(job, *data.train, *comm, kContentionRounds);
+  measureContention(job, *data.train, *comm, kContentionRounds);
   // One store round trip, as a worker pays it between steps.
   std::vector<double> rtt;
   for (int i = 0; i < 41; ++i) {
@@ -383,8 +379,8 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
               best.plan.stages > 1 ? (", " + toString(best.plan.schedule)).c_str() : "",
               best.plan.recompute ? " with recomputation" : "", best.sim.step_seconds * 1e3, r.plan.c_str());
   if (o.workers > used)
-    std::printf("morph: %d of the %d workers would not make a step faster; starting %d\n", o.workers - used,
-                o.workers, used);
+    std::printf("morph: %d of the %d workers would not make a step faster; %s %d\n", o.workers - used, o.workers,
+                o.resources.empty() ? "starting" : "running on", used);
   std::fflush(stdout);
   r.stages = best.plan.stages;
   r.schedule.clear();  // the plan file's

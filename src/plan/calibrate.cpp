@@ -228,7 +228,7 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
   return p;
 }
 
-double measureConcurrentVn(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds) {
+double measureContention(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds) {
   auto model = buildModel(job.model, job.seed);
   model->train();
   const Batch batch = train.range(0, job.vnSize());
@@ -242,11 +242,17 @@ double measureConcurrentVn(const JobSpec& job, const Dataset& train, Communicato
   };
   vn();  // warm-up
   double go = 1;
-  comm.allreduceMax(&go, 1);  // start together
-  std::vector<double> runs;
-  for (int r = 0; r < rounds; ++r) runs.push_back(vn());
+  // Alone (the peer waits in the next all-reduce), then together, back to
+  // back, so that a slow spell of a shared machine touches both alike.
+  std::vector<double> alone, together;
   comm.allreduceMax(&go, 1);
-  return robustMedian(runs);
+  if (comm.rank() == 0)
+    for (int r = 0; r < rounds; ++r) alone.push_back(vn());
+  comm.allreduceMax(&go, 1);
+  for (int r = 0; r < rounds; ++r) together.push_back(vn());
+  comm.allreduceMax(&go, 1);
+  if (comm.rank() != 0) return 1.0;
+  return std::max(1.0, robustMedian(together) / robustMedian(alone));
 }
 
 std::vector<int64_t> p2pSizes(const Profile& p) {

@@ -40,10 +40,10 @@ std::vector<int64_t> allreduceSizes(const Profile& profile);
 void measureComm(Communicator& comm, const std::vector<int64_t>& p2p_bytes,
                  const std::vector<int64_t>& allreduce_bytes, Profile* profile, const ProgressFn& progress);
 
-// Both ranks of `comm` (size 2, one host) run `rounds` VNs' forward and
-// backward through the whole model at the same time; rank 0 gets the
-// median seconds per VN (to set against measureCompute's figure alone:
-// Profile::compute_contention).
-double measureConcurrentVn(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds);
+// Both ranks of `comm` (size 2, one host) call it: rank 0 computes
+// `rounds` VNs of the whole model alone, then both ranks compute `rounds`
+// at the same time; rank 0 returns the ratio of the medians (>= 1):
+// Profile::compute_contention.
+double measureContention(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds);
 
 }  // namespace morph

@@ -340,9 +340,11 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // More workers than the host has cores: they take turns (the ranks of
     // a `morph run` share one host), and their buckets are ready that much
     // later.
+    // (An emulated slow device idles; a real one computes on its own: the
+    // host's cores carry this machine's compute only.)
     double total_busy = 0;
     for (int d = 0; d < D; ++d)
-      total_busy += per_vn_all * slow(d, 0) * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
+      total_busy += per_vn_all * contention * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
     const double cores_bound = total_busy / std::max(1, prof.host_cores);
     if (!opts.in_process && cores_bound > compute_end) {
       const double stretch = cores_bound / compute_end;
@@ -402,9 +404,10 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // Ranks of one host share its cores: the compute cannot finish sooner
   // than the host's total compute divided by its cores (all ranks of a
   // `morph run` are on one host).
-  double total_busy = 0;
-  for (const ReplicaRun& r : runs)
-    for (double b : r.busy) total_busy += b;
+  double total_busy = 0;  // this machine's compute (see the data-parallel case)
+  for (int d = 0; d < D; ++d)
+    for (int k = 0; k < P; ++k)
+      total_busy += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) * contention;
   const double cores_bound = total_busy / std::max(1, prof.host_cores);
   const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
   compute_end *= stretch, all_ready *= stretch;
