@@ -108,9 +108,10 @@ class Manager {
                          const std::vector<std::string>& names);
 };
 
-// Validates the pipeline before any worker starts: the cut (even or from
-// the plan file), the worker count, each replica's schedule, and the memory
-// cap. Pipeline jobs run on a fixed set of workers for now.
+// Validates the plan before any worker starts: the cut (even or from the
+// plan file), its replicas, VN shares and worker slots, the worker count,
+// each replica's schedule, the memory cap and each device's memory
+// (resources file). Pipeline jobs run on a fixed set of workers for now.
 void Manager::setUpPipeline() {
   const bool plan_file = !o_.plan.empty() && o_.plan != "auto";
   if (!o_.resources.empty()) res_ = readResources(o_.resources);
