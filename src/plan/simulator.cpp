@@ -61,9 +61,10 @@ struct ReplicaRun {
   std::vector<double> busy;   // per stage: compute seconds
 };
 
-// Runs one replica's P action lists over M VNs as discrete events: the rank
-// whose next action can happen earliest goes first, so Varuna's decision
-// "has this gradient arrived?" is taken at the right simulated time.
+// Runs one replica's P action lists over M VNs as discrete events. Under
+// Varuna the rank whose next action can happen earliest goes first, so its
+// decision "has this gradient arrived?" is taken at the right simulated
+// time; the other schedules need no global order.
 ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vector<StageCosts>& cost,
                       int64_t M, const SimOptions& opts) {
   const int P = plan.stages;
@@ -115,7 +116,41 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
     const double arr = arrivalOf(c, n, prof, delay);
     return arr != kUnknown && arr <= now;
   };
-  while (true) {
+  auto execute = [&](size_t k, const Action& a, double now) {
+    const StageCosts& sc = cost[k];
+    switch (a.kind) {
+      case ActionKind::kForward: t[k] = now + sc.fwd, run.busy[k] += sc.fwd; break;
+      case ActionKind::kBackward: t[k] = now + sc.bwd, run.busy[k] += sc.bwd; break;
+      case ActionKind::kRecompute: t[k] = now + sc.rec, run.busy[k] += sc.rec; break;
+      case ActionKind::kSendAct: act[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
+      case ActionKind::kSendGrad: grad[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
+      case ActionKind::kRecvAct: act[k - 1].msgs[act_in[k]++].taken = now, t[k] = now; break;
+      case ActionKind::kRecvGrad: grad[k + 1].msgs[grad_in[k]++].taken = now, t[k] = now; break;
+    }
+    ++pc[k];
+  };
+  // GPipe and 1F1B never reorder: every action's time follows from its
+  // rank's previous action and its message alone, whatever order the ranks
+  // are stepped in, so each rank runs as far as it can, in turns.
+  for (bool progress = !varuna; progress;) {
+    progress = false;
+    for (size_t k = 0; k < static_cast<size_t>(P); ++k)
+      while (pc[k] < acts[k].size()) {
+        const Action& a = acts[k][pc[k]];
+        double now = t[k];
+        size_t n = 0;
+        if (Channel* c = incoming(k, a, &n)) {
+          const double arr = arrivalOf(*c, n, prof, delay);
+          if (arr == kUnknown) break;
+          now = std::max(now, arr);
+        }
+        execute(k, a, now);
+        progress = true;
+      }
+  }
+  // Varuna decides by what has arrived when a rank reaches a receive: the
+  // rank whose next action can happen earliest goes first.
+  while (varuna) {
     int best = -1;
     double best_t = std::numeric_limits<double>::infinity();
     bool all_done = true;
@@ -149,20 +184,10 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
       }
       continue;
     }
-    const Action a = list[i];
-    const double now = best_t;
-    const StageCosts& sc = cost[k];
-    switch (a.kind) {
-      case ActionKind::kForward: t[k] = now + sc.fwd, run.busy[k] += sc.fwd; break;
-      case ActionKind::kBackward: t[k] = now + sc.bwd, run.busy[k] += sc.bwd; break;
-      case ActionKind::kRecompute: t[k] = now + sc.rec, run.busy[k] += sc.rec; break;
-      case ActionKind::kSendAct: act[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
-      case ActionKind::kSendGrad: grad[k].msgs.push_back({now, kUnknown, kUnknown}), t[k] = now; break;
-      case ActionKind::kRecvAct: act[k - 1].msgs[act_in[k]++].taken = now, t[k] = now; break;
-      case ActionKind::kRecvGrad: grad[k + 1].msgs[grad_in[k]++].taken = now, t[k] = now; break;
-    }
-    ++pc[k];
+    execute(k, list[i], best_t);
   }
+  for (size_t k = 0; k < static_cast<size_t>(P); ++k)
+    MORPH_CHECK(pc[k] == acts[k].size(), "simulated schedule deadlocked (the validator should have refused it)");
   run.last = t;
   // The executor waits for its sends to be delivered before reducing.
   for (int k = 0; k < P; ++k) {
