@@ -6,7 +6,9 @@
 //    blocks heavy; 512 VNs) and, with --profile FILE, on a calibrated one
 //    (e.g. gpt-mini's), without and with a memory cap. Varuna reports
 //    0.4-0.7 s for 128 GPUs.
-// 2. Cut quality: for each P the planner's cut (min-max DP over the
+// 2. Heterogeneous pools of 8, 128 and 1024 devices of 3 types (the
+//    synthetic profile): planning_seconds of planDevices.
+// 3. Cut quality: for each P the planner's cut (min-max DP over the
 //    calibrated costs) against the equal-layer-count split Varuna's code
 //    uses, both simulated with 1F1B on one replica: predicted step time of
 //    the even split over the DP's.
@@ -115,6 +117,33 @@ void cuts(const char* label, const Profile& p, int64_t vns) {
   }
 }
 
+// Heterogeneous pools: 3 device types (speed factors 1, 1.5 and 2; the
+// slower, the less memory), equal numbers of each.
+void devices(const Profile& p, int64_t vns, int repeat) {
+  std::printf("\nheterogeneous pools, 3 types, %lld VNs\n", static_cast<long long>(vns));
+  std::printf("%8s %14s %12s %12s  %s\n", "devices", "planning ms", "simulated", "step ms", "best plan");
+  int64_t whole = 0;
+  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+  for (int n : {8, 128, 1024}) {
+    PlanRequest rq;
+    rq.virtual_nodes = vns;
+    rq.workers = n;
+    for (int s = 0; s < n; ++s) {
+      rq.slot_slowdown.push_back(1.0 + 0.5 * (s % 3));
+      rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
+    }
+    double best = 1e30;
+    PlanOutcome out;
+    for (int r = 0; r < repeat; ++r) {
+      out = planJob(p, rq);
+      best = std::min(best, out.planning_seconds);
+    }
+    const PlanChoice& c = out.plans.front();
+    std::printf("%8d %14.2f %12lld %12.2f  P=%d D=%d %s\n", n, best * 1e3, static_cast<long long>(out.simulated),
+                c.sim.step_seconds * 1e3, c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +159,7 @@ int main(int argc, char** argv) {
   const Profile syn = synthetic(96);
   speed("synthetic", syn, 512, repeat);
   cuts("synthetic", syn, 64);
+  devices(syn, 512, repeat);
   if (!profile.empty()) {
     const Profile p = readProfile(profile);
     speed(profile.c_str(), p, vns, repeat);

@@ -390,7 +390,8 @@ int64_t stashedVns(const ScheduleOptions& o, int rank) {
 
 size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
                          const std::function<bool(const Action&)>& arrived) {
-  for (size_t j = i + 1; j < actions.size(); ++j) {
+  const size_t end = std::min(actions.size(), i + 1 + kVarunaLookAhead);
+  for (size_t j = i + 1; j < end; ++j) {
     const Action& c = actions[j];
     const bool input_here = c.kind == ActionKind::kForward || c.kind == ActionKind::kSendAct ||
                             c.kind == ActionKind::kRecompute ||

@@ -132,7 +132,10 @@ double bubbleFraction(int stages, int64_t micro_batches);
 // has not arrived yet, the first later action j that canSwap() lets move
 // ahead of it and whose input is already here (a receive whose message
 // `arrived`; a forward, recompute or activation send always), or i when
-// there is none. The caller moves actions[j] to position i.
+// there is none. The caller moves actions[j] to position i. It looks at
+// most kVarunaLookAhead actions ahead (the next few forwards are what can
+// usefully fill the wait; a longer scan costs O(list) per wait).
+constexpr size_t kVarunaLookAhead = 32;
 size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
                          const std::function<bool(const Action&)>& arrived);
 

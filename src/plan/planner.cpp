@@ -175,6 +175,22 @@ struct Candidate {
                    fmtMib(best - rq.memory_cap_bytes) + " MiB over the cap");
 }
 
+// Mixed pipelines are searched over every distinct device order (P devices
+// of T types have P! / prod(n_t!)) only while orders x P x layers^2 DP
+// steps stay under this; deeper mixed pipelines are left out.
+constexpr double kMaxDeviceOrderWork = 5e7;
+
+double distinctOrders(std::vector<int> types) {
+  std::sort(types.begin(), types.end());
+  double orders = 1;
+  size_t run = 0;
+  for (size_t i = 0; i < types.size(); ++i) {
+    run = i > 0 && types[i] == types[i - 1] ? run + 1 : 1;
+    orders = orders * static_cast<double>(i + 1) / static_cast<double>(run);
+  }
+  return orders;
+}
+
 // Heterogeneous devices: see planner.h.
 PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -190,20 +206,10 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
     return rq.slot_slowdown[static_cast<size_t>(a)] < rq.slot_slowdown[static_cast<size_t>(b)];
   });
   PlanOutcome out;
-  auto consider = [&](PlanSpec plan) {
-    ++out.candidates;
-    PlanChoice ch;
-    SimOptions so = rq.sim;
-    so.schedules = &search.schedules_;
-    ch.sim = simulate(p, plan, so);
-    ++out.simulated;
-    for (size_t r = 0; r < plan.workers.size(); ++r) {
-      const int64_t cap = capOf(plan.workers[r]);
-      if (cap > 0 && ch.sim.stages[r % static_cast<size_t>(plan.stages)].peak_bytes > cap) return;
-    }
-    ch.plan = std::move(plan);
-    out.plans.push_back(std::move(ch));
-  };
+  // Candidates with a lower bound (the slowest worker's or stage's compute
+  // over its VNs), simulated in the order of their bound as in planJob().
+  std::vector<std::pair<double, PlanSpec>> cands;
+  auto consider = [&](PlanSpec plan, double lower_bound) { cands.push_back({lower_bound, std::move(plan)}); };
   // Data parallelism on the fastest devices that hold the whole model.
   const int64_t whole = stageBytes(p, 0, L, 1, false, rq.sim);
   std::vector<int> fit;
@@ -222,7 +228,9 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
     }
     plan.vn_shares = weightedShares(rq.virtual_nodes, t);
     if (std::find(plan.vn_shares.begin(), plan.vn_shares.end(), 0) != plan.vn_shares.end()) break;  // k too many
-    consider(std::move(plan));
+    double bound = 0;
+    for (size_t r = 0; r < k; ++r) bound = std::max(bound, static_cast<double>(plan.vn_shares[r]) * t[r]);
+    consider(std::move(plan), bound);
   }
   // One pipeline on the P fastest devices; types = distinct (speed, memory).
   std::vector<std::pair<double, int64_t>> kinds;
@@ -237,19 +245,41 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   std::vector<int64_t> caps;
   for (const auto& k : kinds) caps.push_back(k.second);
   const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
+  // While the P fastest devices are all of the fastest type there is one
+  // order, and one DP answers every such P at once.
+  int same = 0;
+  while (same < max_p && typeOf(by_speed[static_cast<size_t>(same)]) == typeOf(by_speed[0])) ++same;
+  const int fastest = typeOf(by_speed[0]);
+  auto deviceSeconds = [&](bool rc) {
+    return [&, rc](size_t i, size_t j, int t) {
+      const double f = kinds[static_cast<size_t>(t)].first;
+      return std::max(stageComputeSeconds(p, i, j, rc) * f, search.seconds(i, j, rc));
+    };
+  };
+  std::map<std::pair<int, bool>, std::vector<std::optional<StageCut>>> one_type;
+  for (ScheduleKind kind : rq.schedules)
+    for (bool rc : {false, true}) {
+      if ((rc && !rq.try_recompute) || same < 2) continue;
+      const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, same);
+      auto secs = deviceSeconds(rc);
+      one_type[{static_cast<int>(kind), rc}] =
+          minMaxCuts(L, same, {[&](size_t i, size_t j) { return secs(i, j, fastest); }, base.bytes},
+                     caps[static_cast<size_t>(fastest)]);
+    }
   for (int P = 2; P <= max_p; ++P) {
     std::vector<int> chosen(by_speed.begin(), by_speed.begin() + P), types;
     for (int s : chosen) types.push_back(typeOf(s));
     for (ScheduleKind kind : rq.schedules)
       for (bool rc : {false, true}) {
         if (rc && !rq.try_recompute) continue;
-        const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, P);
-        const DeviceStageFns fns{[&](size_t i, size_t j, int t) {
-                                   const double f = kinds[static_cast<size_t>(t)].first;
-                                   return std::max(stageComputeSeconds(p, i, j, rc) * f, search.seconds(i, j, rc));
-                                 },
-                                 base.bytes, caps};
-        const auto best = bestDevicePipeline(L, types, fns);
+        std::optional<DevicePipeline> best;
+        if (P <= same) {
+          const auto& c = one_type.at({static_cast<int>(kind), rc})[static_cast<size_t>(P) - 1];
+          if (c) best = DevicePipeline{types, *c};
+        } else if (distinctOrders(types) * P * static_cast<double>(L * L) <= kMaxDeviceOrderWork) {
+          const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, P);
+          best = bestDevicePipeline(L, types, {deviceSeconds(rc), base.bytes, caps});
+        }
         if (!best) continue;
         PlanSpec plan;
         plan.stages = P;
@@ -264,8 +294,31 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
           plan.slowdown.push_back(rq.slot_slowdown[static_cast<size_t>(*it)]);
           left.erase(it);
         }
-        consider(std::move(plan));
+        consider(std::move(plan), best->cut.bottleneck_s * static_cast<double>(rq.virtual_nodes));
       }
+  }
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  out.candidates = static_cast<int64_t>(cands.size());
+  const size_t K = static_cast<size_t>(std::max(1, rq.top_k));
+  for (auto& [bound, plan] : cands) {
+    if (out.plans.size() >= K && bound >= out.plans[K - 1].sim.step_seconds) break;
+    PlanChoice ch;
+    SimOptions so = rq.sim;
+    so.schedules = &search.schedules_;
+    ch.sim = simulate(p, plan, so);
+    ++out.simulated;
+    bool fits = true;
+    for (size_t r = 0; r < plan.workers.size(); ++r) {
+      const int64_t cap = capOf(plan.workers[r]);
+      fits = fits && !(cap > 0 && ch.sim.stages[r % static_cast<size_t>(plan.stages)].peak_bytes > cap);
+    }
+    if (!fits) continue;
+    ch.plan = std::move(plan);
+    auto pos = std::upper_bound(out.plans.begin(), out.plans.end(), ch, [](const PlanChoice& a, const PlanChoice& b) {
+      return a.sim.step_seconds < b.sim.step_seconds;
+    });
+    out.plans.insert(pos, std::move(ch));
   }
   if (out.plans.empty()) {
     // Name the tightest device and what the model needs at best on all N.
@@ -283,10 +336,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
                      " MiB (" + fmtMib(need - largest) + " MiB short); the tightest is worker slot " +
                      std::to_string(tight) + " with " + fmtMib(capOf(tight)) + " MiB");
   }
-  std::stable_sort(out.plans.begin(), out.plans.end(), [](const PlanChoice& a, const PlanChoice& b) {
-    return a.sim.step_seconds < b.sim.step_seconds;
-  });
-  if (out.plans.size() > static_cast<size_t>(std::max(1, rq.top_k))) out.plans.resize(static_cast<size_t>(rq.top_k));
+  if (out.plans.size() > K) out.plans.resize(K);
   out.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

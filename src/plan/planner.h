@@ -53,7 +53,8 @@ struct PlanOutcome {
 //    (weightedShares(): faster devices get more VNs);
 //  - one pipeline on the P fastest devices, P = 2..min(layers, N), with the
 //    device order and cut of bestDevicePipeline() (the slowest stage on its
-//    own device's speed, every stage within its device's memory).
+//    own device's speed, every stage within its device's memory), while
+//    the orders to try keep the search small (kMaxDeviceOrderWork).
 // InputError when no plan fits the memory cap, naming the stage (its
 // layers) that comes closest and by how many MiB it is over, or the layer
 // that does not fit even alone.

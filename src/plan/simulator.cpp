@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <queue>
 
 #include "core/error.h"
 
@@ -230,11 +231,16 @@ const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
 
 std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds) {
   std::vector<int64_t> out(seconds.size(), 0);
-  for (int64_t v = 0; v < vns; ++v) {
-    size_t w = 0;
-    for (size_t k = 1; k < seconds.size(); ++k)
-      if (static_cast<double>(out[k] + 1) * seconds[k] < static_cast<double>(out[w] + 1) * seconds[w]) w = k;
+  // Min-heap of (finish time of one more VN, worker): the smallest time,
+  // then the lowest index, takes the next VN.
+  using Slot = std::pair<double, size_t>;
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> next;
+  for (size_t w = 0; w < seconds.size(); ++w) next.push({seconds[w], w});
+  for (int64_t v = 0; v < vns && !next.empty(); ++v) {
+    const size_t w = next.top().second;
+    next.pop();
     ++out[w];
+    next.push({static_cast<double>(out[w] + 1) * seconds[w], w});
   }
   return out;
 }
