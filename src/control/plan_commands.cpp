@@ -216,8 +216,7 @@ int runCalibratePeer(const std::string& join) {
 int runSimulate(const SimulateOptions& o) {
   const JobSpec job = loadJobFile(o.job_path, o.overrides);
   const Profile prof = loadProfileFor(o.profile, job);
-  std::vector<std::string> names;
-  for (const LayerCost& l : prof.layers) names.push_back(l.name);
+  const std::vector<std::string>& names = prof.fingerprint.layers;
   PlanSpec plan;
   if (!o.plan.empty()) {
     const PlanFile pf = readPlanFile(o.plan, names, job.virtual_nodes);
@@ -294,8 +293,7 @@ int runSimulate(const SimulateOptions& o) {
 int runPlan(const PlanOptions& o) {
   const JobSpec job = loadJobFile(o.job_path, o.overrides);
   const Profile prof = loadProfileFor(o.profile, job);
-  std::vector<std::string> names;
-  for (const LayerCost& l : prof.layers) names.push_back(l.name);
+  const std::vector<std::string>& names = prof.fingerprint.layers;
   PlanRequest rq;
   rq.workers = o.workers;
   rq.virtual_nodes = job.virtual_nodes;
