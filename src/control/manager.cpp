@@ -774,6 +774,13 @@ int Manager::run() {
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
   json extra = json::object();
   extra["vn_shares"] = vn_shares_;
+  // The plan the job ended on (docs/planner.md).
+  extra["plan"] = pipelined() ? json{{"stages", pipeline_.at("stages")},
+                                     {"replicas", pipeline_.at("replicas")},
+                                     {"schedule", pipeline_.at("schedule")},
+                                     {"recompute", pipeline_.at("recompute")},
+                                     {"cuts", pipeline_.at("cuts")}}
+                              : json{{"stages", 1}, {"replicas", members_.size()}, {"schedule", "-"}, {"recompute", false}};
   if (res_) {
     json types = json::array();
     for (int64_t id : members_) types.push_back(res_->devices.at(static_cast<size_t>(id)).type);

@@ -182,6 +182,8 @@ type = "slow"
   EXPECT_EQ(lastLineHash(r.out), ref) << r.out;
   std::ifstream sin(out("het") + "/summary.json");
   const auto summary = nlohmann::json::parse(sin);
+  ASSERT_TRUE(summary.contains("plan")) << r.out;
+  EXPECT_EQ(summary.at("plan").at("replicas").get<size_t>(), summary.at("vn_shares").size());
   if (summary.at("vn_shares").size() == 2) {
     EXPECT_EQ(summary.at("vn_shares"), nlohmann::json::parse("[6, 3]")) << r.out;
   }
