@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   calib_cmd->add_option("--out", calib.out, "profile file (default runs/<job name>/profile.json)");
   calib_cmd->add_option("--set", calib.overrides, "override a job key");
   calib_cmd->add_option("--budget", calib.budget_s, "seconds of measuring rounds over the layers (at least 7 rounds)")->check(CLI::Range(0.01, 60.0));
+  calib_cmd->add_option("--resources", calib.resources,
+                        "devices (checked; emulated types share this machine's profile, scaled by their slowdown)");
   calib_cmd->add_flag("--quiet", calib.quiet, "no progress output");
   std::string peer_join;
   auto* peer_cmd = app.add_subcommand("calibrate-peer", "");  // started by calibrate; hidden

@@ -179,6 +179,14 @@ void addDevices(PlanRequest& rq, const std::string& path) {
 
 int runCalibrate(const CalibrateOptions& o) {
   const JobSpec job = loadJobFile(o.job_path, o.overrides);
+  if (!o.resources.empty()) {
+    // Emulated device types run on this machine: one profile serves them
+    // all, and the planner scales its compute by each type's slowdown. On
+    // real mixed hardware, calibrate on a machine of each type.
+    const Resources res = readResources(o.resources);
+    std::printf("calibrate: %zu device types in %s share this machine's profile (scaled by their slowdown)\n",
+                res.types.size(), o.resources.c_str());
+  }
   const std::string out = !o.out.empty() ? o.out : "runs/" + job.name + "/profile.json";
   const Profile p = calibrateJob(job, o.job_path, o.overrides, o.self_exe, o.budget_s, o.quiet);
   writeProfile(p, out);

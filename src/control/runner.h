@@ -57,6 +57,7 @@ struct CalibrateOptions {
   std::vector<std::string> overrides;
   std::string out;       // default runs/<job name>/profile.json
   std::string self_exe;  // to start the peer process
+  std::string resources; // optional: checked; its emulated types share this machine's profile
   double budget_s = 3.0;  // seconds of measuring rounds over the layers
   bool quiet = false;
 };
