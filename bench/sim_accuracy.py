@@ -38,22 +38,31 @@ def sets(vns):
             "--set", "eval.every=0", "--set", "job.name=simacc"]
 
 
-def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recompute=False, delay=None, plan=None):
-    cmd = [morph, "run", JOB, "--steps", str(steps), "--out", out, "--quiet"] + sets(vns)
+def layout(workers=0, stages=1, schedule=None, recompute=False):
+    """The flags that place a configuration, shared by run and simulate."""
+    args = []
     if workers:
-        cmd += ["--workers", str(workers)]
+        args += ["--workers", str(workers)]
     if stages > 1:
-        cmd += ["--stages", str(stages)]
+        args += ["--stages", str(stages)]
     if schedule:
-        cmd += ["--schedule", schedule]
+        args += ["--schedule", schedule]
     if recompute:
-        cmd += ["--recompute"]
-    if plan:
-        cmd += ["--plan", plan]
+        args += ["--recompute"]
+    return args
+
+
+def delay_env(delay):
     env = dict(os.environ)
     if delay:
         env["MORPH_PIPE_DELAY_MS"] = str(delay)
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return env
+
+
+def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recompute=False, delay=None):
+    cmd = [morph, "run", JOB, "--steps", str(steps), "--out", out, "--quiet"] + sets(vns) + \
+        layout(workers, stages, schedule, recompute)
+    subprocess.run(cmd, check=True, env=delay_env(delay), stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         lines = [json.loads(l) for l in f]
     t = [l["unix_time"] for l in lines]
@@ -62,18 +71,9 @@ def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recomput
 
 
 def predict(morph, profile, vns, workers=0, stages=1, schedule=None, recompute=False, delay=None):
-    cmd = [morph, "simulate", JOB, "--profile", profile, "--json"] + sets(vns)
-    if workers:
-        cmd += ["--workers", str(workers)]
-    if stages > 1:
-        cmd += ["--stages", str(stages)]
-    if schedule:
-        cmd += ["--schedule", schedule]
-    if recompute:
-        cmd += ["--recompute"]
-    env = dict(os.environ)
-    if delay:
-        env["MORPH_PIPE_DELAY_MS"] = str(delay)
+    cmd = [morph, "simulate", JOB, "--profile", profile, "--json"] + sets(vns) + \
+        layout(workers, stages, schedule, recompute)
+    env = delay_env(delay)
     r = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
     return json.loads(r.stdout)["step_seconds"]
 

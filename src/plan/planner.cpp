@@ -139,7 +139,6 @@ struct Candidate {
   int P, D;
   ScheduleKind kind;
   bool rc;
-  int64_t M;
   StageCut cut;  // a copy: the tables it came from may be remade deeper
   double lower_bound;
 };
@@ -372,7 +371,7 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
           const auto& cuts = search.cuts(kind, rc, M, depth);
           const auto& cut = cuts[static_cast<size_t>(P) - 1];
           if (!cut) continue;
-          cands.push_back({P, D, kind, rc, M, *cut, search.lowerBound(cut->cuts, M, D, kind, rc)});
+          cands.push_back({P, D, kind, rc, *cut, search.lowerBound(cut->cuts, M, D, kind, rc)});
         }
       }
   }

@@ -153,6 +153,15 @@ TEST_F(PlannerCli, BadProfilesAndImpossibleCapsExitTwoNamingTheProblem) {
   expectRefused("plan " + j + " --profile " + p + " --workers 2 --memory-cap 8", "MiB over the cap");
   expectRefused("run " + j + " --plan auto --workers 2 --memory-cap 8 --out " + out("capped"), "MiB over the cap");
   EXPECT_FALSE(fs::exists(out("capped") + "/metrics.jsonl"));
+  // Plan files whose shares, replicas or worker slots do not fit the job.
+  std::ofstream(out("sum.json")) << R"({"stages": [["embed", "head"]], "replicas": 2, "vn_shares": [4, 1]})";
+  expectRefused("run " + j + " --plan " + out("sum.json") + " --workers 2 --out " + out("x"),
+                "key 'vn_shares': the shares add up to 5 VNs, the job has batch.virtual_nodes = 6");
+  std::ofstream(out("rep.json")) << R"({"stages": [["embed", "head"]], "replicas": 3})";
+  expectRefused("run " + j + " --plan " + out("rep.json") + " --workers 2 --out " + out("x"), "key 'replicas'");
+  std::ofstream(out("slots.json")) << R"({"stages": [["embed", "head"]], "replicas": 2, "workers": [1, 1]})";
+  expectRefused("run " + j + " --plan " + out("slots.json") + " --workers 2 --out " + out("x"),
+                "key 'workers': slot 1 is listed twice");
 }
 
 // Heterogeneous devices: a worker twice as slow (emulated) gets fewer VNs
