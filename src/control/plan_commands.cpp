@@ -168,11 +168,44 @@ void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, i
 void addDevices(PlanRequest& rq, const std::string& path) {
   if (path.empty()) return;
   const Resources res = readResources(path);
+  std::vector<std::string> hosts;
   for (size_t s = 0; s < res.devices.size(); ++s) {
     rq.slot_slowdown.push_back(res.typeOf(s).slowdown);
     rq.slot_memory.push_back(res.typeOf(s).memory_bytes);
+    auto it = std::find(hosts.begin(), hosts.end(), res.devices[s].host);
+    rq.slot_host.push_back(static_cast<int>(it - hosts.begin()));
+    if (it == hosts.end()) hosts.push_back(res.devices[s].host);
   }
   rq.workers = static_cast<int>(res.devices.size());
+}
+
+std::string slotList(const std::vector<int>& slots) {
+  std::string s;
+  for (int w : slots) s += (s.empty() ? "" : " ") + std::to_string(w);
+  return "[" + s + "]";
+}
+
+// HetPipe's allocation policies against the planner's choice.
+void printAllocations(const std::vector<AllocationRow>& rows) {
+  const double mine = rows.back().best->sim.step_seconds;
+  std::printf("\nallocation policies (virtual workers = groups of devices; docs/resources.md):\n");
+  std::printf("%-8s %3s %3s %-8s %10s %11s  %-12s %s\n", "policy", "P", "D", "schedule", "step ms", "vs planner",
+              "VN shares", "groups (worker slots, stage order)");
+  for (const AllocationRow& r : rows) {
+    if (!r.best) {
+      std::printf("%-8s  not applicable: %s\n", r.policy.c_str(), r.why_not.c_str());
+      continue;
+    }
+    const PlanSpec& plan = r.best->plan;
+    std::string shares, groups;
+    for (int64_t v : plan.vn_shares) shares += (shares.empty() ? "" : "+") + std::to_string(v);
+    for (int d = 0; d < plan.replicas; ++d)
+      groups += (groups.empty() ? "" : " ") +
+                slotList({plan.workers.begin() + d * plan.stages, plan.workers.begin() + (d + 1) * plan.stages});
+    std::printf("%-8s %3d %3d %-8s %10.2f %11.3f  %-12s %s\n", r.policy.c_str(), plan.stages, plan.replicas,
+                scheduleLabel(plan).c_str(), r.best->sim.step_seconds * 1e3, r.best->sim.step_seconds / mine,
+                shares.c_str(), groups.c_str());
+  }
 }
 
 }  // namespace
@@ -310,21 +343,30 @@ int runPlan(const PlanOptions& o) {
   rq.sim = simOptionsFor(job, false);
   addDevices(rq, o.resources);
   const PlanOutcome out = planJob(prof, rq);
+  std::vector<AllocationRow> allocations;
+  if (!o.resources.empty()) allocations = compareAllocations(prof, rq, out);
   if (!o.out.empty())
     writePlanFile(o.out, out.plans.front().plan, names,
                   json({{"predicted_step_seconds", out.plans.front().sim.step_seconds}, {"profile", o.profile}}).dump());
   if (o.json) {
     json plans = json::array();
     for (const PlanChoice& c : out.plans) plans.push_back(planJson(c, rq.workers));
-    std::printf("%s\n", json({{"plans", plans},
-                              {"planning_seconds", out.planning_seconds},
-                              {"candidates", out.candidates},
-                              {"simulated", out.simulated}})
-                            .dump(2)
-                            .c_str());
+    json doc = {{"plans", plans},
+                {"planning_seconds", out.planning_seconds},
+                {"candidates", out.candidates},
+                {"simulated", out.simulated}};
+    if (!allocations.empty()) {
+      json rows = json::array();
+      for (const AllocationRow& r : allocations)
+        rows.push_back(r.best ? json{{"policy", r.policy}, {"plan", planJson(*r.best, rq.workers)}}
+                              : json{{"policy", r.policy}, {"not_applicable", r.why_not}});
+      doc["allocations"] = rows;
+    }
+    std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
   printPlans(out, names, rq.workers);
+  if (!allocations.empty()) printAllocations(allocations);
   if (!o.out.empty()) std::printf("plan: %s\n", o.out.c_str());
   return 0;
 }

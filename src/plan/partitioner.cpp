@@ -1,6 +1,7 @@
 #include "plan/partitioner.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 namespace morph {
@@ -21,8 +22,12 @@ struct Table {
 // if computed on the way, its bytes; nullopt when the stage does not fit.
 // Only the stage placed r-th from the end is asked about, and only when the
 // rest [j, L) can be cut into r - 1 stages, so callbacks run for no dead end.
-template <typename T, typename Cost>
-Table<T> solve(size_t L, int R, Cost cost) {
+// lb(i, j, r): a bound <= the stage's cost, nondecreasing in j (or null):
+// once it reaches the best found for (r, i), no wider stage can win.
+// With a cutoff, stages and suffixes costing cutoff or more are dropped
+// (the caller only wants answers below it).
+template <typename T, typename Cost, typename Lb = std::nullptr_t>
+Table<T> solve(size_t L, int R, Cost cost, Lb lb = nullptr, std::optional<T> cutoff = std::nullopt) {
   const size_t rows = static_cast<size_t>(R) + 1;
   Table<T> t{std::vector<std::vector<T>>(rows, std::vector<T>(L + 1)),
              std::vector<std::vector<size_t>>(rows, std::vector<size_t>(L + 1, 0)),
@@ -37,11 +42,17 @@ Table<T> solve(size_t L, int R, Cost cost) {
       // Ascending j, replaced on strict improvement only: ties keep the
       // shortest first stage, so the answer is a function of the inputs.
       for (size_t j = i + 1; j + rest <= L; ++j) {
+        if constexpr (!std::is_same_v<Lb, std::nullptr_t>) {
+          const T low = lb(i, j, r);
+          if (t.next[r][i] != 0 && !(low < t.best[r][i])) break;
+          if (cutoff && !(low < *cutoff)) break;
+        }
         if (t.next[r - 1][j] == 0) continue;
         auto c = cost(i, j, r);
         if (!c) continue;
         // Exact doubles, no epsilon: max() only picks among callback values.
         T v = std::max(c->first, t.best[r - 1][j]);
+        if (cutoff && !(v < *cutoff)) continue;
         if (t.next[r][i] == 0 || v < t.best[r][i]) {
           t.best[r][i] = v;
           t.next[r][i] = j;
@@ -90,7 +101,8 @@ std::vector<std::optional<StageCut>> minMaxCuts(size_t layers, int max_stages, c
     if (!s) s = fns.seconds(i, j);
     return std::make_pair(*s, b);
   };
-  Table<double> t = solve<double>(layers, R, cost);
+  Table<double> t = fns.seconds_lb ? solve<double>(layers, R, cost, [&](size_t i, size_t j, int) { return fns.seconds_lb(i, j); })
+                                   : solve<double>(layers, R, cost);
   for (int P = 1; P <= R; ++P) {
     if (t.next[P][0] == 0) continue;
     StageCut cut = walk(t, P, fns);
@@ -114,27 +126,29 @@ std::optional<StageCut> minPeakBytesCut(size_t layers, int stages, const StageCo
   return cut;
 }
 
-std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int> types, const DeviceStageFns& fns) {
+std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int> types, const DeviceStageFns& fns,
+                                                 bool all_orders) {
   const int P = static_cast<int>(types.size());
   if (P < 1 || static_cast<size_t>(P) > layers) return std::nullopt;
   int T = 0;
   for (int t : types) T = std::max(T, t + 1);
   // Shared by every order: time per (range, type), bytes per (range, r).
   const size_t n = layers + 1;
-  std::vector<std::optional<double>> secs(n * n * static_cast<size_t>(T));
-  std::vector<std::optional<int64_t>> bytes(n * n * static_cast<size_t>(P + 1));
+  // (-1: not asked yet; callbacks return >= 0.)
+  std::vector<double> secs(n * n * static_cast<size_t>(T), -1.0);
+  std::vector<int64_t> bytes(n * n * static_cast<size_t>(P + 1), -1);
   auto sec = [&](size_t i, size_t j, int t) {
-    auto& s = secs[(i * n + j) * static_cast<size_t>(T) + static_cast<size_t>(t)];
-    if (!s) s = fns.seconds(i, j, t);
-    return *s;
+    double& s = secs[(i * n + j) * static_cast<size_t>(T) + static_cast<size_t>(t)];
+    if (s < 0) s = fns.seconds(i, j, t);
+    return s;
   };
   auto mem = [&](size_t i, size_t j, int r) {
-    auto& b = bytes[(i * n + j) * static_cast<size_t>(P + 1) + static_cast<size_t>(r)];
-    if (!b) b = fns.bytes(i, j, r);
-    return *b;
+    int64_t& b = bytes[(i * n + j) * static_cast<size_t>(P + 1) + static_cast<size_t>(r)];
+    if (b < 0) b = fns.bytes(i, j, r);
+    return b;
   };
   std::optional<DevicePipeline> best;
-  std::sort(types.begin(), types.end());
+  if (all_orders) std::sort(types.begin(), types.end());
   do {
     // Position k = P - r from the front.
     auto cost = [&](size_t i, size_t j, int r) -> std::optional<std::pair<double, std::optional<int64_t>>> {
@@ -144,7 +158,11 @@ std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int>
       if (cap > 0 && b > cap) return std::nullopt;
       return std::make_pair(sec(i, j, t), std::optional<int64_t>(b));
     };
-    Table<double> tab = solve<double>(layers, P, cost);
+    // Only an order strictly better than the best so far matters.
+    auto lb = [&](size_t i, size_t j, int r) { return fns.seconds_lb(i, j, types[static_cast<size_t>(P - r)]); };
+    const std::optional<double> cutoff = best ? std::optional<double>(best->cut.bottleneck_s) : std::nullopt;
+    Table<double> tab = fns.seconds_lb ? solve<double>(layers, P, cost, lb, cutoff)
+                                       : solve<double>(layers, P, cost, nullptr, cutoff);
     if (tab.next[static_cast<size_t>(P)][0] == 0) continue;
     if (best && !(tab.best[static_cast<size_t>(P)][0] < best->cut.bottleneck_s)) continue;
     StageCostFns plain{[&](size_t, size_t) { return 0.0; }, [&](size_t i, size_t j, int r) { return mem(i, j, r); }};
@@ -153,7 +171,7 @@ std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int>
     d.cut = walk(tab, P, plain);
     d.cut.bottleneck_s = tab.best[static_cast<size_t>(P)][0];
     best = std::move(d);
-  } while (std::next_permutation(types.begin(), types.end()));
+  } while (all_orders && std::next_permutation(types.begin(), types.end()));
   return best;
 }
 

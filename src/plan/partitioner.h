@@ -26,6 +26,9 @@ struct StageCostFns {
   std::function<double(size_t i, size_t j)> seconds;
   // Peak bytes of the stage [i, j) placed r-th from the end. >= 0.
   std::function<int64_t(size_t i, size_t j, int r)> bytes;
+  // Optional: a cheap bound, <= seconds(i, j) and nondecreasing in j, that
+  // lets the DP stop widening a stage once it cannot win (same answer).
+  std::function<double(size_t i, size_t j)> seconds_lb;
 };
 
 struct StageCut {
@@ -55,6 +58,8 @@ struct DeviceStageFns {
   // Peak bytes of the stage [i, j) placed r-th from the end.
   std::function<int64_t(size_t i, size_t j, int r)> bytes;
   std::vector<int64_t> caps;  // per type; <= 0: none
+  // Optional, as StageCostFns::seconds_lb, per type.
+  std::function<double(size_t i, size_t j, int type)> seconds_lb;
 };
 
 struct DevicePipeline {
@@ -67,7 +72,9 @@ struct DevicePipeline {
 // cap: the exact DP above for each distinct order. Devices of one type are
 // interchangeable, so only distinct type sequences are tried (a multiset's
 // permutations, not all P!). nullopt when no order and cut fit.
+// With all_orders = false, only the order given is tried (the planner's
+// fallback when a pool has too many distinct orders to try them all).
 std::optional<DevicePipeline> bestDevicePipeline(size_t layers, std::vector<int> device_types,
-                                                 const DeviceStageFns& fns);
+                                                 const DeviceStageFns& fns, bool all_orders = true);
 
 }  // namespace morph

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <queue>
 #include <tuple>
 
 #include "core/error.h"
+#include "plan/allocation.h"
 #include "plan/partitioner.h"
 
 namespace morph {
@@ -27,14 +29,28 @@ std::string fmtMib(int64_t b) {
 class Search {
  public:
   Search(const Profile& p, const PlanRequest& rq) : p_(p), rq_(rq), L_(p.layers.size()) {
-    for (const LayerCost& c : p.layers) tied_values_ += static_cast<double>(c.tied_params);
+    lb_prefix_.push_back(0.0);
+    plain_prefix_.push_back(0.0);
+    rc_prefix_.push_back(0.0);
+    for (const LayerCost& c : p.layers) {
+      tied_values_ += static_cast<double>(c.tied_params);
+      lb_prefix_.push_back(lb_prefix_.back() + std::min(c.forward_s, c.forward_nograd_s) + c.backward_s);
+      plain_prefix_.push_back(plain_prefix_.back() + c.forward_s + c.backward_s);
+      rc_prefix_.push_back(rc_prefix_.back() + c.forward_nograd_s + c.recompute_s + c.backward_s);
+    }
   }
 
   // Seconds per VN of stage [i, j): its compute, or the transfer of its
   // outgoing activation or incoming gradient when a link is slower (the
   // sender and receiver threads overlap them with compute).
-  double seconds(size_t i, size_t j, bool rc) const {
-    double s = stageComputeSeconds(p_, i, j, rc);
+  double seconds(size_t i, size_t j, bool rc) const { return std::max(compute(i, j, rc), linkSeconds(i, j)); }
+  // stageComputeSeconds() in O(1), from prefix sums.
+  double compute(size_t i, size_t j, bool rc) const {
+    const auto& pre = rc && j < L_ ? rc_prefix_ : plain_prefix_;
+    return pre[j] - pre[i];
+  }
+  double linkSeconds(size_t i, size_t j) const {
+    double s = 0;
     const double d = rq_.sim.link_delay_s;
     if (j < L_) s = std::max(s, p_.p2p.at(static_cast<double>(p_.layers[j - 1].output_bytes)) + d);
     if (i > 0) s = std::max(s, p_.p2p.at(static_cast<double>(p_.layers[i - 1].output_bytes)) + d);
@@ -58,16 +74,21 @@ class Search {
   // the stages ahead of it drain, while its gradient is summed among the D
   // replicas and applied (pipelines only: data parallelism reduces during
   // its last backward; a tied weight is summed in another group, left out).
-  double lowerBound(const std::vector<size_t>& cuts, int64_t M, int D, ScheduleKind kind, bool rc) const {
+  // With `factors` (per stage, its device's slowdown; empty: 1), each
+  // stage's compute is that much longer.
+  double lowerBound(const std::vector<size_t>& cuts, int64_t M, int D, ScheduleKind kind, bool rc,
+                    const std::vector<double>& factors = {}) const {
     const bool exact = p_.fingerprint.reduce_mode != "float";
     const size_t P = cuts.size() - 1;
     std::vector<double> f(P, 0.0), b(P, 0.0), values(P, -tied_values_);
-    for (size_t k = 0; k < P; ++k)
+    for (size_t k = 0; k < P; ++k) {
       for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
         f[k] += std::min(p_.layers[l].forward_s, p_.layers[l].forward_nograd_s);
         b[k] += p_.layers[l].backward_s;
         values[k] += static_cast<double>(p_.layers[l].params + p_.layers[l].bn_values);
       }
+      if (!factors.empty()) f[k] *= factors[k], b[k] *= factors[k];
+    }
     double best = 0, fill_f = 0, fill_b = 0, after = 0;
     for (size_t k = 0; k < P; ++k) after += f[k] + b[k];
     for (size_t k = 0; k < P; ++k) {
@@ -79,8 +100,10 @@ class Search {
       const double ahead = kind == ScheduleKind::k1F1B ? std::min<double>(static_cast<double>(P - k - 1), M - 1.0)
                                                        : M - 1.0;
       const double idle = std::max(0.0, after - ahead * f[k]);
-      best = std::max(best, static_cast<double>(M) * seconds(cuts[k], cuts[k + 1], rc) + fill_f + idle +
-                                std::max(reduce, fill_b));
+      const double per_vn = factors.empty() ? seconds(cuts[k], cuts[k + 1], rc)
+                                            : std::max(compute(cuts[k], cuts[k + 1], rc) * factors[k],
+                                                       seconds(cuts[k], cuts[k + 1], rc));
+      best = std::max(best, static_cast<double>(M) * per_vn + fill_f + idle + std::max(reduce, fill_b));
       fill_f += f[k], fill_b += b[k];
     }
     return best;
@@ -101,8 +124,13 @@ class Search {
     return {[this, rc](size_t i, size_t j) { return seconds(i, j, rc); },
             [this, rc, stash](size_t i, size_t j, int r) {
               return memory(i, j, rc).bytes(stash[static_cast<size_t>(r)]);
-            }};
+            },
+            [this](size_t i, size_t j) { return computeLowerBound(i, j); }};
   }
+
+  // The compute of layers [i, j) per VN with or without recomputation is
+  // at least this (an O(1) prefix difference, nondecreasing in j).
+  double computeLowerBound(size_t i, size_t j) const { return lb_prefix_[j] - lb_prefix_[i]; }
 
   // The best cut for every P, for this schedule's memory situation. Without
   // a cap only the recomputation flag changes the cut.
@@ -127,6 +155,7 @@ class Search {
   const PlanRequest& rq_;
   size_t L_;
   double tied_values_ = 0;
+  std::vector<double> lb_prefix_, plain_prefix_, rc_prefix_;
  public:
   ScheduleCache schedules_;
 
@@ -176,8 +205,24 @@ struct Candidate {
 
 // Mixed pipelines are searched over every distinct device order (P devices
 // of T types have P! / prod(n_t!)) only while orders x P x layers^2 DP
-// steps stay under this; deeper mixed pipelines are left out.
-constexpr double kMaxDeviceOrderWork = 5e7;
+// steps stay under this; beyond it, three orders (pipelineFor()), each
+// with its exact cut.
+constexpr double kMaxDeviceOrderWork = 2e6;
+// Orders tried per group for a given cut (an O(P) check each).
+constexpr double kMaxOrdersPerCut = 5000;
+
+// No pipeline of P stages whose one VN takes `c` seconds of compute in all
+// steps M VNs faster than this. Stage k cannot finish before the stages
+// ahead of it passed VN 0 forward (their forward times), it did its M
+// forwards and backwards, and the last gradient went back through them:
+// T >= S_k + M c_k for every k (S_k: the compute of the stages before k).
+// The stage times that make the largest of these smallest make them all
+// equal, c_k = (T - S_k) / M, so T - S_k = T (1 - 1/M)^k and
+// c = S_P = T (1 - (1 - 1/M)^P).
+double fillBound(double c, int64_t M, int P) {
+  if (M <= 0) return 0;
+  return c / (1.0 - std::pow(1.0 - 1.0 / static_cast<double>(M), P));
+}
 
 double distinctOrders(std::vector<int> types) {
   std::sort(types.begin(), types.end());
@@ -190,156 +235,539 @@ double distinctOrders(std::vector<int> types) {
   return orders;
 }
 
+// Heterogeneous devices (planner.h): groups of devices (virtual workers)
+// with one shared cut, each group in its own device order, VN shares by
+// group speed. Devices are classed by (slowdown, memory): devices of one
+// class are interchangeable.
+class DeviceSearch {
+ public:
+  DeviceSearch(const Profile& p, const PlanRequest& rq, Search& search)
+      : p_(p), rq_(rq), search_(search), L_(p.layers.size()) {
+    for (size_t s = 0; s < rq.slot_slowdown.size(); ++s) {
+      const std::pair<double, int64_t> k{rq.slot_slowdown[s], capOf(static_cast<int>(s))};
+      auto it = std::find(kinds_.begin(), kinds_.end(), k);
+      class_.push_back(static_cast<int>(it - kinds_.begin()));
+      if (it == kinds_.end()) kinds_.push_back(k);
+    }
+    for (const auto& k : kinds_) caps_.push_back(k.second);
+    whole_bytes_ = stageBytes(p, 0, L_, 1, false, rq.sim);
+    per_vn_ = stageComputeSeconds(p, 0, L_, false);
+    for (const LayerCost& c : p.layers) c_lb_ += std::min(c.forward_s, c.forward_nograd_s) + c.backward_s;
+    min_p2p_ = 1e300;
+    for (size_t l = 0; l + 1 < L_; ++l)
+      min_p2p_ = std::min(min_p2p_, p.p2p.at(static_cast<double>(p.layers[l].output_bytes)) + rq.sim.link_delay_s);
+    min_p2p_ = std::max(0.0, L_ > 1 ? min_p2p_ : 0.0);
+  }
+  // The whole model's compute per VN, with or without recomputation at
+  // least this.
+  double computeLowerBound() const { return c_lb_; }
+  // One VN's forward and backward through P stages on these devices: the
+  // whole model's compute on the fastest of them, and 2 (P - 1) transfers
+  // of the smallest activation. No plan on them steps faster.
+  double pathLowerBound(const std::vector<int>& group) const {
+    double f = 1e300;
+    for (int s : group) f = std::min(f, rq_.slot_slowdown[static_cast<size_t>(s)]);
+    return c_lb_ * f + 2.0 * static_cast<double>(group.size() - 1) * min_p2p_;
+  }
+  double minTransfer() const { return min_p2p_; }
+
+  int64_t capOf(int slot) const {
+    const int64_t c = rq_.slot_memory.empty() ? 0 : rq_.slot_memory[static_cast<size_t>(slot)];
+    return c > 0 ? c : rq_.memory_cap_bytes;
+  }
+  int classOf(int slot) const { return class_[static_cast<size_t>(slot)]; }
+  std::vector<PoolDevice> pool() const {
+    std::vector<PoolDevice> out;
+    for (size_t s = 0; s < class_.size(); ++s)
+      out.push_back({class_[s], rq_.slot_slowdown[s], rq_.slot_host.empty() ? 0 : rq_.slot_host[s]});
+    return out;
+  }
+  int64_t wholeBytes() const { return whole_bytes_; }
+
+  // The plans of one grouping (every schedule and recomputation for P > 1)
+  // with their lower bounds (the slowest group's VNs times its slowest
+  // stage). min_each = 1: every group gets a VN (a policy's fixed groups);
+  // 0: a grouping where a group would get none is left out (fewer groups
+  // are tried too).
+  // `stage_lb` (per VN, a bound on any P-stage cut's slowest stage) and
+  // `cutoff`: a grouping that cannot beat cutoff even with every group's
+  // slowest stage at its bound is skipped before any cut is searched.
+  void plans(const Grouping& g, int64_t min_each, std::vector<std::pair<double, PlanSpec>>& out,
+             double stage_lb = 0, double cutoff = 1e300) {
+    const int D = static_cast<int>(g.groups.size());
+    if (D == 0 || g.groups.front().empty() || rq_.virtual_nodes < D * min_each) return;
+    const int P = static_cast<int>(g.groups.front().size());
+    if (static_cast<size_t>(P) > L_) return;
+    if (cutoff < 1e300) {
+      // Each group's slowest stage per VN is at least stage_lb and at least
+      // its compute spread perfectly over its devices; the best shares for
+      // these bounds bound every plan of this grouping.
+      std::vector<double> t;
+      for (const auto& grp : g.groups) {
+        double speed = 0;
+        for (int s : grp) speed += 1.0 / rq_.slot_slowdown[static_cast<size_t>(s)];
+        t.push_back(std::max(stage_lb, c_lb_ / speed));
+      }
+      const auto shares = weightedShares(rq_.virtual_nodes, t, min_each);
+      double bound = 0;
+      for (size_t d = 0; d < t.size(); ++d) {
+        bound = std::max(bound, static_cast<double>(shares[d]) * t[d]);
+        // A group with a VN also takes one VN's whole path.
+        if (shares[d] > 0) bound = std::max(bound, pathLowerBound(g.groups[d]));
+      }
+      // And fillBound() per group, VNs given where they raise it least.
+      using Next = std::pair<double, size_t>;
+      std::priority_queue<Next, std::vector<Next>, std::greater<Next>> next;
+      std::vector<int64_t> m(t.size(), std::max<int64_t>(min_each, 0));
+      std::vector<double> c(t.size());
+      double fill = 0;
+      for (size_t d = 0; d < t.size(); ++d) {
+        double f = 1e300;
+        for (int sl : g.groups[d]) f = std::min(f, rq_.slot_slowdown[static_cast<size_t>(sl)]);
+        c[d] = c_lb_ * f;
+        fill = std::max(fill, fillBound(c[d], m[d], P));
+        next.push({fillBound(c[d], m[d] + 1, P), d});
+      }
+      for (int64_t v = m[0] * static_cast<int64_t>(t.size()); v < rq_.virtual_nodes; ++v) {
+        const auto [val, d] = next.top();
+        next.pop();
+        fill = std::max(fill, val);
+        ++m[d];
+        next.push({fillBound(c[d], m[d] + 1, P), d});
+      }
+      bound = std::max(bound, fill);
+      if (bound >= cutoff) return;
+    }
+    if (P == 1) {
+      std::vector<double> t;
+      for (const auto& grp : g.groups) {
+        const int64_t cap = capOf(grp[0]);
+        if (cap > 0 && whole_bytes_ > cap) return;
+        t.push_back(per_vn_ * rq_.slot_slowdown[static_cast<size_t>(grp[0])]);
+      }
+      PlanSpec plan;
+      plan.replicas = D;
+      plan.cuts = {0, L_};
+      for (const auto& grp : g.groups) plan.workers.push_back(grp[0]);
+      finish(plan, t, min_each, out);
+      return;
+    }
+    // Groups of the same classes are alike: one order search each.
+    std::vector<std::vector<int>> comps;
+    std::vector<size_t> comp_of;
+    for (const auto& grp : g.groups) {
+      std::vector<int> c;
+      for (int s : grp) c.push_back(classOf(s));
+      std::sort(c.begin(), c.end());
+      auto it = std::find(comps.begin(), comps.end(), c);
+      comp_of.push_back(static_cast<size_t>(it - comps.begin()));
+      if (it == comps.end()) comps.push_back(c);
+    }
+    const int64_t M = (rq_.virtual_nodes + D - 1) / D;
+    for (ScheduleKind kind : rq_.schedules) {
+      bool plain_fits = false;
+      for (bool rc : {false, true}) {
+        // Recomputation only adds compute: it is tried when the plain
+        // schedule does not fit the devices' memory.
+        if (rc && (!rq_.try_recompute || plain_fits)) continue;
+        const StageCostFns base = search_.fns(kind, rc, M, P);
+        // Each composition's own best order and cut; every cut found is
+        // then tried on all groups (exact when the groups are alike).
+        std::vector<std::vector<size_t>> cuts;
+        bool feasible = true;
+        for (const auto& c : comps) {
+          auto d = pipelineFor(c, kind, rc, M, base);
+          if (!d) {
+            feasible = false;
+            break;
+          }
+          if (std::find(cuts.begin(), cuts.end(), d->cut.cuts) == cuts.end()) cuts.push_back(d->cut.cuts);
+        }
+        if (!feasible) continue;
+        double best_bound = 0;
+        std::optional<PlanSpec> best;
+        std::vector<double> best_t;
+        std::vector<std::vector<int>> best_orders;
+        for (const auto& cut : cuts) {
+          std::vector<std::vector<int>> orders;
+          std::vector<double> comp_t;
+          for (const auto& c : comps) {
+            auto o = orderFor(c, cut, rc, base);
+            if (!o) break;
+            orders.push_back(o->first);
+            comp_t.push_back(o->second);
+          }
+          if (orders.size() != comps.size()) continue;
+          std::vector<double> t;
+          for (int d = 0; d < D; ++d) t.push_back(comp_t[comp_of[static_cast<size_t>(d)]]);
+          const auto shares = weightedShares(rq_.virtual_nodes, t, min_each);
+          double bound = 0;
+          for (int d = 0; d < D; ++d) bound = std::max(bound, static_cast<double>(shares[static_cast<size_t>(d)]) * t[static_cast<size_t>(d)]);
+          if (best && !(bound < best_bound)) continue;
+          PlanSpec plan;
+          plan.stages = P;
+          plan.replicas = D;
+          plan.cuts = cut;
+          plan.schedule = kind;
+          plan.recompute = rc;
+          best = plan, best_bound = bound, best_t = t, best_orders = orders;
+        }
+        if (!best) continue;
+        plain_fits = !rc;
+        for (int d = 0; d < D; ++d) {
+          std::vector<int> left = g.groups[static_cast<size_t>(d)];
+          for (int cls : best_orders[comp_of[static_cast<size_t>(d)]]) {
+            auto it = std::find_if(left.begin(), left.end(), [&](int s) { return classOf(s) == cls; });
+            best->workers.push_back(*it);
+            left.erase(it);
+          }
+        }
+        finish(*best, best_t, min_each, out);
+      }
+    }
+  }
+
+ private:
+  // Shares, per-rank slowdowns and the bound; out only if every group gets
+  // a VN.
+  // The bound is Search::lowerBound() per group, on its devices' speeds.
+  void finish(PlanSpec& plan, const std::vector<double>& t, int64_t min_each,
+              std::vector<std::pair<double, PlanSpec>>& out) {
+    plan.vn_shares = weightedShares(rq_.virtual_nodes, t, min_each);
+    if (std::find(plan.vn_shares.begin(), plan.vn_shares.end(), 0) != plan.vn_shares.end()) return;
+    for (int s : plan.workers) plan.slowdown.push_back(rq_.slot_slowdown[static_cast<size_t>(s)]);
+    const size_t P = static_cast<size_t>(plan.stages);
+    double bound = 0;
+    for (size_t d = 0; d < t.size(); ++d) {
+      const std::vector<double> f(plan.slowdown.begin() + static_cast<long>(d * P),
+                                  plan.slowdown.begin() + static_cast<long>((d + 1) * P));
+      bound = std::max(bound, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
+                                                 plan.recompute, f));
+    }
+    out.push_back({bound, std::move(plan)});
+  }
+
+  double lbSeconds(size_t i, size_t j, int cls) const {
+    return search_.computeLowerBound(i, j) * kinds_[static_cast<size_t>(cls)].first;
+  }
+  double classSeconds(size_t i, size_t j, bool rc, int cls) const {
+    // Slowdowns are >= 1: the link term is the same as on a normal device.
+    return std::max(search_.compute(i, j, rc) * kinds_[static_cast<size_t>(cls)].first, search_.seconds(i, j, rc));
+  }
+
+  // One group's best device order and cut (exact over its distinct orders
+  // while they are few), memoised by (classes, memory situation).
+  std::optional<DevicePipeline> pipelineFor(const std::vector<int>& comp, ScheduleKind kind, bool rc, int64_t M,
+                                            const StageCostFns& base) {
+    const int P = static_cast<int>(comp.size());
+    const bool capped = std::any_of(caps_.begin(), caps_.end(), [](int64_t c) { return c > 0; });
+    const bool gpipe = kind == ScheduleKind::kGpipe;
+    const int64_t m_eff = !capped ? 0 : gpipe ? M : std::min<int64_t>(M, P);
+    const int klass = !capped ? 0 : gpipe ? 1 : 2;
+    auto key = std::make_tuple(comp, klass, rc, m_eff);
+    if (auto it = pipes_.find(key); it != pipes_.end()) return it->second;
+    std::optional<DevicePipeline> d;
+    if (capped) {
+      // The best pipeline without the caps is also the best with them
+      // when it fits them: try it first (one answer for every schedule).
+      auto free_key = std::make_tuple(comp, 0, rc, int64_t{0});
+      auto it = pipes_.find(free_key);
+      if (it == pipes_.end()) it = pipes_.emplace(free_key, solvePipeline(comp, rc, base, false, 0, 0)).first;
+      if (it->second) {
+        const DevicePipeline& f = *it->second;
+        bool fits = true;
+        for (int k = 0; k < P && fits; ++k) {
+          const int64_t cap = caps_[static_cast<size_t>(f.order[static_cast<size_t>(k)])];
+          fits = cap <= 0 || base.bytes(f.cut.cuts[static_cast<size_t>(k)], f.cut.cuts[static_cast<size_t>(k) + 1], P - k) <= cap;
+        }
+        if (fits) d = f;
+      }
+    }
+    if (!d) d = solvePipeline(comp, rc, base, capped, klass, m_eff);
+    pipes_[key] = d;
+    return d;
+  }
+
+  // use_caps: within each class's memory, for the memory situation
+  // (klass, m_eff) that `base` describes; else without caps.
+  std::optional<DevicePipeline> solvePipeline(const std::vector<int>& comp, bool rc, const StageCostFns& base,
+                                              bool use_caps, int klass, int64_t m_eff) {
+    const int P = static_cast<int>(comp.size());
+    const std::vector<int64_t> caps = use_caps ? caps_ : std::vector<int64_t>(caps_.size(), 0);
+    std::optional<DevicePipeline> d;
+    auto secs = [this, rc](size_t i, size_t j, int cls) { return classSeconds(i, j, rc, cls); };
+    auto lb = [this](size_t i, size_t j, int cls) { return lbSeconds(i, j, cls); };
+    if (std::all_of(comp.begin(), comp.end(), [&](int c) { return c == comp[0]; })) {
+      // One class: one DP answers every depth; keep the table (per memory
+      // situation: the bytes callback is this schedule's).
+      const int cls = comp[0];
+      auto& table = one_class_[std::make_tuple(cls, use_caps ? klass : 0, rc, use_caps ? m_eff : 0)];
+      if (static_cast<int>(table.size()) < P) {
+        table = minMaxCuts(L_, std::max(P, static_cast<int>(table.size())),
+                           {[&](size_t i, size_t j) { return secs(i, j, cls); }, base.bytes,
+                            [&](size_t i, size_t j) { return lbSeconds(i, j, cls); }},
+                           caps[static_cast<size_t>(cls)]);
+      }
+      if (table[static_cast<size_t>(P) - 1]) d = DevicePipeline{comp, *table[static_cast<size_t>(P) - 1]};
+    } else if (distinctOrders(comp) * P * static_cast<double>(L_ * L_) <= kMaxDeviceOrderWork) {
+      d = bestDevicePipeline(L_, comp, {secs, base.bytes, caps, lb});
+    } else {
+      // Too many orders: three, each with its exact cut: the memory-rich
+      // devices first (1F1B stashes the most at the front), then the
+      // fastest; the fastest first; the slowest first.
+      auto memory = [&](int c) {
+        const int64_t m = kinds_[static_cast<size_t>(c)].second;
+        return m > 0 ? m : INT64_MAX;
+      };
+      auto speed = [&](int c) { return kinds_[static_cast<size_t>(c)].first; };
+      std::vector<int> orders[3] = {comp, comp, comp};
+      std::stable_sort(orders[0].begin(), orders[0].end(), [&](int a, int b) {
+        return memory(a) != memory(b) ? memory(a) > memory(b) : speed(a) < speed(b);
+      });
+      std::stable_sort(orders[1].begin(), orders[1].end(), [&](int a, int b) { return speed(a) < speed(b); });
+      std::stable_sort(orders[2].begin(), orders[2].end(), [&](int a, int b) { return speed(a) > speed(b); });
+      for (const auto& order : orders) {
+        auto o = bestDevicePipeline(L_, order, {secs, base.bytes, caps, lb}, false);
+        if (o && (!d || o->cut.bottleneck_s < d->cut.bottleneck_s)) d = std::move(o);
+      }
+    }
+    return d;
+  }
+
+  // For a fixed cut: the group's device order with the fastest slowest
+  // stage, every stage within its device's memory, and that stage's time.
+  std::optional<std::pair<std::vector<int>, double>> orderFor(const std::vector<int>& comp,
+                                                              const std::vector<size_t>& cut, bool rc,
+                                                              const StageCostFns& base) {
+    const size_t P = comp.size();
+    std::vector<int64_t> bytes(P);
+    for (size_t k = 0; k < P; ++k) bytes[k] = base.bytes(cut[k], cut[k + 1], static_cast<int>(P - k));
+    auto fits = [&](size_t k, int cls) {
+      const int64_t cap = caps_[static_cast<size_t>(cls)];
+      return cap <= 0 || bytes[k] <= cap;
+    };
+    std::optional<std::pair<std::vector<int>, double>> best;
+    if (distinctOrders(comp) <= kMaxOrdersPerCut) {
+      std::vector<int> o = comp;
+      std::sort(o.begin(), o.end());
+      do {
+        double t = 0;
+        bool ok = true;
+        for (size_t k = 0; k < P && ok; ++k) {
+          ok = fits(k, o[k]);
+          t = std::max(t, classSeconds(cut[k], cut[k + 1], rc, o[k]));
+        }
+        if (ok && (!best || t < best->second)) best = std::make_pair(o, t);
+      } while (std::next_permutation(o.begin(), o.end()));
+      return best;
+    }
+    // Greedy: the heaviest stage first, to the fastest device left that
+    // holds it.
+    std::vector<size_t> stages(P);
+    for (size_t k = 0; k < P; ++k) stages[k] = k;
+    std::stable_sort(stages.begin(), stages.end(), [&](size_t a, size_t b) {
+      return search_.compute(cut[a], cut[a + 1], rc) > search_.compute(cut[b], cut[b + 1], rc);
+    });
+    std::vector<int> left = comp, order(P, -1);
+    std::sort(left.begin(), left.end(), [&](int a, int b) {
+      return kinds_[static_cast<size_t>(a)].first < kinds_[static_cast<size_t>(b)].first;
+    });
+    double t = 0;
+    for (size_t k : stages) {
+      auto it = std::find_if(left.begin(), left.end(), [&](int cls) { return fits(k, cls); });
+      if (it == left.end()) return std::nullopt;
+      order[k] = *it;
+      t = std::max(t, classSeconds(cut[k], cut[k + 1], rc, *it));
+      left.erase(it);
+    }
+    return std::make_pair(order, t);
+  }
+
+  const Profile& p_;
+  const PlanRequest& rq_;
+  Search& search_;
+  size_t L_;
+  std::vector<std::pair<double, int64_t>> kinds_;  // class -> (slowdown, memory)
+  std::vector<int> class_;                         // slot -> class
+  std::vector<int64_t> caps_;                      // class -> memory
+  int64_t whole_bytes_ = 0;
+  double per_vn_ = 0, c_lb_ = 0, min_p2p_ = 0;
+  std::map<std::tuple<std::vector<int>, int, bool, int64_t>, std::optional<DevicePipeline>> pipes_;
+  std::map<std::tuple<int, int, bool, int64_t>, std::vector<std::optional<StageCut>>> one_class_;
+};
+
+bool samePlan(const PlanSpec& a, const PlanSpec& b) {
+  return a.stages == b.stages && a.replicas == b.replicas && a.cuts == b.cuts && a.schedule == b.schedule &&
+         a.recompute == b.recompute && a.vn_shares == b.vn_shares && a.workers == b.workers;
+}
+
+// The simulator's view of a plan's hosts (resources file hosts).
+SimOptions simOptionsFor(const PlanRequest& rq, const PlanSpec& plan, Search& search) {
+  SimOptions so = rq.sim;
+  so.schedules = &search.schedules_;
+  if (!rq.slot_host.empty() && !plan.workers.empty())
+    for (int s : plan.workers) so.rank_host.push_back(rq.slot_host[static_cast<size_t>(s)]);
+  return so;
+}
+
+// Simulates `plan`; false when a rank's stage exceeds its device's memory.
+bool simulateOnDevices(const Profile& p, const PlanRequest& rq, Search& search, const DeviceSearch& ds,
+                       const PlanSpec& plan, PlanChoice& ch) {
+  ch.sim = simulate(p, plan, simOptionsFor(rq, plan, search));
+  for (size_t r = 0; r < plan.workers.size(); ++r) {
+    const int64_t cap = ds.capOf(plan.workers[r]);
+    if (cap > 0 && ch.sim.stages[r % static_cast<size_t>(plan.stages)].peak_bytes > cap) return false;
+  }
+  ch.plan = plan;
+  return true;
+}
+
+std::vector<int> slotsBySpeed(const PlanRequest& rq, const DeviceSearch& ds) {
+  std::vector<int> by_speed(rq.slot_slowdown.size());
+  for (size_t s = 0; s < by_speed.size(); ++s) by_speed[s] = static_cast<int>(s);
+  // Fastest first; among equals, the most memory first.
+  std::stable_sort(by_speed.begin(), by_speed.end(), [&](int a, int b) {
+    const double fa = rq.slot_slowdown[static_cast<size_t>(a)], fb = rq.slot_slowdown[static_cast<size_t>(b)];
+    if (fa != fb) return fa < fb;
+    const int64_t ca = ds.capOf(a) > 0 ? ds.capOf(a) : INT64_MAX, cb = ds.capOf(b) > 0 ? ds.capOf(b) : INT64_MAX;
+    return ca > cb;
+  });
+  return by_speed;
+}
+
 // Heterogeneous devices: see planner.h.
 PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t L = p.layers.size();
   const int N = static_cast<int>(rq.slot_slowdown.size());
-  auto capOf = [&](int slot) {
-    const int64_t c = rq.slot_memory.empty() ? 0 : rq.slot_memory[static_cast<size_t>(slot)];
-    return c > 0 ? c : rq.memory_cap_bytes;
-  };
-  std::vector<int> by_speed(static_cast<size_t>(N));
-  for (int s = 0; s < N; ++s) by_speed[static_cast<size_t>(s)] = s;
-  std::stable_sort(by_speed.begin(), by_speed.end(), [&](int a, int b) {
-    return rq.slot_slowdown[static_cast<size_t>(a)] < rq.slot_slowdown[static_cast<size_t>(b)];
-  });
+  const int64_t V = rq.virtual_nodes;
+  DeviceSearch ds(p, rq, search);
+  const std::vector<int> by_speed = slotsBySpeed(rq, ds);
   PlanOutcome out;
-  // Candidates with a lower bound (the slowest worker's or stage's compute
-  // over its VNs), simulated in the order of their bound as in planJob().
-  std::vector<std::pair<double, PlanSpec>> cands;
-  auto consider = [&](PlanSpec plan, double lower_bound) { cands.push_back({lower_bound, std::move(plan)}); };
-  // Data parallelism on the fastest devices that hold the whole model.
-  const int64_t whole = stageBytes(p, 0, L, 1, false, rq.sim);
-  std::vector<int> fit;
-  for (int s : by_speed)
-    if (capOf(s) <= 0 || whole <= capOf(s)) fit.push_back(s);
-  const double per_vn = stageComputeSeconds(p, 0, L, false);
-  for (size_t k = 1; k <= fit.size() && static_cast<int64_t>(k) <= rq.virtual_nodes; ++k) {
-    PlanSpec plan;
-    plan.replicas = static_cast<int>(k);
-    plan.cuts = {0, L};
-    std::vector<double> t;
-    for (size_t r = 0; r < k; ++r) {
-      plan.workers.push_back(fit[r]);
-      plan.slowdown.push_back(rq.slot_slowdown[static_cast<size_t>(fit[r])]);
-      t.push_back(per_vn * plan.slowdown.back());
-    }
-    plan.vn_shares = weightedShares(rq.virtual_nodes, t);
-    if (std::find(plan.vn_shares.begin(), plan.vn_shares.end(), 0) != plan.vn_shares.end()) break;  // k too many
-    double bound = 0;
-    for (size_t r = 0; r < k; ++r) bound = std::max(bound, static_cast<double>(plan.vn_shares[r]) * t[r]);
-    consider(std::move(plan), bound);
-  }
-  // One pipeline on the P fastest devices; types = distinct (speed, memory).
-  std::vector<std::pair<double, int64_t>> kinds;
-  auto typeOf = [&](int slot) {
-    const std::pair<double, int64_t> k{rq.slot_slowdown[static_cast<size_t>(slot)], capOf(slot)};
-    auto it = std::find(kinds.begin(), kinds.end(), k);
-    if (it != kinds.end()) return static_cast<int>(it - kinds.begin());
-    kinds.push_back(k);
-    return static_cast<int>(kinds.size()) - 1;
-  };
-  for (int s = 0; s < N; ++s) typeOf(s);
-  std::vector<int64_t> caps;
-  for (const auto& k : kinds) caps.push_back(k.second);
-  const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
-  // While the P fastest devices are all of the fastest type there is one
-  // order, and one DP answers every such P at once.
-  int same = 0;
-  while (same < max_p && typeOf(by_speed[static_cast<size_t>(same)]) == typeOf(by_speed[0])) ++same;
-  const int fastest = typeOf(by_speed[0]);
-  auto deviceSeconds = [&](bool rc) {
-    return [&, rc](size_t i, size_t j, int t) {
-      const double f = kinds[static_cast<size_t>(t)].first;
-      return std::max(stageComputeSeconds(p, i, j, rc) * f, search.seconds(i, j, rc));
-    };
-  };
-  std::map<std::pair<int, bool>, std::vector<std::optional<StageCut>>> one_type;
-  for (ScheduleKind kind : rq.schedules)
-    for (bool rc : {false, true}) {
-      if ((rc && !rq.try_recompute) || same < 2) continue;
-      const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, same);
-      auto secs = deviceSeconds(rc);
-      one_type[{static_cast<int>(kind), rc}] =
-          minMaxCuts(L, same, {[&](size_t i, size_t j) { return secs(i, j, fastest); }, base.bytes},
-                     caps[static_cast<size_t>(fastest)]);
-    }
-  for (int P = 2; P <= max_p; ++P) {
-    std::vector<int> chosen(by_speed.begin(), by_speed.begin() + P), types;
-    for (int s : chosen) types.push_back(typeOf(s));
-    for (ScheduleKind kind : rq.schedules)
-      for (bool rc : {false, true}) {
-        if (rc && !rq.try_recompute) continue;
-        std::optional<DevicePipeline> best;
-        if (P <= same) {
-          const auto& c = one_type.at({static_cast<int>(kind), rc})[static_cast<size_t>(P) - 1];
-          if (c) best = DevicePipeline{types, *c};
-        } else if (distinctOrders(types) * P * static_cast<double>(L * L) <= kMaxDeviceOrderWork) {
-          const StageCostFns base = search.fns(kind, rc, rq.virtual_nodes, P);
-          best = bestDevicePipeline(L, types, {deviceSeconds(rc), base.bytes, caps});
-        }
-        if (!best) continue;
-        PlanSpec plan;
-        plan.stages = P;
-        plan.cuts = best->cut.cuts;
-        plan.schedule = kind;
-        plan.recompute = rc;
-        plan.vn_shares = {rq.virtual_nodes};
-        std::vector<int> left = chosen;
-        for (int t : best->order) {
-          auto it = std::find_if(left.begin(), left.end(), [&](int s) { return typeOf(s) == t; });
-          plan.workers.push_back(*it);
-          plan.slowdown.push_back(rq.slot_slowdown[static_cast<size_t>(*it)]);
-          left.erase(it);
-        }
-        consider(std::move(plan), best->cut.bottleneck_s * static_cast<double>(rq.virtual_nodes));
-      }
-  }
-  std::stable_sort(cands.begin(), cands.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  out.candidates = static_cast<int64_t>(cands.size());
   const size_t K = static_cast<size_t>(std::max(1, rq.top_k));
-  for (auto& [bound, plan] : cands) {
-    if (out.plans.size() >= K && bound >= out.plans[K - 1].sim.step_seconds) break;
-    PlanChoice ch;
-    SimOptions so = rq.sim;
-    so.schedules = &search.schedules_;
-    ch.sim = simulate(p, plan, so);
-    ++out.simulated;
-    bool fits = true;
-    for (size_t r = 0; r < plan.workers.size(); ++r) {
-      const int64_t cap = capOf(plan.workers[r]);
-      fits = fits && !(cap > 0 && ch.sim.stages[r % static_cast<size_t>(plan.stages)].peak_bytes > cap);
+  auto kth = [&] { return out.plans.size() >= K ? out.plans[K - 1].sim.step_seconds : 1e300; };
+  // Simulates the plans whose bound could still make the top K.
+  auto tryPlans = [&](std::vector<std::pair<double, PlanSpec>>& cands) {
+    std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    out.candidates += static_cast<int64_t>(cands.size());
+    for (auto& [bound, plan] : cands) {
+      if (bound >= kth()) break;
+      // A policy's plan may also be one of the planner's own groupings.
+      if (std::any_of(out.plans.begin(), out.plans.end(), [&](const PlanChoice& c) { return samePlan(c.plan, plan); }))
+        continue;
+      PlanChoice ch;
+      ++out.simulated;
+      if (!simulateOnDevices(p, rq, search, ds, plan, ch)) continue;
+      auto pos = std::upper_bound(out.plans.begin(), out.plans.end(), ch, [](const PlanChoice& a, const PlanChoice& b) {
+        return a.sim.step_seconds < b.sim.step_seconds;
+      });
+      out.plans.insert(pos, std::move(ch));
+      if (out.plans.size() > K) out.plans.pop_back();
     }
-    if (!fits) continue;
-    ch.plan = std::move(plan);
-    auto pos = std::upper_bound(out.plans.begin(), out.plans.end(), ch, [](const PlanChoice& a, const PlanChoice& b) {
-      return a.sim.step_seconds < b.sim.step_seconds;
-    });
-    out.plans.insert(pos, std::move(ch));
+    cands.clear();
+  };
+  std::vector<std::pair<double, PlanSpec>> cands;
+  // The allocation policies, when the pool names hosts.
+  if (!rq.slot_host.empty()) {
+    const auto pool = ds.pool();
+    for (const Grouping& g : {groupNodePartition(pool), groupEqualDistribution(pool), groupHybrid(pool)})
+      if (g.why_not.empty()) ds.plans(g, 1, cands);
+    tryPlans(cands);
+  }
+  // The planner's own groupings: D groups of P on the fastest devices,
+  // using whole classes (the fastest class, the two fastest, ..., all:
+  // within a class devices are alike), D = devices / P; data parallelism
+  // on any number of the fastest. Shapes are taken in the order of a
+  // lower bound no plan of that shape can beat, stopping once it cannot
+  // beat the K-th best simulated plan: the larger of all their compute
+  // spread perfectly over their speeds (V x the whole model's fastest
+  // compute per VN / sum(1 / slowdown)), the most loaded group's VNs
+  // (at least V / D) times the best P-stage cut on the fastest device, and
+  // one VN's path through P stages (pathLowerBound()).
+  const double c_lb = ds.computeLowerBound();
+  std::vector<double> speed_sum(static_cast<size_t>(N) + 1, 0.0);
+  for (int i = 0; i < N; ++i)
+    speed_sum[static_cast<size_t>(i) + 1] = speed_sum[static_cast<size_t>(i)] + 1.0 / rq.slot_slowdown[static_cast<size_t>(by_speed[static_cast<size_t>(i)])];
+  const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
+  const double f0 = rq.slot_slowdown[static_cast<size_t>(by_speed[0])];
+  const auto fastest_cuts =
+      minMaxCuts(L, max_p,
+                 {[&](size_t i, size_t j) {
+                    return std::max(search.computeLowerBound(i, j) * f0, search.linkSeconds(i, j));
+                  },
+                  [](size_t, size_t, int) { return int64_t{0}; },
+                  [&](size_t i, size_t j) { return search.computeLowerBound(i, j) * f0; }},
+                 0);
+  std::vector<int> counts;  // whole classes
+  for (int i = 1; i <= N; ++i)
+    if (i == N || ds.classOf(by_speed[static_cast<size_t>(i)]) != ds.classOf(by_speed[static_cast<size_t>(i) - 1]))
+      counts.push_back(i);
+  std::vector<std::tuple<double, int, int>> shapes;  // (bound, P, D)
+  const bool exact = p.fingerprint.reduce_mode != "float";
+  double params = 0, values = 0;
+  for (const LayerCost& c : p.layers) {
+    params += static_cast<double>(c.params);
+    values += static_cast<double>(c.params + c.bn_values) - static_cast<double>(c.tied_params);
+  }
+  values = std::max(values, 0.0);
+  auto addShape = [&](int P, int D) {
+    if (D < 1 || D > V) return;
+    const double spread = static_cast<double>(V) * c_lb / speed_sum[static_cast<size_t>(D * P)];
+    const double loaded = static_cast<double>((V + D - 1) / D) * fastest_cuts[static_cast<size_t>(P) - 1]->bottleneck_s;
+    const double path = std::max(c_lb * f0 + 2.0 * (P - 1) * ds.minTransfer(),
+                                 fillBound(c_lb * f0, (V + D - 1) / D, P));
+    // Some stage holds at least 1/P of the values; they are summed among
+    // the D groups after its compute (data parallelism: every bucket, one
+    // after another) and then stepped by the optimiser.
+    const double share = (P == 1 ? params : values) / P;
+    double reduce = p.exactOrFloatAllreduce(exact, share * (exact ? 8.0 : 4.0), D);
+    if (P > 1) {
+      // Pipelines reduce after the compute: stage k is done no sooner than
+      // its M VNs' compute plus its reduction and step. Averaged over the P
+      // stages (all reductions are affine in bytes): M c / P + the
+      // reduction and step of 1/P of the values.
+      reduce += p.optimizer_s_per_param * share * f0 +
+                static_cast<double>((V + D - 1) / D) * c_lb * f0 / static_cast<double>(P);
+    }
+    shapes.emplace_back(std::max({spread, loaded, path, reduce}), P, D);
+  };
+  for (int D = 1; D <= N; ++D) addShape(1, D);
+  for (int P = 2; P <= max_p; ++P) {
+    int last = 0;
+    for (int n : counts)
+      if (n / P != last) addShape(P, last = n / P);
+  }
+  std::stable_sort(shapes.begin(), shapes.end());
+  for (const auto& [bound, P, D] : shapes) {
+    if (bound >= kth()) break;
+    const double stage_lb = fastest_cuts[static_cast<size_t>(P) - 1]->bottleneck_s;
+    const Grouping sorted = groupBySpeed(by_speed, P, D, false);
+    ds.plans(sorted, 0, cands, stage_lb, kth());
+    if (P > 1 && D > 1) {
+      const Grouping balanced = groupBySpeed(by_speed, P, D, true);
+      if (balanced.groups != sorted.groups) ds.plans(balanced, 0, cands, stage_lb, kth());
+    }
+    tryPlans(cands);
   }
   if (out.plans.empty()) {
     // Name the tightest device and what the model needs at best on all N.
     int tight = 0;
     for (int s = 1; s < N; ++s)
-      if (capOf(s) > 0 && (capOf(tight) <= 0 || capOf(s) < capOf(tight))) tight = s;
-    int64_t need = whole;
+      if (ds.capOf(s) > 0 && (ds.capOf(tight) <= 0 || ds.capOf(s) < ds.capOf(tight))) tight = s;
+    int64_t need = ds.wholeBytes();
     for (int P = 2; P <= max_p; ++P)
-      if (auto c = minPeakBytesCut(L, P, search.fns(ScheduleKind::k1F1B, true, rq.virtual_nodes, P)))
+      if (auto c = minPeakBytesCut(L, P, search.fns(ScheduleKind::k1F1B, true, V, P)))
         need = std::min(need, *std::max_element(c->bytes.begin(), c->bytes.end()));
     int64_t largest = 0;
-    for (int s = 0; s < N; ++s) largest = std::max(largest, capOf(s));
+    for (int s = 0; s < N; ++s) largest = std::max(largest, ds.capOf(s));
     throw InputError("the devices cannot hold the model: its smallest pipeline stage over " + std::to_string(max_p) +
                      " devices needs " + fmtMib(need) + " MiB, the largest device has " + fmtMib(largest) +
                      " MiB (" + fmtMib(need - largest) + " MiB short); the tightest is worker slot " +
-                     std::to_string(tight) + " with " + fmtMib(capOf(tight)) + " MiB");
+                     std::to_string(tight) + " with " + fmtMib(ds.capOf(tight)) + " MiB");
   }
-  if (out.plans.size() > K) out.plans.resize(K);
   out.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
-
 }  // namespace
 
 std::string scheduleLabel(const PlanSpec& plan) { return plan.stages == 1 ? "-" : toString(plan.schedule); }
@@ -415,6 +843,39 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
   if (out.plans.empty()) explainInfeasible(p, rq, search, max_stages);
   out.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+std::vector<AllocationRow> compareAllocations(const Profile& p, const PlanRequest& rq, const PlanOutcome& mine) {
+  if (rq.slot_slowdown.empty()) throw InputError("comparing allocations needs a resources file");
+  Search search(p, rq);
+  DeviceSearch ds(p, rq, search);
+  const auto pool = ds.pool();
+  std::vector<AllocationRow> rows;
+  for (const Grouping& g : {groupNodePartition(pool), groupEqualDistribution(pool), groupHybrid(pool)}) {
+    AllocationRow row{g.policy, g.groups, std::nullopt, g.why_not};
+    if (row.why_not.empty() && g.groups.front().size() > p.layers.size())
+      row.why_not = std::to_string(g.groups.front().size()) + " devices per group, the model has " +
+                    std::to_string(p.layers.size()) + " layers";
+    if (row.why_not.empty() && static_cast<int64_t>(g.groups.size()) > rq.virtual_nodes)
+      row.why_not = std::to_string(g.groups.size()) + " groups, " + std::to_string(rq.virtual_nodes) + " VNs";
+    if (row.why_not.empty()) {
+      std::vector<std::pair<double, PlanSpec>> cands;
+      ds.plans(g, 1, cands);
+      for (auto& [bound, plan] : cands) {
+        PlanChoice ch;
+        if (!simulateOnDevices(p, rq, search, ds, plan, ch)) continue;
+        if (!row.best || ch.sim.step_seconds < row.best->sim.step_seconds) row.best = std::move(ch);
+      }
+      if (!row.best) row.why_not = "no cut fits every group's devices";
+    }
+    rows.push_back(std::move(row));
+  }
+  AllocationRow row{"planner", {}, mine.plans.front(), ""};
+  const PlanSpec& plan = row.best->plan;
+  for (int d = 0; d < plan.replicas; ++d)
+    row.groups.emplace_back(plan.workers.begin() + d * plan.stages, plan.workers.begin() + (d + 1) * plan.stages);
+  rows.push_back(std::move(row));
+  return rows;
 }
 
 }  // namespace morph

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct PlanRequest {
   // identical workers.
   std::vector<double> slot_slowdown;
   std::vector<int64_t> slot_memory;
+  // Per worker slot, its host (index); empty: one host. Enables the
+  // allocation policies (NP needs hosts) and cross-host link costs
+  // (sim.cross_host_*).
+  std::vector<int> slot_host;
 };
 
 struct PlanChoice {
@@ -47,18 +52,39 @@ struct PlanOutcome {
   double planning_seconds = 0;    // the search alone
 };
 
-// With slot_slowdown set (heterogeneous devices), the candidates are:
-//  - data parallelism on the k fastest devices that hold the model, k = 1..N,
-//    each with the VN shares that minimise the slowest worker
-//    (weightedShares(): faster devices get more VNs);
-//  - one pipeline on the P fastest devices, P = 2..min(layers, N), with the
-//    device order and cut of bestDevicePipeline() (the slowest stage on its
-//    own device's speed, every stage within its device's memory), while
-//    the orders to try keep the search small (kMaxDeviceOrderWork).
-// InputError when no plan fits the memory cap, naming the stage (its
-// layers) that comes closest and by how many MiB it is over, or the layer
-// that does not fit even alone.
+// With slot_slowdown set (heterogeneous devices), a plan is D groups of P
+// devices (virtual workers; P = 1 is data parallelism) with one shared cut,
+// each group in its own device order, VN shares by group speed
+// (weightedShares()). The candidates:
+//  - the planner's own groupings of the D * P fastest devices, for every
+//    P <= min(layers, N) and D <= N / P: contiguous in speed order
+//    ("sorted") and dealt back and forth ("balanced"); taken in the order
+//    of a lower bound (all their compute spread perfectly over their
+//    speeds), stopping once it cannot beat the K-th best simulated plan;
+//  - with slot_host, HetPipe's allocation policies NP, ED and HD (see
+//    allocation.h), every group given at least one VN.
+// For each grouping and schedule: each distinct group's best device order
+// and cut (bestDevicePipeline(), exact over distinct orders while they are
+// few), then every such cut tried on every group (the best order for that
+// cut) and the cut with the fastest slowest group kept: exact when all
+// groups are alike (ED, balanced), a search over candidate cuts otherwise.
+// InputError when no plan fits the devices' memory, naming the tightest
+// device and the shortfall.
 PlanOutcome planJob(const Profile& profile, const PlanRequest& request);
+
+// The allocation policies side by side with the planner's choice (with
+// slot_slowdown and slot_host set): per policy its groups and its best
+// simulated plan (every group gets at least one VN), or why it does not
+// apply to this pool; the last row is the planner's, `mine` (planJob()'s
+// outcome for the same request).
+struct AllocationRow {
+  std::string policy;  // NP, ED, HD, planner
+  std::vector<std::vector<int>> groups;  // worker slots of each group
+  std::optional<PlanChoice> best;
+  std::string why_not;
+};
+std::vector<AllocationRow> compareAllocations(const Profile& profile, const PlanRequest& request,
+                                             const PlanOutcome& mine);
 
 // "gpipe" etc. for P > 1; "-" for data parallelism (no schedule).
 std::string scheduleLabel(const PlanSpec& plan);

@@ -24,6 +24,7 @@ struct Msg {
 
 struct Channel {
   double bytes = 0;
+  double extra_s = 0;  // between hosts: the slower link's added time per message
   std::vector<Msg> msgs;
 };
 
@@ -52,7 +53,7 @@ double arrivalOf(Channel& c, size_t n, const Profile& prof, double delay) {
     recv_posted = std::max(recv_posted, t);
   }
   const double start = std::max({m.posted + delay, prev, recv_posted});
-  m.arrival = start + prof.p2p.at(c.bytes);
+  m.arrival = start + prof.p2p.at(c.bytes) + c.extra_s;
   return m.arrival;
 }
 
@@ -67,7 +68,7 @@ struct ReplicaRun {
 // decision "has this gradient arrived?" is taken at the right simulated
 // time; the other schedules need no global order.
 ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vector<StageCosts>& cost,
-                      int64_t M, const SimOptions& opts) {
+                      int64_t M, const std::vector<int>& hosts, const SimOptions& opts) {
   const int P = plan.stages;
   const ScheduleOptions so{plan.schedule, P, M, plan.recompute};
   Schedule acts = opts.schedules ? opts.schedules->get(so) : makeSchedule(so);
@@ -76,6 +77,10 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
     const double b = static_cast<double>(prof.layers[plan.cuts[static_cast<size_t>(k) + 1] - 1].output_bytes);
     act[static_cast<size_t>(k)].bytes = b;       // k -> k+1
     grad[static_cast<size_t>(k) + 1].bytes = b;  // k+1 -> k
+    if (!hosts.empty() && hosts[static_cast<size_t>(k)] != hosts[static_cast<size_t>(k) + 1]) {
+      const double x = opts.cross_host_latency_s + (opts.cross_host_bytes_per_s > 0 ? b / opts.cross_host_bytes_per_s : 0.0);
+      act[static_cast<size_t>(k)].extra_s = grad[static_cast<size_t>(k) + 1].extra_s = x;
+    }
   }
   std::vector<size_t> pc(static_cast<size_t>(P), 0), act_in(static_cast<size_t>(P), 0),
       grad_in(static_cast<size_t>(P), 0);
@@ -229,14 +234,17 @@ const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
   return lists_[key] = makeSchedule(so);
 }
 
-std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds) {
-  std::vector<int64_t> out(seconds.size(), 0);
+std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds, int64_t min_each) {
+  const int64_t n = static_cast<int64_t>(seconds.size());
+  if (min_each < 0 || min_each * n > vns) throw InputError("weightedShares: cannot give every worker " +
+                                                           std::to_string(min_each) + " of " + std::to_string(vns) + " VNs");
+  std::vector<int64_t> out(seconds.size(), min_each);
   // Min-heap of (finish time of one more VN, worker): the smallest time,
   // then the lowest index, takes the next VN.
   using Slot = std::pair<double, size_t>;
   std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> next;
-  for (size_t w = 0; w < seconds.size(); ++w) next.push({seconds[w], w});
-  for (int64_t v = 0; v < vns && !next.empty(); ++v) {
+  for (size_t w = 0; w < seconds.size(); ++w) next.push({static_cast<double>(min_each + 1) * seconds[w], w});
+  for (int64_t v = min_each * n; v < vns && !next.empty(); ++v) {
     const size_t w = next.top().second;
     next.pop();
     ++out[w];
@@ -317,6 +325,10 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   auto slow = [&](int d, int k) {
     return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)]) * contention;
   };
+  auto hostOf = [&](int rank) { return opts.rank_host.empty() ? 0 : opts.rank_host.at(static_cast<size_t>(rank)); };
+  if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(P * D))
+    throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " +
+                     std::to_string(P * D) + " ranks");
   auto group = [&](int n, double bytes, bool exact) {
     return opts.in_process ? 0.0 : prof.exactOrFloatAllreduce(exact, bytes, n);
   };
@@ -373,10 +385,11 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // later.
     // (An emulated slow device idles; a real one computes on its own: the
     // host's cores carry this machine's compute only.)
-    double total_busy = 0;
+    std::map<int, double> host_busy;
     for (int d = 0; d < D; ++d)
-      total_busy += per_vn_all * contention * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
-    const double cores_bound = total_busy / std::max(1, prof.host_cores);
+      host_busy[hostOf(d)] += per_vn_all * contention * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
+    double cores_bound = 0;
+    for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
     if (!opts.in_process && cores_bound > compute_end) {
       const double stretch = cores_bound / compute_end;
       for (double& r : bucket_ready) r *= stretch;
@@ -401,11 +414,15 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // Pipelines: each replica's schedule, then the reductions. Replicas with
   // the same VN share and the same devices run alike: simulated once.
   std::vector<ReplicaRun> runs;
-  std::map<std::pair<int64_t, std::vector<double>>, size_t> seen;
+  std::map<std::tuple<int64_t, std::vector<double>, std::vector<int>>, size_t> seen;
   for (int d = 0; d < D; ++d) {
     std::vector<double> factors;
-    for (int k = 0; k < P; ++k) factors.push_back(slow(d, k));
-    auto key = std::make_pair(plan.vn_shares[static_cast<size_t>(d)], factors);
+    std::vector<int> hosts;
+    for (int k = 0; k < P; ++k) {
+      factors.push_back(slow(d, k));
+      if (!opts.rank_host.empty()) hosts.push_back(opts.rank_host.at(static_cast<size_t>(d * P + k)));
+    }
+    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, hosts);
     if (auto it = seen.find(key); it != seen.end()) {
       runs.push_back(runs[it->second]);
       continue;
@@ -424,7 +441,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       c.fwd *= f, c.bwd *= f, c.rec *= f;
     }
     seen[key] = runs.size();
-    runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], opts));
+    runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], hosts, opts));
   }
   double compute_end = 0, all_ready = 0;
   for (const ReplicaRun& r : runs)
@@ -433,13 +450,14 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       all_ready = std::max(all_ready, r.end[static_cast<size_t>(k)]);
     }
   // Ranks of one host share its cores: the compute cannot finish sooner
-  // than the host's total compute divided by its cores (all ranks of a
-  // `morph run` are on one host).
-  double total_busy = 0;  // this machine's compute (see the data-parallel case)
+  // than the busiest host's compute divided by its cores (all ranks of a
+  // `morph run` are on one host unless opts.rank_host says otherwise).
+  std::map<int, double> host_busy;  // this machine's compute (see the data-parallel case)
   for (int d = 0; d < D; ++d)
     for (int k = 0; k < P; ++k)
-      total_busy += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) * contention;
-  const double cores_bound = total_busy / std::max(1, prof.host_cores);
+      host_busy[hostOf(d * P + k)] += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) * contention;
+  double cores_bound = 0;
+  for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
   const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
   compute_end *= stretch, all_ready *= stretch;
   const double world_max = all_ready + maxReduce(P * D) + (opts.clipping ? maxReduce(P * D) : 0.0);

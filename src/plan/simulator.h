@@ -70,6 +70,14 @@ struct SimOptions {
   bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
   bool in_process = false;   // `morph run` without --workers: no collectives, no store
   bool rank0_holds_model = true;  // world rank 0 assembles the whole model (today's executor)
+  // Several hosts (a resources file's `host`): per world rank, its host;
+  // empty = one host. A pipeline message between two hosts takes the
+  // profile's p2p time plus cross_host_latency_s plus bytes over
+  // cross_host_bytes_per_s (0: no extra). Collectives keep the profile's
+  // fits (measured on one host).
+  std::vector<int> rank_host;
+  double cross_host_latency_s = 0;
+  double cross_host_bytes_per_s = 0;
 };
 
 struct StageSim {
@@ -111,8 +119,9 @@ double stageComputeSeconds(const Profile& profile, size_t first, size_t end, boo
 // Shares of `vns` for workers whose VN takes `seconds[w]`, minimising the
 // slowest worker's time max_w share_w * seconds[w]: each VN goes to the
 // worker that would finish it first (exact for equal-sized tasks on workers
-// of different speeds; ties to the lower index). A worker may get 0.
-std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds);
+// of different speeds; ties to the lower index). A worker may get 0; with
+// min_each, every worker gets at least that many (the rest as above).
+std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds, int64_t min_each = 0);
 
 // Even contiguous shares of `vns` over `parts` (the first vns % parts get
 // one more), as assignVns() in the control plane.

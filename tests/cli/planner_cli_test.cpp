@@ -221,4 +221,62 @@ type = "slow"
   EXPECT_NE(r.out.find("the tightest is worker slot"), std::string::npos) << r.out;
 }
 
+// Virtual workers: two groups of a fast and a slow device, each in its own
+// order, with uneven shares, give the single-process model; `morph plan
+// --resources` compares HetPipe's allocation policies with its own choice.
+TEST_F(PlannerCli, GroupsOfMixedDevicesKeepTheHashAndPoliciesAreCompared) {
+  std::string body = kGpt;
+  body.replace(body.find("global = 24"), 11, "global = 36");
+  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
+  const std::string j = job(body);
+  const std::string ref = reference(j);
+  std::ofstream(out("res.toml")) << R"([types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+slowdown = 2.0
+[[devices]]
+type = "fast"
+count = 2
+[[devices]]
+type = "slow"
+count = 2
+)";
+  // Group 0: fast slot 0 then slow slot 2; group 1: slow slot 3 then fast
+  // slot 1. 5 and 4 VNs.
+  std::ofstream(out("groups.json")) << R"({"stages": [["embed", "block1"], ["block2", "head"]], "replicas": 2,
+      "schedule": "1f1b", "vn_shares": [5, 4], "workers": [0, 2, 3, 1]})";
+  Result r = run("run " + j + " --resources " + out("res.toml") + " --plan " + out("groups.json") + " --quiet --out " +
+                 out("groups"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), ref) << r.out;
+  // The comparison table: every policy, and the planner's row last.
+  r = run("plan " + j + " --profile " + profile(j) + " --resources " + out("res.toml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t table = r.out.find("allocation policies");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  for (const char* row : {"\nNP ", "\nED ", "\nHD ", "\nplanner "})
+    EXPECT_NE(r.out.find(row, table), std::string::npos) << row << "\n" << r.out;
+  r = run("plan " + j + " --profile " + profile(j) + " --resources " + out("res.toml") + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc.at("allocations").size(), 4u);
+  // One host, so NP is one group of all four devices; ED pairs a fast and
+  // a slow device: two groups of two.
+  const auto& np = doc.at("allocations").at(0);
+  EXPECT_EQ(np.at("policy"), "NP");
+  EXPECT_EQ(np.at("plan").at("replicas"), 1);
+  EXPECT_EQ(np.at("plan").at("stages"), 4);
+  const auto& ed = doc.at("allocations").at(1);
+  EXPECT_EQ(ed.at("policy"), "ED");
+  EXPECT_EQ(ed.at("plan").at("replicas"), 2);
+  EXPECT_EQ(ed.at("plan").at("stages"), 2);
+  // The planner's plan is never predicted slower than a policy's.
+  const double mine = doc.at("allocations").at(3).at("plan").at("step_seconds").get<double>();
+  for (const auto& row : doc.at("allocations"))
+    if (row.contains("plan")) {
+      EXPECT_LE(mine, row.at("plan").at("step_seconds").get<double>() * (1 + 1e-12)) << row.dump();
+    }
+}
+
 }  // namespace

@@ -203,12 +203,23 @@ TEST(Partitioner, MatchesBruteForceOnRandomInstances) {
       expectConsistent(f, in.L, P, *cut);
       EXPECT_TRUE(fits(f, cut->cuts, in.cap));
     }
-    // Same inputs, same answer.
+    // Same inputs, same answer; and with the early stop (a bound on
+    // seconds() nondecreasing in j: the compute alone) the same cuts too.
     const auto again = minMaxCuts(in.L, in.max_stages, f, in.cap);
+    StageCostFns g = f;
+    g.seconds_lb = [&in](size_t i, size_t j) {
+      double s = 0;
+      for (size_t l = i; l < j; ++l) s += in.compute[l];
+      return s;
+    };
+    const auto pruned = minMaxCuts(in.L, in.max_stages, g, in.cap);
     for (size_t k = 0; k < got.size(); ++k) {
       ASSERT_EQ(again[k].has_value(), got[k].has_value());
+      ASSERT_EQ(pruned[k].has_value(), got[k].has_value());
       if (got[k]) {
         EXPECT_EQ(again[k]->cuts, got[k]->cuts);
+        EXPECT_EQ(pruned[k]->cuts, got[k]->cuts);
+        EXPECT_EQ(pruned[k]->bottleneck_s, got[k]->bottleneck_s);
       }
     }
   }

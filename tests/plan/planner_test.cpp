@@ -1,6 +1,7 @@
 // The planner (memory caps, pruning, infeasible pools) and the profile
 // format (round trip, refusals naming the file and the key).
 #include "plan/planner.h"
+#include "plan/allocation.h"
 #include "plan/partitioner.h"
 #include "plan/resources.h"
 
@@ -336,6 +337,14 @@ TEST(Planner, DeviceOrderAndCutMatchBruteForce) {
                          return b;
                        },
                        caps};
+    if (trial % 2) {
+      // The DP's early stop: a bound below seconds(), nondecreasing in j.
+      fns.seconds_lb = [&](size_t i, size_t j, int t) {
+        double c = 0;
+        for (size_t l = i; l < j; ++l) c += cost[l];
+        return 0.9 * c * speed[static_cast<size_t>(t)];
+      };
+    }
     const auto got = bestDevicePipeline(L, devices, fns);
     // Every permutation of the devices (equal types included) and every cut.
     double best = 1e30;
@@ -427,6 +436,141 @@ TEST(Planner, DevicePlansKeepEveryDevicesMemory) {
     }
   }
   EXPECT_GT(planned, 10);
+}
+
+// HetPipe's testbed shape: 4 hosts of 4 devices, one type per host.
+std::vector<PoolDevice> hetPipePool() {
+  const double slow[] = {1.0, 1.1, 1.8, 2.4};
+  std::vector<PoolDevice> pool;
+  for (int h = 0; h < 4; ++h)
+    for (int i = 0; i < 4; ++i) pool.push_back({h, slow[h], h});
+  return pool;
+}
+
+TEST(Allocation, PoliciesGroupAsHetPipeDescribes) {
+  const auto pool = hetPipePool();
+  auto types = [&](const std::vector<int>& g) {
+    std::vector<int> t;
+    for (int d : g) t.push_back(pool[static_cast<size_t>(d)].type);
+    std::sort(t.begin(), t.end());
+    return t;
+  };
+  const Grouping np = groupNodePartition(pool);
+  ASSERT_TRUE(np.why_not.empty());
+  ASSERT_EQ(np.groups.size(), 4u);
+  for (int h = 0; h < 4; ++h) EXPECT_EQ(types(np.groups[static_cast<size_t>(h)]), std::vector<int>(4, h));
+  const Grouping ed = groupEqualDistribution(pool);
+  ASSERT_EQ(ed.groups.size(), 4u);
+  for (const auto& g : ed.groups) EXPECT_EQ(types(g), (std::vector<int>{0, 1, 2, 3}));
+  const Grouping hd = groupHybrid(pool);
+  ASSERT_TRUE(hd.why_not.empty()) << hd.why_not;
+  ASSERT_EQ(hd.groups.size(), 4u);
+  // Fastest with slowest, second with third: two of each.
+  EXPECT_EQ(types(hd.groups[0]), (std::vector<int>{0, 0, 3, 3}));
+  EXPECT_EQ(types(hd.groups[2]), (std::vector<int>{1, 1, 2, 2}));
+  // Every policy uses every device once.
+  for (const Grouping* g : {&np, &ed, &hd}) {
+    std::vector<int> all;
+    for (const auto& grp : g->groups) all.insert(all.end(), grp.begin(), grp.end());
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), 16u) << g->policy;
+    for (int d = 0; d < 16; ++d) EXPECT_EQ(all[static_cast<size_t>(d)], d) << g->policy;
+  }
+  // By speed: blocks, or dealt back and forth.
+  std::vector<int> by_speed{0, 1, 2, 3, 4, 5};
+  EXPECT_EQ(groupBySpeed(by_speed, 3, 2, false).groups, (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(groupBySpeed(by_speed, 3, 2, true).groups, (std::vector<std::vector<int>>{{0, 3, 4}, {1, 2, 5}}));
+  // Pools a policy does not fit, and why.
+  auto uneven = pool;
+  uneven.pop_back();
+  EXPECT_NE(groupNodePartition(uneven).why_not.find("different numbers"), std::string::npos);
+  EXPECT_EQ(groupEqualDistribution(uneven).groups.size(), 1u);  // gcd(4, 4, 4, 3) = 1: one group of all
+  EXPECT_FALSE(groupHybrid(uneven).why_not.empty());
+}
+
+// Groups of mixed devices (virtual workers) in data parallel: plans keep
+// every device's memory, give every group a VN and every VN a group, use
+// each device once; alike groups share one cut and get even shares; the
+// planner is never worse than a policy it also tried.
+TEST(Allocation, PlannerBeatsOrMatchesEveryPolicy) {
+  std::mt19937 rng(5);
+  int compared = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    const Profile p = randomProfile(rng, 6 + static_cast<size_t>(trial % 4));
+    PlanRequest rq;
+    rq.virtual_nodes = 8 + trial % 9;
+    rq.top_k = 3;
+    const int64_t whole = stageBytes(p, 0, p.layers.size(), 1, false, rq.sim);
+    // 2 hosts x 4 devices (trial odd: 2 types per host).
+    for (int s = 0; s < 8; ++s) {
+      const int type = trial % 2 ? s % 2 + 2 * (s / 4) : s / 4;
+      rq.slot_slowdown.push_back(1.0 + 0.7 * type);
+      rq.slot_memory.push_back(whole * (3 - type % 2) / 2);
+      rq.slot_host.push_back(s / 4);
+    }
+    rq.workers = 8;
+    const PlanOutcome mine = planJob(p, rq);
+    const auto rows = compareAllocations(p, rq, mine);
+    ASSERT_EQ(rows.size(), 4u);
+    EXPECT_EQ(rows.back().policy, "planner");
+    for (const AllocationRow& r : rows) {
+      if (!r.best) continue;
+      ++compared;
+      const PlanSpec& plan = r.best->plan;
+      EXPECT_LE(mine.plans.front().sim.step_seconds, r.best->sim.step_seconds + 1e-12) << r.policy;
+      ASSERT_EQ(plan.workers.size(), static_cast<size_t>(plan.stages * plan.replicas)) << r.policy;
+      std::vector<int> used = plan.workers;
+      std::sort(used.begin(), used.end());
+      EXPECT_EQ(std::unique(used.begin(), used.end()), used.end()) << r.policy;
+      int64_t vns = 0;
+      for (int64_t v : plan.vn_shares) {
+        EXPECT_GE(v, 1) << r.policy;
+        vns += v;
+      }
+      EXPECT_EQ(vns, rq.virtual_nodes) << r.policy;
+      for (size_t k = 0; k < plan.workers.size(); ++k)
+        EXPECT_LE(r.best->sim.stages[k % static_cast<size_t>(plan.stages)].peak_bytes,
+                  rq.slot_memory[static_cast<size_t>(plan.workers[k])])
+            << r.policy;
+      if (r.policy == "ED") {
+        // Alike groups: the cut is the one best pipeline of one group, and
+        // the shares are even.
+        for (int64_t v : plan.vn_shares) EXPECT_LE(std::abs(v - plan.vn_shares[0]), 1) << r.policy;
+      }
+    }
+  }
+  EXPECT_GT(compared, 20);
+}
+
+// With devices of one speed the groups are alike: the cut of D groups of P
+// is the homogeneous planner's cut for P stages.
+TEST(Allocation, AlikeGroupsTakeTheHomogeneousCut) {
+  std::mt19937 rng(17);
+  int pipelines = 0;
+  for (int trial = 0; trial < 10; ++trial) {
+    const Profile p = randomProfile(rng, 5 + static_cast<size_t>(trial % 4));
+    PlanRequest rq;
+    rq.virtual_nodes = 8;
+    rq.workers = 4;
+    rq.schedules = {ScheduleKind::k1F1B};
+    rq.try_recompute = false;
+    rq.top_k = 1000;
+    const PlanOutcome homog = planJob(p, rq);
+    rq.slot_slowdown.assign(4, 1.0);
+    rq.slot_memory.assign(4, 0);
+    const PlanOutcome het = planJob(p, rq);
+    for (const PlanChoice& h : het.plans) {
+      if (h.plan.stages < 2) continue;
+      const PlanChoice* same = nullptr;
+      for (const PlanChoice& c : homog.plans)
+        if (c.plan.stages == h.plan.stages && c.plan.replicas == h.plan.replicas) same = &c;
+      ASSERT_NE(same, nullptr);
+      EXPECT_NEAR(h.sim.step_seconds, same->sim.step_seconds, 1e-9 * same->sim.step_seconds) << "trial " << trial;
+      EXPECT_EQ(h.plan.cuts, same->plan.cuts) << "trial " << trial;
+      ++pipelines;
+    }
+  }
+  EXPECT_GE(pipelines, 20);
 }
 
 }  // namespace
