@@ -8,6 +8,15 @@
 //    0.4-0.7 s for 128 GPUs.
 // 2. Heterogeneous pools of 8, 128 and 1024 devices of 3 types (the
 //    synthetic profile): planning_seconds of planDevices.
+// 2b. Allocation policies (HetPipe §8) on HetPipe's testbed shape: 4 hosts
+//    of 4 devices of one type each, compute factors and memory from the
+//    four GPUs' FP32 peak and memory (TITAN RTX 1.0 / 24 GiB, TITAN V 1.1 /
+//    12 GiB, RTX 2060 2.5 / 6 GiB, Quadro P4000 3.1 / 8 GiB), pipeline
+//    messages between hosts over 56 Gb/s InfiniBand (7 GB/s, plus 5 us),
+//    within a host the profile's p2p (10 GB/s): the predicted step of NP,
+//    ED, HD and the planner's choice (compareAllocations()), for a
+//    synthetic 48-layer model (4 Mi parameters per block, 2 sequences of
+//    512 tokens per VN, 64 VNs) that fits every host's devices.
 // 3. Cut quality: for each P the planner's cut (min-max DP over the
 //    calibrated costs) against the equal-layer-count split Varuna's code
 //    uses, both simulated with 1F1B on one replica: predicted step time of
@@ -26,22 +35,23 @@ using namespace morph;
 
 namespace {
 
-Profile synthetic(size_t layers) {
+// `seqs` sequences of 512 tokens per VN, `block_params` per block.
+Profile synthetic(size_t layers, int64_t block_params = 12 * 1024 * 1024, int64_t seqs = 8) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<double> noise(0.8, 1.2);
   Profile p;
   p.host_cores = 1 << 20;  // one worker per host
   p.fingerprint.reduce_mode = "exact";
   p.runtime_bytes = int64_t{300} << 20;
-  p.input_bytes = 8 * 512 * 8;
+  p.input_bytes = seqs * 512 * 8;
   for (size_t l = 0; l < layers; ++l) {
     LayerCost c;
     c.name = l == 0 ? "embed" : l + 1 == layers ? "head" : "block" + std::to_string(l);
-    const double w = l == 0 ? 0.05 : l + 1 == layers ? 3.0 : noise(rng);
+    const double w = (l == 0 ? 0.05 : l + 1 == layers ? 3.0 : noise(rng)) * static_cast<double>(seqs) / 8.0;
     c.forward_s = c.forward_nograd_s = c.recompute_s = 0.004 * w;
     c.backward_s = 0.008 * w;
-    c.output_bytes = 8 * 512 * 1024 * 4;  // 8 sequences x 512 tokens x 1024 dims
-    c.params = l == 0 ? 50000 * 1024 : 12 * 1024 * 1024;
+    c.output_bytes = seqs * 512 * 1024 * 4;  // sequences x 512 tokens x 1024 dims
+    c.params = l == 0 ? 50000 * 1024 : block_params;
     c.param_bytes = 4 * c.params;
     c.optimizer_bytes = 8 * c.params;
     c.activation_bytes = 16 * c.output_bytes;
@@ -144,6 +154,28 @@ void devices(const Profile& p, int64_t vns, int repeat) {
   }
 }
 
+void allocation(const Profile& p, int64_t vns) {
+  std::printf("\nallocation policies: 16 devices, 4 hosts x 4 of one type, %lld VNs\n", static_cast<long long>(vns));
+  const char* names[] = {"RTX", "V", "2060", "P4000"};
+  const double slowdown[] = {1.0, 1.1, 2.5, 3.1};
+  const int64_t gib[] = {24, 12, 6, 8};
+  PlanRequest rq;
+  rq.virtual_nodes = vns;
+  rq.workers = 16;
+  for (int h = 0; h < 4; ++h)
+    for (int i = 0; i < 4; ++i) {
+      rq.slot_slowdown.push_back(slowdown[h]);
+      rq.slot_memory.push_back(gib[h] << 30);
+      rq.slot_host.push_back(h);
+    }
+  rq.sim.cross_host_bytes_per_s = 7e9;
+  rq.sim.cross_host_latency_s = 5e-6;
+  const PlanOutcome mine = planJob(p, rq);
+  const auto rows = compareAllocations(p, rq, mine);
+  std::printf("%s", allocationTable(rows, [&](int slot) { return std::string(names[slot / 4]); }).c_str());
+  std::printf("planning: %.1f ms\n", mine.planning_seconds * 1e3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -160,6 +192,7 @@ int main(int argc, char** argv) {
   speed("synthetic", syn, 512, repeat);
   cuts("synthetic", syn, 64);
   devices(syn, 512, repeat);
+  allocation(synthetic(48, 4 * 1024 * 1024, 2), 64);
   if (!profile.empty()) {
     const Profile p = readProfile(profile);
     speed(profile.c_str(), p, vns, repeat);

@@ -177,35 +177,14 @@ void addDevices(PlanRequest& rq, const std::string& path) {
     if (it == hosts.end()) hosts.push_back(res.devices[s].host);
   }
   rq.workers = static_cast<int>(res.devices.size());
-}
-
-std::string slotList(const std::vector<int>& slots) {
-  std::string s;
-  for (int w : slots) s += (s.empty() ? "" : " ") + std::to_string(w);
-  return "[" + s + "]";
+  rq.sim.cross_host_bytes_per_s = res.between_hosts_bytes_per_s;
+  rq.sim.cross_host_latency_s = res.between_hosts_latency_s;
 }
 
 // HetPipe's allocation policies against the planner's choice.
 void printAllocations(const std::vector<AllocationRow>& rows) {
-  const double mine = rows.back().best->sim.step_seconds;
-  std::printf("\nallocation policies (virtual workers = groups of devices; docs/resources.md):\n");
-  std::printf("%-8s %3s %3s %-8s %10s %11s  %-12s %s\n", "policy", "P", "D", "schedule", "step ms", "vs planner",
-              "VN shares", "groups (worker slots, stage order)");
-  for (const AllocationRow& r : rows) {
-    if (!r.best) {
-      std::printf("%-8s  not applicable: %s\n", r.policy.c_str(), r.why_not.c_str());
-      continue;
-    }
-    const PlanSpec& plan = r.best->plan;
-    std::string shares, groups;
-    for (int64_t v : plan.vn_shares) shares += (shares.empty() ? "" : "+") + std::to_string(v);
-    for (int d = 0; d < plan.replicas; ++d)
-      groups += (groups.empty() ? "" : " ") +
-                slotList({plan.workers.begin() + d * plan.stages, plan.workers.begin() + (d + 1) * plan.stages});
-    std::printf("%-8s %3d %3d %-8s %10.2f %11.3f  %-12s %s\n", r.policy.c_str(), plan.stages, plan.replicas,
-                scheduleLabel(plan).c_str(), r.best->sim.step_seconds * 1e3, r.best->sim.step_seconds / mine,
-                shares.c_str(), groups.c_str());
-  }
+  std::printf("\nallocation policies (virtual workers = groups of devices, by worker slot; docs/resources.md):\n%s",
+              allocationTable(rows, [](int slot) { return std::to_string(slot); }).c_str());
 }
 
 }  // namespace
@@ -284,16 +263,25 @@ int runSimulate(const SimulateOptions& o) {
                        std::to_string(plan.replicas) + " replicas");
     plan.vn_shares = evenShares(job.virtual_nodes, plan.replicas);
   }
+  SimOptions so = simOptionsFor(job, o.workers == 0 && plan.stages == 1);
   if (!o.resources.empty()) {
     const Resources res = readResources(o.resources);
     const size_t ranks = static_cast<size_t>(plan.stages * plan.replicas);
     if (res.devices.size() < ranks)
       throw InputError(o.resources + ": lists " + std::to_string(res.devices.size()) + " devices for a plan of " +
                        std::to_string(ranks) + " workers");
-    for (size_t r = 0; r < ranks; ++r)
-      plan.slowdown.push_back(res.typeOf(plan.workers.empty() ? r : static_cast<size_t>(plan.workers[r])).slowdown);
+    std::vector<std::string> hosts;
+    for (size_t r = 0; r < ranks; ++r) {
+      const size_t slot = plan.workers.empty() ? r : static_cast<size_t>(plan.workers[r]);
+      plan.slowdown.push_back(res.typeOf(slot).slowdown);
+      auto it = std::find(hosts.begin(), hosts.end(), res.devices[slot].host);
+      so.rank_host.push_back(static_cast<int>(it - hosts.begin()));
+      if (it == hosts.end()) hosts.push_back(res.devices[slot].host);
+    }
+    so.cross_host_bytes_per_s = res.between_hosts_bytes_per_s;
+    so.cross_host_latency_s = res.between_hosts_latency_s;
   }
-  const SimResult r = simulate(prof, plan, simOptionsFor(job, o.workers == 0 && plan.stages == 1));
+  const SimResult r = simulate(prof, plan, so);
   if (o.json) {
     json stages = json::array();
     for (int k = 0; k < plan.stages; ++k) {

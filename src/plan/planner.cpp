@@ -878,4 +878,34 @@ std::vector<AllocationRow> compareAllocations(const Profile& p, const PlanReques
   return rows;
 }
 
+std::string allocationTable(const std::vector<AllocationRow>& rows, const std::function<std::string(int)>& device) {
+  auto line = [](const char* fmt, auto... args) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    return std::string(buf);
+  };
+  std::string out = line("%-8s %3s %3s %-8s %12s %11s  %-14s %s\n", "policy", "P", "D", "schedule", "step ms",
+                         "vs planner", "VN shares", "groups (stage order)");
+  const double mine = rows.back().best->sim.step_seconds;
+  for (const AllocationRow& r : rows) {
+    if (!r.best) {
+      out += line("%-8s  not applicable: %s\n", r.policy.c_str(), r.why_not.c_str());
+      continue;
+    }
+    const PlanSpec& plan = r.best->plan;
+    std::string shares, groups;
+    for (int64_t v : plan.vn_shares) shares += (shares.empty() ? "" : "+") + std::to_string(v);
+    for (int d = 0; d < plan.replicas; ++d) {
+      groups += d ? " [" : "[";
+      for (int k = 0; k < plan.stages; ++k)
+        groups += (k ? " " : "") + device(plan.workers[static_cast<size_t>(d * plan.stages + k)]);
+      groups += "]";
+    }
+    out += line("%-8s %3d %3d %-8s %12.2f %11.3f  %-14s %s\n", r.policy.c_str(), plan.stages, plan.replicas,
+                scheduleLabel(plan).c_str(), r.best->sim.step_seconds * 1e3, r.best->sim.step_seconds / mine,
+                shares.c_str(), groups.c_str());
+  }
+  return out;
+}
+
 }  // namespace morph

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -85,6 +86,10 @@ struct AllocationRow {
 };
 std::vector<AllocationRow> compareAllocations(const Profile& profile, const PlanRequest& request,
                                              const PlanOutcome& mine);
+// The rows as a text table: policy, P, D, schedule, predicted step, ratio
+// to the planner's, VN shares and each group's devices in stage order
+// (`device(slot)` names a device).
+std::string allocationTable(const std::vector<AllocationRow>& rows, const std::function<std::string(int)>& device);
 
 // "gpipe" etc. for P > 1; "-" for data parallelism (no schedule).
 std::string scheduleLabel(const PlanSpec& plan);

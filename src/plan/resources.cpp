@@ -35,7 +35,27 @@ Resources parseResources(const std::string& text, const std::string& origin) {
   }
   Resources r;
   r.file = origin;
-  onlyKeys(root, {"types", "devices"}, origin, "");
+  onlyKeys(root, {"types", "devices", "network"}, origin, "");
+  if (const toml::node* net = root.get("network")) {
+    const toml::table* t = net->as_table();
+    if (!t) fail(origin, "network", "expected a table");
+    onlyKeys(*t, {"between_hosts_gbps", "between_hosts_latency_us"}, origin, "network.");
+    auto number = [&](const char* key, double lo, double hi) {
+      const toml::node* n = t->get(key);
+      if (!n) return 0.0;
+      double v = 0;
+      if (n->is_integer()) v = static_cast<double>(n->as_integer()->get());
+      else if (n->is_floating_point()) v = n->as_floating_point()->get();
+      else fail(origin, std::string("network.") + key, "expected a number");
+      if (!(v >= lo && v <= hi))
+        fail(origin, std::string("network.") + key,
+             "expected " + std::to_string(lo).substr(0, 5) + " to " + std::to_string(static_cast<int64_t>(hi)) +
+                 ", got " + std::to_string(v));
+      return v;
+    };
+    r.between_hosts_bytes_per_s = number("between_hosts_gbps", 0.001, 1e6) * 1e9 / 8.0;
+    r.between_hosts_latency_s = number("between_hosts_latency_us", 0, 1e7) * 1e-6;
+  }
   const toml::table* types = root["types"].as_table();
   if (!types || types->empty()) fail(origin, "types", "missing; expected [types.NAME] tables");
   for (const auto& [k, v] : *types) {

@@ -8,6 +8,8 @@
 //   memory_mib = 4096            type = "fast"
 //   slowdown = 1.0               host = "local"     # or an address
 //                                count = 1          # or: workers = [0, 2]
+//   [network]                    # optional: the link between hosts
+//   between_hosts_gbps = 56      between_hosts_latency_us = 5
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,10 @@ struct Resources {
   std::string file;  // for messages
   std::map<std::string, DeviceType> types;
   std::vector<Device> devices;  // by worker slot
+  // [network]: a pipeline message between two hosts also takes
+  // bytes / between_hosts_bytes_per_s (0: no extra) + between_hosts_latency_s.
+  double between_hosts_bytes_per_s = 0;
+  double between_hosts_latency_s = 0;
   const DeviceType& typeOf(size_t slot) const { return types.at(devices.at(slot).type); }
 };
 

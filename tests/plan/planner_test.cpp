@@ -237,8 +237,13 @@ count = 2
 type = "slow"
 workers = [1]
 host = "10.0.0.7"
+[network]
+between_hosts_gbps = 56
+between_hosts_latency_us = 5
 )",
                                      "res.toml");
+  EXPECT_DOUBLE_EQ(r.between_hosts_bytes_per_s, 7e9);
+  EXPECT_DOUBLE_EQ(r.between_hosts_latency_s, 5e-6);
   ASSERT_EQ(r.devices.size(), 3u);
   EXPECT_EQ(r.devices[0].type, "fast");
   EXPECT_EQ(r.devices[1].type, "slow");
@@ -274,6 +279,11 @@ TEST(Resources, RefusesBadFilesNamingTheKey) {
   EXPECT_NE(refusal(type + "[[devices]]\ntype = \"a\"\ncolor = 1\n").find("key 'devices[0].color': unknown key"),
             std::string::npos);
   EXPECT_NE(refusal(type).find("key 'devices': missing"), std::string::npos);
+  const std::string dev = "[[devices]]\ntype = \"a\"\n";
+  EXPECT_NE(refusal(type + dev + "[network]\nbetween_hosts_gbps = 0\n").find("key 'network.between_hosts_gbps'"),
+            std::string::npos);
+  EXPECT_NE(refusal(type + dev + "[network]\nlatency = 1\n").find("key 'network.latency': unknown key"),
+            std::string::npos);
 }
 
 TEST(Planner, WeightedSharesMinimiseTheSlowestWorker) {
@@ -336,7 +346,7 @@ TEST(Planner, DeviceOrderAndCutMatchBruteForce) {
                          for (size_t l = i; l < j; ++l) b += bytes[l];
                          return b;
                        },
-                       caps};
+                       caps, nullptr};
     if (trial % 2) {
       // The DP's early stop: a bound below seconds(), nondecreasing in j.
       fns.seconds_lb = [&](size_t i, size_t j, int t) {
