@@ -163,14 +163,42 @@ void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, i
               static_cast<long long>(out.candidates), static_cast<long long>(out.simulated));
 }
 
+// Each device type's compute factor against `base` (the job's profile):
+// the emulated slowdown, or, for a type with its own profile (measured on
+// such a device), that profile's whole-model compute per VN over base's.
+// A type's profile must be of this job (any host).
+std::map<std::string, double> planningSpeeds(const Resources& res, const Profile& base, const JobSpec& job) {
+  std::map<std::string, double> out;
+  double base_c = 0;
+  for (const LayerCost& c : base.layers) base_c += c.forward_s + c.backward_s;
+  for (const auto& [name, t] : res.types) {
+    out[name] = t.slowdown;
+    if (t.profile.empty()) continue;
+    const Profile p = readProfile(t.profile);
+    std::string diff;
+    for (const std::string& d : fingerprintDifferences(p.fingerprint, jobFingerprint(job, base.fingerprint.layers)))
+      if (d.rfind("host.", 0) != 0) diff += (diff.empty() ? "" : "; ") + d;
+    if (!diff.empty())
+      throw InputError(res.file + ": key 'types." + name + ".profile': " + t.profile + " is a profile of another job (" +
+                       diff + ")");
+    double c = 0;
+    for (const LayerCost& l : p.layers) c += l.forward_s + l.backward_s;
+    if (!(c > 0 && base_c > 0))
+      throw InputError(res.file + ": key 'types." + name + ".profile': " + t.profile + " has no compute times");
+    out[name] = t.slowdown * c / base_c;
+  }
+  return out;
+}
+
 // A resources file's devices as the planner takes them: per worker slot,
-// its slowdown and memory.
-void addDevices(PlanRequest& rq, const std::string& path) {
+// its speed factor (planningSpeeds()), memory and host.
+void addDevices(PlanRequest& rq, const std::string& path, const Profile& base, const JobSpec& job) {
   if (path.empty()) return;
   const Resources res = readResources(path);
+  const auto speed = planningSpeeds(res, base, job);
   std::vector<std::string> hosts;
   for (size_t s = 0; s < res.devices.size(); ++s) {
-    rq.slot_slowdown.push_back(res.typeOf(s).slowdown);
+    rq.slot_slowdown.push_back(speed.at(res.devices[s].type));
     rq.slot_memory.push_back(res.typeOf(s).memory_bytes);
     auto it = std::find(hosts.begin(), hosts.end(), res.devices[s].host);
     rq.slot_host.push_back(static_cast<int>(it - hosts.begin()));
@@ -270,10 +298,11 @@ int runSimulate(const SimulateOptions& o) {
     if (res.devices.size() < ranks)
       throw InputError(o.resources + ": lists " + std::to_string(res.devices.size()) + " devices for a plan of " +
                        std::to_string(ranks) + " workers");
+    const auto speed = planningSpeeds(res, prof, job);
     std::vector<std::string> hosts;
     for (size_t r = 0; r < ranks; ++r) {
       const size_t slot = plan.workers.empty() ? r : static_cast<size_t>(plan.workers[r]);
-      plan.slowdown.push_back(res.typeOf(slot).slowdown);
+      plan.slowdown.push_back(speed.at(res.devices[slot].type));
       auto it = std::find(hosts.begin(), hosts.end(), res.devices[slot].host);
       so.rank_host.push_back(static_cast<int>(it - hosts.begin()));
       if (it == hosts.end()) hosts.push_back(res.devices[slot].host);
@@ -329,7 +358,7 @@ int runPlan(const PlanOptions& o) {
   rq.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_mib * 1048576.0);
   rq.top_k = o.top;
   rq.sim = simOptionsFor(job, false);
-  addDevices(rq, o.resources);
+  addDevices(rq, o.resources, prof, job);
   const PlanOutcome out = planJob(prof, rq);
   std::vector<AllocationRow> allocations;
   if (!o.resources.empty()) allocations = compareAllocations(prof, rq, out);
@@ -399,7 +428,7 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   rq.top_k = 3;
   rq.sim = simOptionsFor(job, o.workers == 0);
   if (o.stages > 1) rq.max_stages = o.stages;  // an upper bound the user set
-  addDevices(rq, o.resources);
+  addDevices(rq, o.resources, prof, job);
   if (!o.schedule.empty()) rq.schedules = {parseScheduleKind(o.schedule)};
   const PlanOutcome out = planJob(prof, rq);
   const PlanChoice& best = out.plans.front();

@@ -102,7 +102,7 @@ class Search {
       const double idle = std::max(0.0, after - ahead * f[k]);
       const double per_vn = factors.empty() ? seconds(cuts[k], cuts[k + 1], rc)
                                             : std::max(compute(cuts[k], cuts[k + 1], rc) * factors[k],
-                                                       seconds(cuts[k], cuts[k + 1], rc));
+                                                       linkSeconds(cuts[k], cuts[k + 1]));
       best = std::max(best, static_cast<double>(M) * per_vn + fill_f + idle + std::max(reduce, fill_b));
       fill_f += f[k], fill_b += b[k];
     }
@@ -451,8 +451,7 @@ class DeviceSearch {
     return search_.computeLowerBound(i, j) * kinds_[static_cast<size_t>(cls)].first;
   }
   double classSeconds(size_t i, size_t j, bool rc, int cls) const {
-    // Slowdowns are >= 1: the link term is the same as on a normal device.
-    return std::max(search_.compute(i, j, rc) * kinds_[static_cast<size_t>(cls)].first, search_.seconds(i, j, rc));
+    return std::max(search_.compute(i, j, rc) * kinds_[static_cast<size_t>(cls)].first, search_.linkSeconds(i, j));
   }
 
   // One group's best device order and cut (exact over its distinct orders

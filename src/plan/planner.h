@@ -30,8 +30,8 @@ struct PlanRequest {
   bool try_recompute = true;
   SimOptions sim;
   // Heterogeneous devices (a resources file): per worker slot, its compute
-  // factor (>= 1) and memory in bytes (0: memory_cap_bytes). Empty: N
-  // identical workers.
+  // factor against the profile (> 0) and memory in bytes (0:
+  // memory_cap_bytes). Empty: N identical workers.
   std::vector<double> slot_slowdown;
   std::vector<int64_t> slot_memory;
   // Per worker slot, its host (index); empty: one host. Enables the

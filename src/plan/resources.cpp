@@ -1,5 +1,6 @@
 #include "plan/resources.h"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -62,7 +63,7 @@ Resources parseResources(const std::string& text, const std::string& origin) {
     const std::string name(k.str()), key = "types." + name;
     const toml::table* t = v.as_table();
     if (!t) fail(origin, key, "expected a table");
-    onlyKeys(*t, {"memory_mib", "slowdown"}, origin, key + ".");
+    onlyKeys(*t, {"memory_mib", "slowdown", "profile"}, origin, key + ".");
     DeviceType d;
     d.name = name;
     const toml::node* mem = t->get("memory_mib");
@@ -79,6 +80,12 @@ Resources parseResources(const std::string& text, const std::string& origin) {
       else fail(origin, key + ".slowdown", "expected a number >= 1");
       if (!(d.slowdown >= 1.0 && d.slowdown <= 1000.0))
         fail(origin, key + ".slowdown", "expected a number from 1 (full speed) to 1000, got " + std::to_string(d.slowdown));
+    }
+    if (const toml::node* pr = t->get("profile")) {
+      if (!pr->is_string() || pr->as_string()->get().empty())
+        fail(origin, key + ".profile", "expected the path of a profile (morph calibrate --out) made on this type");
+      const std::filesystem::path path(pr->as_string()->get());
+      d.profile = path.is_absolute() ? path.string() : (std::filesystem::path(origin).parent_path() / path).string();
     }
     r.types[name] = d;
   }

@@ -23,6 +23,10 @@ struct DeviceType {
   std::string name;
   int64_t memory_bytes = 0;
   double slowdown = 1.0;  // >= 1
+  // Optional: a calibration profile measured on a device of this type (a
+  // path, relative to the resources file's folder when not absolute); the
+  // planner then takes the type's speed from it (docs/resources.md).
+  std::string profile;
 };
 
 struct Device {

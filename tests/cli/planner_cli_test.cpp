@@ -279,4 +279,49 @@ count = 2
     }
 }
 
+// Real mixed hardware: a type's speed comes from a profile measured on it
+// (here: this machine's profile with every compute time tripled).
+TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
+  std::string body = kGpt;
+  body.replace(body.find("global = 24"), 11, "global = 36");
+  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
+  const std::string j = job(body);
+  const std::string p = profile(j);
+  std::ifstream in(p);
+  nlohmann::json slow = nlohmann::json::parse(in);
+  for (auto& layer : slow.at("layers"))
+    for (const char* k : {"forward_s", "forward_nograd_s", "backward_s", "recompute_s"})
+      layer[k] = layer.at(k).get<double>() * 3;
+  slow["fingerprint"]["host"]["cpu"] = "a slower machine";
+  std::ofstream(out("slow.json")) << slow.dump();
+  std::ofstream(out("res.toml")) << R"([types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+profile = "slow.json"
+[[devices]]
+type = "fast"
+[[devices]]
+type = "slow"
+)";
+  Result r = run("plan " + j + " --profile " + p + " --resources " + out("res.toml") + " --json --top 50");
+  ASSERT_EQ(r.code, 0) << r.out;
+  bool found = false;
+  const auto doc = nlohmann::json::parse(r.out);
+  for (const auto& plan : doc.at("plans"))
+    if (plan.at("stages") == 1 && plan.at("replicas") == 2) {
+      // 9 VNs on a device and one 3x slower: 7 + 2 (max(7, 6) beats 6 + 3's max(6, 9)).
+      EXPECT_EQ(plan.at("vn_shares"), nlohmann::json::parse("[7, 2]")) << plan.dump();
+      found = true;
+    }
+  EXPECT_TRUE(found) << r.out;
+  // A profile of another job is refused, naming the type's key.
+  slow["fingerprint"]["vn_size"] = 99;
+  std::ofstream(out("slow.json")) << slow.dump();
+  r = run("plan " + j + " --profile " + p + " --resources " + out("res.toml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("key 'types.slow.profile'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vn_size"), std::string::npos) << r.out;
+}
+
 }  // namespace
