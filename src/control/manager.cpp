@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "control/internal.h"
+#include "core/model_hash.h"
 #include "exec/pipeline.h"
 #include "plan/plan_file.h"
 #include "plan/resources.h"
@@ -102,6 +103,7 @@ class Manager {
   // From a plan file: the worker slot (= worker id) of each world rank of
   // the first generation. Devices of a resources file, by worker slot.
   std::vector<int> plan_workers_;
+  std::vector<std::string> layer_names_;  // pipeline jobs: the model's layers, for its hash
   std::optional<Resources> res_;
   json vn_shares_ = json::array();  // VNs per member of the current generation
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
@@ -119,6 +121,7 @@ void Manager::setUpPipeline() {
   auto model = buildModel(job_.model, job_.seed);
   std::vector<std::string> names;
   for (size_t l = 0; l < model->size(); ++l) names.push_back(model->layerName(l));
+  layer_names_ = names;
   PlanFile pf;
   if (plan_file) {
     pf = readPlanFile(o_.plan, names, job_.virtual_nodes);
@@ -768,6 +771,29 @@ int Manager::run() {
                      " on worker " + std::to_string(id) + "): a bug in Morph, please report it");
     peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
     bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
+  }
+  if (pipelined() && !results.empty()) {
+    // The model's hash from each stage's layer hashes (core/model_hash.h):
+    // no worker needs the whole model for it. Rank 0 still assembles the
+    // whole model (evaluation, checkpoints); both must agree.
+    std::vector<std::pair<std::string, std::string>> layers;
+    for (const auto& [stage, sh] : stage_hashes) {
+      size_t a = 0;
+      while (a <= sh.size()) {
+        const size_t b = std::min(sh.find(',', a), sh.size());
+        layers.emplace_back("", sh.substr(a, b - a));
+        a = b + 1;
+      }
+    }
+    if (layers.size() != layer_names_.size())
+      throw JobError("the stages reported " + std::to_string(layers.size()) + " layer hashes for " +
+                     std::to_string(layer_names_.size()) + " layers: a bug in Morph, please report it");
+    for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
+    const std::string combined = layeredHash(layers);
+    if (!hash.empty() && hash != combined)
+      throw JobError("the stages' layer hashes (" + combined + ") disagree with world rank 0's whole model (" + hash +
+                     "): a bug in Morph, please report it");
+    hash = combined;
   }
   setString(*store_, "job/finished", "1");
   for (auto& [id, w] : workers_)

@@ -296,7 +296,11 @@ EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
   return {static_cast<double>(correct) / targets, loss / targets};
 }
 
-std::string Trainer::hash() const { return modelHash(*model_); }
+std::string Trainer::hash() const {
+  std::vector<std::pair<std::string, std::string>> layers;
+  for (size_t l = 0; l < model_->size(); ++l) layers.emplace_back(model_->layerName(l), modelHash(model_->layer(l)));
+  return layeredHash(layers);
+}
 
 std::string Trainer::jobId() const {
   return job_.name + "/" + job_.model.name + "/" + std::to_string(job_.seed);

@@ -196,33 +196,39 @@ class TiedHead : public Layer {
 }  // namespace
 
 std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed) {
-  // Parameter initialisation draws from the default generator: seed it from
-  // the job so that every worker builds the same initial model.
-  torch::manual_seed(mixSeed(seed, 0x1A17));
+  // Parameter initialisation draws from the default generator, reseeded
+  // before each layer from (job seed, layer index): a layer's initial
+  // weights do not depend on the layers before it, so a pipeline stage can
+  // build exactly its own layers and the model is the same for any cut.
   auto m = std::make_shared<LayerList>();
+  auto add = [&](const std::string& name, auto make) {
+    torch::manual_seed(mixSeed(seed, 0x1A17, m->size()));
+    auto layer = make();
+    m->add(name, layer);
+    return layer;
+  };
   const int64_t in = 28 * 28, classes = 10;
   if (spec.name == "mlp") {
-    m->add("flatten", std::make_shared<Flatten>());
+    add("flatten", [] { return std::make_shared<Flatten>(); });
     int64_t prev = in;
     for (size_t i = 0; i < spec.hidden.size(); ++i) {
-      m->add("fc" + std::to_string(i + 1), std::make_shared<Dense>(prev, spec.hidden[i], true, spec.dropout));
+      add("fc" + std::to_string(i + 1), [&] { return std::make_shared<Dense>(prev, spec.hidden[i], true, spec.dropout); });
       prev = spec.hidden[i];
     }
-    m->add("head", std::make_shared<Dense>(prev, classes, false, 0.0));
+    add("head", [&] { return std::make_shared<Dense>(prev, classes, false, 0.0); });
   } else if (spec.name == "cnn") {
-    m->add("conv1", std::make_shared<ConvBlock>(1, spec.channels[0]));
-    m->add("conv2", std::make_shared<ConvBlock>(spec.channels[0], spec.channels[1]));
-    m->add("flatten", std::make_shared<Flatten>());
-    m->add("fc", std::make_shared<Dense>(spec.channels[1] * 7 * 7, spec.fc, true, spec.dropout));
-    m->add("head", std::make_shared<Dense>(spec.fc, classes, false, 0.0));
+    add("conv1", [&] { return std::make_shared<ConvBlock>(1, spec.channels[0]); });
+    add("conv2", [&] { return std::make_shared<ConvBlock>(spec.channels[0], spec.channels[1]); });
+    add("flatten", [] { return std::make_shared<Flatten>(); });
+    add("fc", [&] { return std::make_shared<Dense>(spec.channels[1] * 7 * 7, spec.fc, true, spec.dropout); });
+    add("head", [&] { return std::make_shared<Dense>(spec.fc, classes, false, 0.0); });
   } else if (spec.name == "gpt-mini") {
     const int64_t vocab = 256;  // bytes
-    auto embed = std::make_shared<Embed>(vocab, spec.seq_len, spec.dim, spec.dropout);
-    m->add("embed", embed);
+    auto embed = add("embed", [&] { return std::make_shared<Embed>(vocab, spec.seq_len, spec.dim, spec.dropout); });
     for (int64_t i = 0; i < spec.layers; ++i)
-      m->add("block" + std::to_string(i + 1), std::make_shared<Block>(spec.dim, spec.heads, spec.dropout));
-    m->add("norm", std::make_shared<FinalNorm>(spec.dim));
-    m->add("head", std::make_shared<TiedHead>(embed));
+      add("block" + std::to_string(i + 1), [&] { return std::make_shared<Block>(spec.dim, spec.heads, spec.dropout); });
+    add("norm", [&] { return std::make_shared<FinalNorm>(spec.dim); });
+    add("head", [&] { return std::make_shared<TiedHead>(embed); });
   } else {
     throw InputError("unknown model '" + spec.name + "'");
   }
