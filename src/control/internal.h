@@ -115,9 +115,11 @@ std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Data
 // The metrics line of a committed step, without evaluation: the same on
 // every member (they hold the same reduced values).
 json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation);
-// The metrics line of a committed step (evaluates when one is due).
+// The metrics line of a committed step (evaluates when one is due, unless
+// `eval` holds that evaluation already).
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
-              int workers, int64_t generation);
+              int workers, int64_t generation,
+              const EvalStats* eval = nullptr);
 
 std::unique_ptr<FileSystem> checkpointFileSystem();
 // Loads the newest intact checkpoint of `dir`; reports damaged ones on

@@ -46,11 +46,11 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
 }
 
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
-              int workers, int64_t generation) {
+              int workers, int64_t generation, const EvalStats* eval) {
   json line = commitLine(job, st, workers, generation);
   const bool last = st.step + 1 == steps;
   if (last || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0)) {
-    EvalStats e = tr.evaluate(test, job.eval_batch);
+    EvalStats e = eval ? *eval : tr.evaluate(test, job.eval_batch);
     line["test_accuracy"] = e.accuracy;
     line["test_loss"] = e.loss;
   }

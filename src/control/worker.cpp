@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -215,6 +216,7 @@ int runWorker(const WorkerOptions& o) {
         ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
                                                   static_cast<int>(job.checkpoint_keep));
       bool regroup = false;
+      bool whole_model = false;  // pipeline rank 0: gathered the whole model at the last step
       while (tr.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
         tr.setControl({want, g_leave_requested ? 1.0 : 0.0});
@@ -224,11 +226,14 @@ int runWorker(const WorkerOptions& o) {
         last_line = commitLine(job, st, world, gen);
         const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
         const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
-        if (tr.pipelined() && (eval_due || ckpt_due))
-          tr.gatherState();  // rank 0 assembles the whole model to evaluate and checkpoint it
+        whole_model = tr.pipelined() && ckpt_due;
+        if (whole_model) tr.gatherState();  // rank 0 assembles the whole model to checkpoint it
+        // A pipeline evaluates on every rank: the test set flows through the stages.
+        std::optional<EvalStats> eval;
+        if (tr.pipelined() && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
         if (rank == 0) {
           if (ckpt && ckpt_due) ckpt->submit(tr.exportState());
-          json line = stepLine(job, steps, st, tr, *data.test, world, gen);
+          json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
         }
         const auto& ctl = tr.reducedControl();
@@ -243,9 +248,10 @@ int runWorker(const WorkerOptions& o) {
         report("ready");
         continue;
       }
-      // A pipeline rank other than 0 holds its stage only: it reports that
-      // stage's hash (replicas of a stage must agree), rank 0 the model's.
-      json res = {{"model_hash", !tr.pipelined() || rank == 0 ? tr.hash() : ""},
+      // A pipeline rank reports its stage's layer hashes (replicas of a
+      // stage must agree; the manager combines them into the model's); rank
+      // 0 also the whole model's when it assembled it at the last step.
+      json res = {{"model_hash", !tr.pipelined() || (rank == 0 && whole_model) ? tr.hash() : ""},
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};

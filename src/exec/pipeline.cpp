@@ -32,7 +32,7 @@ size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t);  //
 
 namespace {
 
-constexpr int kActTag = 1, kGradTag = 2, kGatherTag = 3;
+constexpr int kActTag = 1, kGradTag = 2, kGatherTag = 3, kEvalTag = 4;
 
 double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -316,6 +316,51 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       opt_->dropState(i);
     }
   }
+}
+
+EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  const int P = pipe_.stages, k = pipe_.stage, D = pipe_.replicas, d = pipe_.replica;
+  const size_t lo = pipe_.cuts[static_cast<size_t>(k)], hi = pipe_.cuts[static_cast<size_t>(k) + 1];
+  const int64_t n = test.size(), batches = (n + batch - 1) / batch;
+  double loss = 0.0;
+  int64_t correct = 0;
+  // This replica's batches; each goes through the stages in order, one at
+  // a time (eval is a small part of a run; no overlap needed).
+  for (int64_t ib = batches * d / D; ib < batches * (d + 1) / D; ++ib) {
+    const int64_t i = ib * batch, e = std::min(n, i + batch);
+    Batch b = test.range(i, e);
+    torch::Tensor x = b.x;
+    if (k > 0) {
+      std::vector<int64_t> shape = cut_shapes_[static_cast<size_t>(k) - 1];
+      shape[0] = e - i;
+      x = torch::empty(shape, torch::kFloat32);
+      pcomm_.pipe->recv(x, k - 1, kEvalTag)->wait();
+    }
+    x = model_->forwardRange(x, lo, hi);
+    if (k + 1 < P) {
+      pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->wait();
+      continue;
+    }
+    torch::Tensor out = x.reshape({-1, x.size(-1)});
+    torch::Tensor y = b.y.reshape({-1});
+    loss += torch::nn::functional::cross_entropy(
+                out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                .item<double>();
+    correct += out.argmax(1).eq(y).sum().item<int64_t>();
+  }
+  model_->train();
+  // Each replica's last stage fills its own slots; MAX over the world (the
+  // others hold 0, and both sums are >= 0) gives every rank all of them,
+  // added in replica order.
+  std::vector<double> sums(2 * static_cast<size_t>(D), 0.0);
+  if (k + 1 == P) sums[2 * static_cast<size_t>(d)] = loss, sums[2 * static_cast<size_t>(d) + 1] = static_cast<double>(correct);
+  pcomm_.world->allreduceMax(sums.data(), static_cast<int64_t>(sums.size()));
+  double total_loss = 0, total_correct = 0;
+  for (int r = 0; r < D; ++r) total_loss += sums[2 * static_cast<size_t>(r)], total_correct += sums[2 * static_cast<size_t>(r) + 1];
+  const double targets = static_cast<double>(n * job_.targetsPerSample());
+  return {total_correct / targets, total_loss / targets};
 }
 
 std::string Trainer::stageHash() const {

@@ -276,6 +276,7 @@ StepStats Trainer::step() {
 }
 
 EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
+  if (pipelined()) return evaluateStages(test, batch);
   torch::NoGradGuard no_grad;
   model_->eval();
   int64_t correct = 0;

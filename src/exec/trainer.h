@@ -135,6 +135,10 @@ class Trainer {
   const std::vector<StageTiming>& stageTimings() const { return timings_; }
 
   StepStats step();  // runs step nextStep()
+  // Loss and accuracy on `test` in batches of `batch`. Pipeline mode: every
+  // rank calls it at the same step; the batches flow through the stages
+  // (each replica takes an even share of them) and the last stages' sums
+  // are combined over the world, so no rank needs the whole model.
   EvalStats evaluate(const Dataset& test, int64_t batch);
 
   // Training state: everything a resumed or joining worker needs to continue
@@ -163,6 +167,7 @@ class Trainer {
   void runVn(int64_t vn, bool last);
   void runLocalVns(bool first_attempt);
   void runStageSchedule(bool first_attempt);
+  EvalStats evaluateStages(const Dataset& test, int64_t batch);
   // Both MAX-reduce `flags` with the control values appended (and split them
   // off again); then the local path waits for its buckets, the pipeline
   // reduces its stage, tied and loss segments.

@@ -134,6 +134,45 @@ TEST_F(Pipeline, TraceCoversEveryActionOfEveryRank) {
   EXPECT_LT(s["bubble_fraction"].get<double>(), 1.0);
 }
 
+// Evaluation as a pipeline: the test set flows through the stages (each
+// replica takes a share); the figures equal the single process's (exactly
+// with one replica, up to the order of one addition with two).
+TEST_F(Pipeline, EvaluatesThroughTheStages) {
+  std::string body = kCnn;
+  body += "[eval]\nevery = 1\nbatch = 16\n";
+  const std::string j = job(body);
+  auto evals = [&](const std::string& dir) {
+    std::vector<std::pair<double, double>> out;
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto m = nlohmann::json::parse(line);
+      if (m.contains("test_loss")) out.push_back({m["test_loss"].get<double>(), m["test_accuracy"].get<double>()});
+    }
+    return out;
+  };
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const auto want = evals(out("ref"));
+  ASSERT_EQ(want.size(), 3u);
+  for (const char* layout : {"--stages 3 --workers 3", "--stages 2 --workers 4"}) {
+    const std::string dir = out(std::string("p") + layout[9]);
+    Result r = run("run " + j + " --quiet " + layout + " --out " + dir);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(lastLineHash(r.out), lastLineHash(ref.out)) << layout;
+    const auto got = evals(dir);
+    ASSERT_EQ(got.size(), want.size()) << layout;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].second, want[i].second) << layout << " step " << i;
+      if (layout[9] == '3') {
+        EXPECT_EQ(got[i].first, want[i].first) << layout << " step " << i;
+      } else {
+        EXPECT_NEAR(got[i].first, want[i].first, 1e-12 * want[i].first) << layout << " step " << i;
+      }
+    }
+  }
+}
+
 // A plan file cuts the model where it says; the model is the same.
 TEST_F(Pipeline, PlanFileCutsWhereItSays) {
   const std::string j = job(kCnn);
