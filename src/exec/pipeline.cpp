@@ -304,7 +304,7 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     }
   }
   // Every rank but world rank 0 (which assembles the whole model for
-  // evaluation and checkpoints) frees the parameters and optimiser state of
+  // checkpoints) frees the parameters and optimiser state of
   // the layers it does not run.
   if (comms.world->rank() != 0) {
     std::vector<char> keep(params_.size(), 0);
@@ -582,7 +582,7 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     m.runtime_bytes = runtime;
     m.init_bytes = k == 0 ? 0 : bytesOf(params) - bytesOf(own);
     // Stage 0 of replica 0 is world rank 0: it assembles the whole model
-    // and its optimiser state for evaluation and checkpoints.
+    // and its optimiser state for checkpoints.
     m.model_bytes = k == 0 ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);
     m.optimizer_bytes = state_per_param * (k == 0 ? bytesOf(params) : bytesOf(own));
     int64_t own_values = 2 + bn_values;

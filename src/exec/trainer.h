@@ -123,7 +123,7 @@ class Trainer {
   const PipelinePlacement& placement() const { return pipe_; }
   // Pipeline mode: world rank 0 (stage 0 of replica 0) receives the whole
   // model (parameters, buffers and optimiser state of each stage, from the
-  // stage's replica 0), for evaluation, checkpoints and the model hash. Every
+  // stage's replica 0), for checkpoints. Every
   // rank calls it at the same step; other ranks hold their stage only (the
   // rest of the model is freed by setPipeline()).
   void gatherState();
