@@ -291,14 +291,16 @@ json Manager::pipelineResults(const std::vector<json>& results) {
   const int64_t M = r0.at(1).get<int64_t>() - r0.at(0).get<int64_t>();
   out["bubble_formula"] = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
   std::map<int64_t, std::vector<std::array<double, 3>>> per_step;  // step -> (start, end, busy) per rank
-  std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0);
+  std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0), stage_params(static_cast<size_t>(P), 0);
   for (const json& r : results) {
     const int s = r.at("stage").get<int>();
     stage_peak[static_cast<size_t>(s)] = std::max(stage_peak[static_cast<size_t>(s)], r.at("peak_rss_bytes").get<int64_t>());
+    stage_params[static_cast<size_t>(s)] = std::max(stage_params[static_cast<size_t>(s)], r.at("param_bytes").get<int64_t>());
     for (const auto& t : r.at("timings"))
       per_step[t.at(0).get<int64_t>()].push_back({t.at(1).get<double>(), t.at(2).get<double>(), t.at(3).get<double>()});
   }
   out["stage_peak_rss_bytes"] = stage_peak;
+  out["stage_param_bytes"] = stage_params;  // parameters held at the end (the trainer's accounting)
   double bubble = 0, span_sum = 0;
   int64_t n = 0;
   const int64_t skip = first_step_ + warmupSteps(steps_ - first_step_);

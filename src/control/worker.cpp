@@ -216,7 +216,8 @@ int runWorker(const WorkerOptions& o) {
         ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
                                                   static_cast<int>(job.checkpoint_keep));
       bool regroup = false;
-      bool whole_model = false;  // pipeline rank 0: gathered the whole model at the last step
+      bool whole_model = false;  // pipeline: this step gathered the whole model on rank 0
+      std::string whole_hash;    // rank 0: the whole model's hash, when gathered at the last step
       while (tr.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
         tr.setControl({want, g_leave_requested ? 1.0 : 0.0});
@@ -232,9 +233,13 @@ int runWorker(const WorkerOptions& o) {
         std::optional<EvalStats> eval;
         if (tr.pipelined() && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
         if (rank == 0) {
-          if (ckpt && ckpt_due) ckpt->submit(tr.exportState());
+          if (ckpt && ckpt_due) ckpt->submit(tr.exportState());  // copied before it returns
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
+        }
+        if (whole_model) {
+          whole_hash = rank == 0 && st.step + 1 == steps ? tr.hash() : "";
+          tr.releaseGathered();  // rank 0 holds its own stage again
         }
         const auto& ctl = tr.reducedControl();
         regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
@@ -251,7 +256,8 @@ int runWorker(const WorkerOptions& o) {
       // A pipeline rank reports its stage's layer hashes (replicas of a
       // stage must agree; the manager combines them into the model's); rank
       // 0 also the whole model's when it assembled it at the last step.
-      json res = {{"model_hash", !tr.pipelined() || (rank == 0 && whole_model) ? tr.hash() : ""},
+      json res = {{"model_hash", !tr.pipelined() ? tr.hash() : whole_hash},
+                  {"param_bytes", tr.modelBytes()},
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};

@@ -303,19 +303,22 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       cut_shapes_.push_back(x.sizes().vec());
     }
   }
-  // Every rank but world rank 0 (which assembles the whole model for
-  // checkpoints) frees the parameters and optimiser state of
-  // the layers it does not run.
-  if (comms.world->rank() != 0) {
-    std::vector<char> keep(params_.size(), 0);
-    for (size_t i : own_params_) keep[i] = 1;
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (keep[i]) continue;
-      params_[i].set_data(torch::empty({0}));
-      opt_->dropState(i);
-    }
+  freeOtherStages();
+}
+
+void Trainer::freeOtherStages() {
+  std::vector<char> keep(params_.size(), 0);
+  for (size_t i : own_params_) keep[i] = 1;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (keep[i]) continue;
+    params_[i].set_data(torch::empty({0}));
+    opt_->dropState(i);
   }
+}
+
+void Trainer::releaseGathered() {
+  if (pipelined() && pcomm_.world->rank() == 0) freeOtherStages();
 }
 
 EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
@@ -521,6 +524,12 @@ void Trainer::gatherState() {
   const int me = pcomm_.world->rank();
   for (int k = 1; k < pipe_.stages; ++k) {
     if (me != 0 && me != k) continue;  // world rank k: stage k of replica 0
+    if (me == 0)  // room for stage k's parameters (their optimiser state follows, as zeros)
+      for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
+        for (const auto& p : model_->layer(l).parameters()) {
+          const size_t i = indexOf(params_, p);
+          if (params_[i].numel() == 0) params_[i].set_data(torch::empty(param_shapes_[i]));
+        }
     // Tensor by tensor, straight from and into the live tensors: no
     // stage-sized staging buffer on either side.
     std::vector<std::unique_ptr<PendingWork>> works;
@@ -580,11 +589,12 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     }
     m.grad_bytes = bytesOf(own);
     m.runtime_bytes = runtime;
-    m.init_bytes = k == 0 ? 0 : bytesOf(params) - bytesOf(own);
     // Stage 0 of replica 0 is world rank 0: it assembles the whole model
-    // and its optimiser state for checkpoints.
-    m.model_bytes = k == 0 ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);
-    m.optimizer_bytes = state_per_param * (k == 0 ? bytesOf(params) : bytesOf(own));
+    // and its optimiser state for each checkpoint.
+    const bool whole = k == 0 && job.checkpoint_every > 0;
+    m.init_bytes = whole ? 0 : bytesOf(params) - bytesOf(own);
+    m.model_bytes = whole ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);
+    m.optimizer_bytes = state_per_param * (whole ? bytesOf(params) : bytesOf(own));
     int64_t own_values = 2 + bn_values;
     for (const auto& p : own) own_values += p.numel();
     m.accumulator_bytes = own_values * elem;

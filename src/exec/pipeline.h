@@ -22,8 +22,8 @@ std::vector<size_t> evenCuts(size_t layers, int stages);
 
 struct StageMemory {
   // Parameters and optimiser state: the stage's own (with the copy of a
-  // weight tied to another stage); stage 0 counts the whole model's, which
-  // world rank 0 assembles for checkpoints.
+  // weight tied to another stage); with checkpoints, stage 0 counts the
+  // whole model's, which world rank 0 assembles for each checkpoint.
   int64_t model_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer (own segments)

@@ -36,6 +36,7 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
       train_(&train) {
   model_->train();
   params_ = model_->parameters();
+  for (const auto& p : params_) param_shapes_.push_back(p.sizes().vec());
   std::vector<int64_t> sizes;
   for (size_t s = 0; s < params_.size(); ++s) sizes.push_back(params_[params_.size() - 1 - s].numel());
   bns_ = model_->batchNorms();

@@ -123,10 +123,12 @@ class Trainer {
   const PipelinePlacement& placement() const { return pipe_; }
   // Pipeline mode: world rank 0 (stage 0 of replica 0) receives the whole
   // model (parameters, buffers and optimiser state of each stage, from the
-  // stage's replica 0), for checkpoints. Every
-  // rank calls it at the same step; other ranks hold their stage only (the
-  // rest of the model is freed by setPipeline()).
+  // stage's replica 0), for a checkpoint. Every rank calls it at the same
+  // step. Every rank holds its stage's layers only (setPipeline() frees the
+  // rest); rank 0 holds the whole model from gatherState() until
+  // releaseGathered().
   void gatherState();
+  void releaseGathered();
   // Hash of this stage's layers (pipeline replicas of a stage must agree).
   std::string stageHash() const;
   // Per-action trace and per-step timing of the stage executor.
@@ -161,12 +163,15 @@ class Trainer {
   LayerList& model() { return *model_; }
   const GradAccumulator& accumulator() const { return *acc_; }
   std::string hash() const;
+  // Bytes of the parameters this worker holds now (a pipeline stage: its
+  // own layers and the copy of a tied weight).
   int64_t modelBytes() const;
 
  private:
   void runVn(int64_t vn, bool last);
   void runLocalVns(bool first_attempt);
   void runStageSchedule(bool first_attempt);
+  void freeOtherStages();  // parameters and optimiser state of the layers this stage does not run
   EvalStats evaluateStages(const Dataset& test, int64_t batch);
   // Both MAX-reduce `flags` with the control values appended (and split them
   // off again); then the local path waits for its buckets, the pipeline
@@ -190,6 +195,7 @@ class Trainer {
   Communicator* comm_;
   std::shared_ptr<LayerList> model_;
   std::vector<torch::Tensor> params_;
+  std::vector<std::vector<int64_t>> param_shapes_;  // as built (a stage frees others')
   std::vector<VnBatchNorm*> bns_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<GradAccumulator> acc_;

@@ -290,7 +290,7 @@ StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool r
   }
   const bool holds_model = !whole && first == 0 && opts.rank0_holds_model;
   // Every worker builds the whole model from the seed and frees the rest.
-  const int64_t init = whole || first == 0 ? 0 : all_params + all_buffers - own - own_buffers;
+  const int64_t init = whole || holds_model ? 0 : all_params + all_buffers - own - own_buffers;
   const int64_t model = holds_model ? all_params + all_buffers : own + own_buffers;
   const int64_t optim = holds_model ? all_optim : own_optim;
   const int64_t accumulator = own_values * static_cast<int64_t>(elemBytes(p));

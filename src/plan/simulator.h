@@ -69,7 +69,7 @@ struct SimOptions {
   double link_delay_s = 0;   // MORPH_PIPE_DELAY_MS's mean, per pipeline message
   bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
   bool in_process = false;   // `morph run` without --workers: no collectives, no store
-  bool rank0_holds_model = true;  // world rank 0 assembles the whole model (today's executor)
+  bool rank0_holds_model = true;  // world rank 0 assembles the whole model (for checkpoints)
   // Several hosts (a resources file's `host`): per world rank, its host;
   // empty = one host. A pipeline message between two hosts takes the
   // profile's p2p time plus cross_host_latency_s plus bytes over

@@ -136,10 +136,12 @@ TEST_F(Pipeline, TraceCoversEveryActionOfEveryRank) {
 
 // Evaluation as a pipeline: the test set flows through the stages (each
 // replica takes a share); the figures equal the single process's (exactly
-// with one replica, up to the order of one addition with two).
-TEST_F(Pipeline, EvaluatesThroughTheStages) {
+// with one replica, up to the order of one addition with two). Every stage
+// holds only its own layers' parameters at the end, world rank 0 too after
+// assembling the whole model for the checkpoint of step 2.
+TEST_F(Pipeline, EvaluatesThroughTheStagesAndHoldsOnlyItsLayers) {
   std::string body = kCnn;
-  body += "[eval]\nevery = 1\nbatch = 16\n";
+  body += "[eval]\nevery = 1\nbatch = 16\n[checkpoint]\nevery = 2\n";
   const std::string j = job(body);
   auto evals = [&](const std::string& dir) {
     std::vector<std::pair<double, double>> out;
@@ -155,6 +157,7 @@ TEST_F(Pipeline, EvaluatesThroughTheStages) {
   ASSERT_EQ(ref.code, 0) << ref.out;
   const auto want = evals(out("ref"));
   ASSERT_EQ(want.size(), 3u);
+  int64_t first_sum = 0;
   for (const char* layout : {"--stages 3 --workers 3", "--stages 2 --workers 4"}) {
     const std::string dir = out(std::string("p") + layout[9]);
     Result r = run("run " + j + " --quiet " + layout + " --out " + dir);
@@ -162,6 +165,16 @@ TEST_F(Pipeline, EvaluatesThroughTheStages) {
     EXPECT_EQ(lastLineHash(r.out), lastLineHash(ref.out)) << layout;
     const auto got = evals(dir);
     ASSERT_EQ(got.size(), want.size()) << layout;
+    const auto summary = nlohmann::json::parse(std::ifstream(dir + "/summary.json"));
+    int64_t sum = 0;
+    for (const auto& b : summary.at("stage_param_bytes")) sum += b.get<int64_t>();
+    for (const auto& b : summary.at("stage_param_bytes")) {
+      EXPECT_GT(b.get<int64_t>(), 0) << layout;
+      EXPECT_LT(b.get<int64_t>(), sum) << layout << ": a stage holds every layer";
+    }
+    if (first_sum == 0) first_sum = sum;  // the same model, whatever the cut
+    EXPECT_EQ(sum, first_sum) << layout;
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints")) << layout;
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_EQ(got[i].second, want[i].second) << layout << " step " << i;
       if (layout[9] == '3') {
