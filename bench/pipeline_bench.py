@@ -573,7 +573,7 @@ def state_table(a, r, corpus):
           f"{mdl['vn_batch']} sequences per VN (stage input {act // 1024} KiB per VN: activations are small, the "
           f"state dominates); {steps} steps a run. Pipeline rows run with --memory-cap {STATE_CAP_MIB} and without"
           " --quiet, for the 'stage K needs about N MiB' estimate lines. RSS includes the process's fixed cost"
-          " (libtorch, Gloo, data); world rank 0 (stage 0) keeps the whole model for checkpoints.")
+          " (libtorch, Gloo, data); no checkpoints here, so every stage, world rank 0 too, holds only its own layers.")
     res = {}
     # The single process is this table's baseline, so it runs even with --no-ref.
     res[1] = r.local("single-process state", job_args(mdl, m, steps, corpus))
