@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--host", run.host,
                       "this machine's address as other workers reach it (default 127.0.0.1)");
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
+  run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
+                      "where checkpoints go (default: checkpoint.dir, else OUT/checkpoints); shared by every host");
   run_cmd->add_option("--resume", run.resume,
                       "continue from the newest intact checkpoint in this folder (e.g. runs/NAME/checkpoints)");
   run_cmd->add_option("--heartbeat-interval", run.heartbeat_interval_s, "seconds between worker heartbeats")

@@ -130,6 +130,13 @@ void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int
                   const json& extra = json::object());
 std::vector<std::string> effectiveOverrides(const RunOptions& o);
 std::string outDir(const RunOptions& o, const JobSpec& job);
+// Where checkpoints go, absolute: --checkpoint-dir, else checkpoint.dir,
+// else OUT/checkpoints.
+std::string checkpointDir(const RunOptions& o, const JobSpec& job);
+// The file the manager writes into the checkpoint folder and every worker
+// reads back (a worker that does not see it cannot write checkpoints that
+// anyone finds).
+constexpr const char* kCheckpointMarker = ".morph-job";
 std::string getString(c10d::Store& s, const std::string& key);
 void setString(c10d::Store& s, const std::string& key, const std::string& value);
 std::string joinLines(const std::vector<std::string>& v);

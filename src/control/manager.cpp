@@ -6,6 +6,8 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include <fstream>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <set>
@@ -508,10 +510,9 @@ bool Manager::transitionComplete() {
 }
 
 void Manager::noWorkerLeft(const std::string& why) {
-  const int64_t ck = newestGoodCheckpoint(dir_ + "/checkpoints");
-  std::string ckmsg = ck >= 0 ? dir_ + "/checkpoints/" + checkpointDirName(ck) + " (resume with --resume " +
-                                    dir_ + "/checkpoints)"
-                              : "none";
+  const std::string cdir = checkpointDir(o_, job_);
+  const int64_t ck = newestGoodCheckpoint(cdir);
+  std::string ckmsg = ck >= 0 ? cdir + "/" + checkpointDirName(ck) + " (resume with --resume " + cdir + ")" : "none";
   killChildren();
   throw JobError(why + "; the last committed step is " + std::to_string(committed_) +
                  ", the newest good checkpoint " + ckmsg);
@@ -647,6 +648,25 @@ int Manager::run() {
   setString(*store_, "job/origin", o_.job_path);
   setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
   setString(*store_, "job/out", std::filesystem::absolute(dir_).string());
+  if (job_.checkpoint_every > 0) {
+    // The folder every checkpoint writer must see: a marker with a token of
+    // this run, which each worker reads back before it starts.
+    const std::string cdir = checkpointDir(o_, job_);
+    std::error_code ec;
+    std::filesystem::create_directories(cdir, ec);
+    char token[32];
+    std::snprintf(token, sizeof token, "%d-%lld", static_cast<int>(getpid()),
+                  static_cast<long long>(std::chrono::system_clock::now().time_since_epoch().count()));
+    const std::string marker = cdir + "/" + kCheckpointMarker;
+    std::ofstream(marker, std::ios::trunc) << token << "\n";
+    std::ifstream back(marker);
+    std::string seen;
+    if (ec || !std::getline(back, seen) || seen != token)
+      throw InputError("checkpoint folder " + cdir + ": cannot write " + marker +
+                       (ec ? " (" + ec.message() + ")" : std::string()));
+    setString(*store_, "job/ckpt_dir", cdir);
+    setString(*store_, "job/ckpt_marker", token);
+  }
   setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   setString(*store_, "gen/want", "0");

@@ -146,6 +146,13 @@ std::string outDir(const RunOptions& o, const JobSpec& job) {
   return o.out_dir.empty() ? (std::filesystem::path("runs") / job.name).string() : o.out_dir;
 }
 
+std::string checkpointDir(const RunOptions& o, const JobSpec& job) {
+  const std::string d = !o.checkpoint_dir.empty() ? o.checkpoint_dir
+                        : !job.checkpoint_dir.empty() ? job.checkpoint_dir
+                                                      : (std::filesystem::path(outDir(o, job)) / "checkpoints").string();
+  return std::filesystem::absolute(d).lexically_normal().string();
+}
+
 int runInProcess(const RunOptions& o, const JobSpec& job) {
   pinThreads(job.threads);
   checkBlas(true);
@@ -159,8 +166,7 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   auto fs = checkpointFileSystem();
   std::unique_ptr<CheckpointWriter> ckpt;
   if (job.checkpoint_every > 0)
-    ckpt = std::make_unique<CheckpointWriter>((std::filesystem::path(dir) / "checkpoints").string(), fs.get(),
-                                              static_cast<int>(job.checkpoint_keep));
+    ckpt = std::make_unique<CheckpointWriter>(checkpointDir(o, job), fs.get(), static_cast<int>(job.checkpoint_keep));
   std::string hash = trainLoop(job, steps, tr, *data.test, true, 1, 0, ckpt.get(),
                                [&](const json& l) { log.record(l); });
   writeSummary(dir, job, steps, 1, log, hash, peakRssBytes(), json::array());

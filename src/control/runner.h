@@ -25,6 +25,7 @@ struct RunOptions {
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
   std::string resume;    // checkpoint folder to continue from ("" = start fresh)
+  std::string checkpoint_dir;  // where checkpoints go ("" = checkpoint.dir, else OUT/checkpoints)
   double heartbeat_interval_s = 0.1;  // workers' pulse
   double heartbeat_timeout_s = 2.0;   // silence after which a worker is declared dead
   // Pipeline parallelism (stages > 1): D = workers / stages replicas.

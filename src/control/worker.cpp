@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -131,6 +132,18 @@ int runWorker(const WorkerOptions& o) {
   sa.sa_handler = onTerm;
   sigaction(SIGTERM, &sa, nullptr);
 
+  std::string ckpt_dir;
+  if (job.checkpoint_every > 0) {
+    // Checkpoints must land where the manager (and a later --resume) finds
+    // them: this worker must see the marker the manager wrote there.
+    ckpt_dir = getString(*store, "job/ckpt_dir");
+    std::ifstream in(ckpt_dir + "/" + kCheckpointMarker);
+    std::string seen;
+    if (!std::getline(in, seen) || seen != getString(*store, "job/ckpt_marker"))
+      throw InputError("checkpoint folder " + ckpt_dir + ": this worker does not see the folder the manager writes (" +
+                       std::string(kCheckpointMarker) + " " + (in ? "differs" : "missing") +
+                       "); on several hosts the checkpoint folder must be shared (--checkpoint-dir, checkpoint.dir)");
+  }
   pinThreads(job.threads);
   checkBlas(id == 0);
   DataPair data = loadDatasets(job.data, job.seed);
@@ -213,7 +226,7 @@ int runWorker(const WorkerOptions& o) {
         tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
       }
       if (rank == 0 && job.checkpoint_every > 0 && !ckpt)
-        ckpt = std::make_unique<CheckpointWriter>(getString(*store, "job/out") + "/checkpoints", fs.get(),
+        ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(),
                                                   static_cast<int>(job.checkpoint_keep));
       bool regroup = false;
       bool whole_model = false;  // pipeline: this step gathered the whole model on rank 0

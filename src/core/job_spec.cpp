@@ -320,6 +320,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.log_every = r.integer("log.every", 10, 1, INT64_MAX / 2);
   j.checkpoint_every = r.integer("checkpoint.every", 0, 0, INT64_MAX / 2);
   j.checkpoint_keep = r.integer("checkpoint.keep", 3, 1, 1000);
+  j.checkpoint_dir = r.str("checkpoint.dir", "");
 
   r.rejectUnknown();
   return j;
