@@ -346,12 +346,7 @@ EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
       pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->wait();
       continue;
     }
-    torch::Tensor out = x.reshape({-1, x.size(-1)});
-    torch::Tensor y = b.y.reshape({-1});
-    loss += torch::nn::functional::cross_entropy(
-                out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                .item<double>();
-    correct += out.argmax(1).eq(y).sum().item<int64_t>();
+    scoreBatch(x, b.y, loss, correct);
   }
   model_->train();
   // Each replica's last stage fills its own slots; MAX over the world (the

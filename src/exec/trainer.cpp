@@ -276,6 +276,15 @@ StepStats Trainer::step() {
   return st;
 }
 
+void Trainer::scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss, int64_t& correct) {
+  torch::Tensor out = logits.reshape({-1, logits.size(-1)});
+  torch::Tensor y = targets.reshape({-1});
+  loss += torch::nn::functional::cross_entropy(
+              out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+              .item<double>();
+  correct += out.argmax(1).eq(y).sum().item<int64_t>();
+}
+
 EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
   if (pipelined()) return evaluateStages(test, batch);
   torch::NoGradGuard no_grad;
@@ -285,13 +294,7 @@ EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
   const int64_t n = test.size();
   for (int64_t i = 0; i < n; i += batch) {
     Batch b = test.range(i, std::min(n, i + batch));
-    torch::Tensor out = model_->forward(b.x);
-    out = out.reshape({-1, out.size(-1)});
-    torch::Tensor y = b.y.reshape({-1});
-    loss += torch::nn::functional::cross_entropy(
-                out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                .item<double>();
-    correct += out.argmax(1).eq(y).sum().item<int64_t>();
+    scoreBatch(model_->forward(b.x), b.y, loss, correct);
   }
   model_->train();
   const double targets = static_cast<double>(n * job_.targetsPerSample());

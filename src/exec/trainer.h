@@ -173,6 +173,8 @@ class Trainer {
   void runStageSchedule(bool first_attempt);
   void freeOtherStages();  // parameters and optimiser state of the layers this stage does not run
   EvalStats evaluateStages(const Dataset& test, int64_t batch);
+  // Adds one evaluation batch's summed cross-entropy and correct predictions.
+  static void scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss, int64_t& correct);
   // Both MAX-reduce `flags` with the control values appended (and split them
   // off again); then the local path waits for its buckets, the pipeline
   // reduces its stage, tied and loss segments.
