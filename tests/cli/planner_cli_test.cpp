@@ -31,6 +31,14 @@ lr = 0.003
 batch = 512
 )";
 
+// kGpt with another global batch and VN count.
+std::string gptWith(int global, int vns) {
+  std::string body = kGpt;
+  body.replace(body.find("global = 24"), 11, "global = " + std::to_string(global));
+  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = " + std::to_string(vns));
+  return body;
+}
+
 class PlannerCli : public Cli {
  protected:
   // Calibrates once per test into the test's folder.
@@ -168,10 +176,7 @@ TEST_F(PlannerCli, BadProfilesAndImpossibleCapsExitTwoNamingTheProblem) {
 // (9 VNs as 6 + 3), a pipeline over a fast and a slow device is ordered and
 // cut for them; the model is the single-process one either way.
 TEST_F(PlannerCli, ResourcesGiveSpeedWeightedSharesAndTheReferenceHash) {
-  std::string body = kGpt;
-  body.replace(body.find("global = 24"), 11, "global = 18");
-  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
-  const std::string j = job(body);
+  const std::string j = job(gptWith(18, 9));
   const std::string ref = reference(j);
   setenv("MORPH_CACHE", out("cache").c_str(), 1);
   std::ofstream(out("res.toml")) << R"([types.fast]
@@ -225,10 +230,7 @@ type = "slow"
 // order, with uneven shares, give the single-process model; `morph plan
 // --resources` compares HetPipe's allocation policies with its own choice.
 TEST_F(PlannerCli, GroupsOfMixedDevicesKeepTheHashAndPoliciesAreCompared) {
-  std::string body = kGpt;
-  body.replace(body.find("global = 24"), 11, "global = 36");
-  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
-  const std::string j = job(body);
+  const std::string j = job(gptWith(36, 9));
   const std::string ref = reference(j);
   std::ofstream(out("res.toml")) << R"([types.fast]
 memory_mib = 4096
@@ -282,10 +284,7 @@ count = 2
 // Real mixed hardware: a type's speed comes from a profile measured on it
 // (here: this machine's profile with every compute time tripled).
 TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
-  std::string body = kGpt;
-  body.replace(body.find("global = 24"), 11, "global = 36");
-  body.replace(body.find("virtual_nodes = 6"), 17, "virtual_nodes = 9");
-  const std::string j = job(body);
+  const std::string j = job(gptWith(36, 9));
   const std::string p = profile(j);
   std::ifstream in(p);
   nlohmann::json slow = nlohmann::json::parse(in);
