@@ -100,6 +100,10 @@ Grouping groupHybrid(const std::vector<PoolDevice>& pool) {
   return g;
 }
 
+std::vector<Grouping> allocationPolicies(const std::vector<PoolDevice>& pool) {
+  return {groupNodePartition(pool), groupEqualDistribution(pool), groupHybrid(pool)};
+}
+
 Grouping groupBySpeed(const std::vector<int>& by_speed, int stages, int groups, bool balanced) {
   Grouping g{balanced ? "balanced" : "sorted", {}, {}};
   const size_t P = static_cast<size_t>(stages), D = static_cast<size_t>(groups);

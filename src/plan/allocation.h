@@ -41,6 +41,8 @@ struct Grouping {
 Grouping groupNodePartition(const std::vector<PoolDevice>& pool);
 Grouping groupEqualDistribution(const std::vector<PoolDevice>& pool);
 Grouping groupHybrid(const std::vector<PoolDevice>& pool);
+// NP, ED and HD, in that order.
+std::vector<Grouping> allocationPolicies(const std::vector<PoolDevice>& pool);
 
 // The D * P first devices of `by_speed` (device indices, fastest first)
 // into D groups of P: contiguous blocks (sorted) or dealt back and forth

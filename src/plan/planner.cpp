@@ -668,8 +668,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   std::vector<std::pair<double, PlanSpec>> cands;
   // The allocation policies, when the pool names hosts.
   if (!rq.slot_host.empty()) {
-    const auto pool = ds.pool();
-    for (const Grouping& g : {groupNodePartition(pool), groupEqualDistribution(pool), groupHybrid(pool)})
+    for (const Grouping& g : allocationPolicies(ds.pool()))
       if (g.why_not.empty()) ds.plans(g, 1, cands);
     tryPlans(cands);
   }
@@ -848,9 +847,8 @@ std::vector<AllocationRow> compareAllocations(const Profile& p, const PlanReques
   if (rq.slot_slowdown.empty()) throw InputError("comparing allocations needs a resources file");
   Search search(p, rq);
   DeviceSearch ds(p, rq, search);
-  const auto pool = ds.pool();
   std::vector<AllocationRow> rows;
-  for (const Grouping& g : {groupNodePartition(pool), groupEqualDistribution(pool), groupHybrid(pool)}) {
+  for (const Grouping& g : allocationPolicies(ds.pool())) {
     AllocationRow row{g.policy, g.groups, std::nullopt, g.why_not};
     if (row.why_not.empty() && g.groups.front().size() > p.layers.size())
       row.why_not = std::to_string(g.groups.front().size()) + " devices per group, the model has " +

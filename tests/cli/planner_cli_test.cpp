@@ -39,6 +39,14 @@ std::string gptWith(int global, int vns) {
   return body;
 }
 
+// A resources file: `count` fast and `count` slow devices of 4 GiB; `slow`
+// is the slow type's speed key.
+std::string fastAndSlow(const std::string& slow, int count) {
+  const std::string n = "count = " + std::to_string(count) + "\n";
+  return "[types.fast]\nmemory_mib = 4096\n[types.slow]\nmemory_mib = 4096\n" + slow +
+         "\n[[devices]]\ntype = \"fast\"\n" + n + "[[devices]]\ntype = \"slow\"\n" + n;
+}
+
 class PlannerCli : public Cli {
  protected:
   // Calibrates once per test into the test's folder.
@@ -179,16 +187,7 @@ TEST_F(PlannerCli, ResourcesGiveSpeedWeightedSharesAndTheReferenceHash) {
   const std::string j = job(gptWith(18, 9));
   const std::string ref = reference(j);
   setenv("MORPH_CACHE", out("cache").c_str(), 1);
-  std::ofstream(out("res.toml")) << R"([types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-slowdown = 2.0
-[[devices]]
-type = "fast"
-[[devices]]
-type = "slow"
-)";
+  std::ofstream(out("res.toml")) << fastAndSlow("slowdown = 2.0", 1);
   // Data parallel with the planner's shares (the plan is made for these devices).
   Result r = run("run " + j + " --resources " + out("res.toml") + " --plan auto --set batch.global=18 --out " +
                  out("het"));
@@ -232,18 +231,7 @@ type = "slow"
 TEST_F(PlannerCli, GroupsOfMixedDevicesKeepTheHashAndPoliciesAreCompared) {
   const std::string j = job(gptWith(36, 9));
   const std::string ref = reference(j);
-  std::ofstream(out("res.toml")) << R"([types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-slowdown = 2.0
-[[devices]]
-type = "fast"
-count = 2
-[[devices]]
-type = "slow"
-count = 2
-)";
+  std::ofstream(out("res.toml")) << fastAndSlow("slowdown = 2.0", 2);
   // Group 0: fast slot 0 then slow slot 2; group 1: slow slot 3 then fast
   // slot 1. 5 and 4 VNs.
   std::ofstream(out("groups.json")) << R"({"stages": [["embed", "block1"], ["block2", "head"]], "replicas": 2,
@@ -293,16 +281,7 @@ TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
       layer[k] = layer.at(k).get<double>() * 3;
   slow["fingerprint"]["host"]["cpu"] = "a slower machine";
   std::ofstream(out("slow.json")) << slow.dump();
-  std::ofstream(out("res.toml")) << R"([types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-profile = "slow.json"
-[[devices]]
-type = "fast"
-[[devices]]
-type = "slow"
-)";
+  std::ofstream(out("res.toml")) << fastAndSlow("profile = \"slow.json\"", 1);
   Result r = run("plan " + j + " --profile " + p + " --resources " + out("res.toml") + " --json --top 50");
   ASSERT_EQ(r.code, 0) << r.out;
   bool found = false;
