@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <thread>
 #include <torch/torch.h>
 
 #include "core/error.h"
@@ -31,6 +32,7 @@ constexpr int kManifestVersion = 1;
 constexpr const char* kManifestFormat = "morph-checkpoint";
 constexpr const char* kManifestName = "MANIFEST";
 constexpr const char* kExtraName = "extra.bin";
+constexpr const char* kShareFormat = "morph-checkpoint-share";
 constexpr const char* kChecksumPrefix = "xxh64 ";
 constexpr int64_t kMaxStep = 999999999999;  // 12 decimal digits
 constexpr uint32_t kMaxDims = 64;  // far above any real tensor; bounds untrusted input
@@ -252,14 +254,9 @@ std::string readFailure(const std::string& path, const std::exception& e) {
   return msg.rfind(path, 0) == 0 ? msg : path + ": cannot read: " + msg;
 }
 
-Manifest readManifest(const std::string& checkpoint_dir, FileSystem& fs) {
-  const std::string path = joinPath(checkpoint_dir, kManifestName);
-  std::string bytes;
-  try {
-    bytes = fs.readFile(path);
-  } catch (const std::exception& e) {
-    throw InputError(readFailure(path, e));
-  }
+// The JSON text of a file in manifest form (JSON, then a checksum line
+// over it), verified; InputError naming `path` otherwise.
+std::string checkedJsonText(const std::string& bytes, const std::string& path) {
   // The checksum line: the last line, "xxh64 " + 16 hex digits.
   const size_t line_len = std::strlen(kChecksumPrefix) + 16 + 1;
   if (bytes.size() < line_len || bytes.back() != '\n' ||
@@ -274,10 +271,22 @@ Manifest readManifest(const std::string& checkpoint_dir, FileSystem& fs) {
   if (*stored != actual)
     throw InputError(path + ": checksum mismatch (stored " + hex64(*stored) + ", content " +
                      hex64(actual) + ")");
+  return bytes.substr(0, body_len);
+}
+
+Manifest readManifest(const std::string& checkpoint_dir, FileSystem& fs) {
+  const std::string path = joinPath(checkpoint_dir, kManifestName);
+  std::string bytes;
+  try {
+    bytes = fs.readFile(path);
+  } catch (const std::exception& e) {
+    throw InputError(readFailure(path, e));
+  }
+  const std::string text = checkedJsonText(bytes, path);
 
   Manifest m;
   try {
-    nlohmann::json j = nlohmann::json::parse(bytes.begin(), bytes.begin() + body_len);
+    nlohmann::json j = nlohmann::json::parse(text);
     if (j.at("format").get<std::string>() != kManifestFormat)
       throw InputError(path + ": not a Morph checkpoint manifest (format '" +
                        j.at("format").get<std::string>() + "')");
@@ -307,7 +316,8 @@ Manifest readManifest(const std::string& checkpoint_dir, FileSystem& fs) {
   return m;
 }
 
-NamedTensors readTensorFile(const std::string& checkpoint_dir, const FileEntry& e, FileSystem& fs) {
+// The bytes of a file the manifest lists, checked against its size and checksum.
+std::string readListedFile(const std::string& checkpoint_dir, const FileEntry& e, FileSystem& fs) {
   const std::string path = joinPath(checkpoint_dir, e.file);
   std::string bytes;
   try {
@@ -322,7 +332,11 @@ NamedTensors readTensorFile(const std::string& checkpoint_dir, const FileEntry& 
   if (h != e.xxh64)
     throw InputError(path + ": checksum mismatch (manifest xxh64 " + hex64(e.xxh64) + ", file " +
                      hex64(h) + ")");
-  return decodeTensorFile(bytes, path);
+  return bytes;
+}
+
+NamedTensors readTensorFile(const std::string& checkpoint_dir, const FileEntry& e, FileSystem& fs) {
+  return decodeTensorFile(readListedFile(checkpoint_dir, e, fs), joinPath(checkpoint_dir, e.file));
 }
 
 CheckpointData loadRange(const std::string& checkpoint_dir, FileSystem& fs, const Manifest& m,
@@ -331,18 +345,29 @@ CheckpointData loadRange(const std::string& checkpoint_dir, FileSystem& fs, cons
   d.step = m.step;
   d.job_id = m.job_id;
   d.meta = m.meta;
+  d.first_layer = static_cast<int64_t>(first);
   for (size_t i = first; i < end; ++i)
     d.layers.emplace_back(m.layers[i].first, readTensorFile(checkpoint_dir, m.layers[i].second, fs));
   d.extra = readTensorFile(checkpoint_dir, m.extra, fs);
   return d;
 }
 
-// Removes leftovers of interrupted writes and all but the `keep` newest
-// checkpoints with step <= `step`.
+// The step of a scratch name ".tmp-step-<12 digits>-<attempt>", or nullopt.
+std::optional<int64_t> scratchStep(const std::string& name) {
+  const std::string prefix = ".tmp-";
+  if (name.rfind(prefix, 0) != 0 || name.size() < prefix.size() + 18 || name[prefix.size() + 17] != '-')
+    return std::nullopt;
+  return parseStepDirName(name.substr(prefix.size(), 17));
+}
+
+// Removes leftovers of interrupted writes of steps <= `step` (scratch
+// directories of later steps may be other writers' work in progress) and
+// all but the `keep` newest checkpoints with step <= `step`.
 void prune(const std::string& dir, int64_t step, int keep, FileSystem& fs) {
   std::vector<int64_t> older;
   for (const std::string& name : fs.listDir(dir)) {
-    if (name.rfind(".tmp-step-", 0) == 0 || name.rfind(".trash-step-", 0) == 0) {
+    const auto scratch = scratchStep(name);
+    if ((scratch && *scratch <= step) || name.rfind(".trash-step-", 0) == 0) {
       fs.removeAll(joinPath(dir, name));
     } else if (auto s = parseStepDirName(name); s && *s <= step) {
       older.push_back(*s);
@@ -351,6 +376,55 @@ void prune(const std::string& dir, int64_t step, int keep, FileSystem& fs) {
   std::sort(older.rbegin(), older.rend());
   for (size_t i = static_cast<size_t>(keep); i < older.size(); ++i)
     fs.removeAll(joinPath(dir, checkpointDirName(older[i])));
+}
+
+std::string scratchDir(const std::string& dir, int64_t step, const std::string& attempt) {
+  return joinPath(dir, ".tmp-" + checkpointDirName(step) + "-" + attempt);
+}
+
+std::string shareFileName(int64_t first_layer) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, ".share-%06lld", static_cast<long long>(first_layer));
+  return buf;
+}
+
+void validateShare(const CheckpointData& data, const CheckpointShare& share) {
+  validateData(data);
+  if (share.attempt.empty() || !std::all_of(share.attempt.begin(), share.attempt.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      }))
+    throw InputError("checkpoint attempt '" + share.attempt + "' must be [A-Za-z0-9_-]+");
+  if (data.first_layer < 0) throw InputError("checkpoint share starts at layer " + std::to_string(data.first_layer));
+}
+
+// Moves the finished scratch directory `tmp` to DIR/step-<n> (replacing an
+// existing one), makes that durable and prunes.
+std::string publish(const std::string& dir, const std::string& tmp, int64_t step, int keep, FileSystem& fs) {
+  const std::string name = checkpointDirName(step);
+  const std::string final_path = joinPath(dir, name);
+  // rename(2) cannot replace a non-empty directory, so an existing
+  // checkpoint of the same step is first moved aside.
+  const std::vector<int64_t> existing = listCheckpointSteps(dir, fs);
+  const bool replace = std::find(existing.begin(), existing.end(), step) != existing.end();
+  const std::string trash = joinPath(dir, ".trash-" + name + "-" + std::to_string(static_cast<long long>(::getpid())));
+  if (replace) {
+    fs.removeAll(trash);
+    fs.rename(final_path, trash);
+  }
+  try {
+    fs.rename(tmp, final_path);
+  } catch (...) {
+    try {
+      if (replace) fs.rename(trash, final_path);
+    } catch (...) {
+      // Leftovers are removed by the next successful write.
+    }
+    throw;
+  }
+  fs.syncDir(dir);
+  if (replace) fs.removeAll(trash);
+  prune(dir, step, keep, fs);
+  return final_path;
 }
 
 [[noreturn]] void throwIo(const std::string& what) {
@@ -559,39 +633,104 @@ std::vector<int64_t> listCheckpointSteps(const std::string& dir, FileSystem& fs)
   return steps;
 }
 
+void writeCheckpointShare(const std::string& dir, const CheckpointData& data, FileSystem& fs,
+                          const CheckpointShare& share) {
+  validateShare(data, share);
+  const std::string tmp = scratchDir(dir, data.step, share.attempt);
+  fs.makeDir(tmp);
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t i = 0; i < data.layers.size(); ++i) {
+    const std::string file = layerFileName(static_cast<size_t>(data.first_layer) + i);
+    const std::string bytes = encodeTensorFile(data.layers[i].second);
+    fs.writeFile(joinPath(tmp, file), bytes);
+    nlohmann::json entry = fileEntryJson(file, bytes);
+    entry["name"] = data.layers[i].first;
+    layers.push_back(std::move(entry));
+  }
+  // The record goes last: a share without one is not there yet.
+  const nlohmann::json record = {{"format", kShareFormat}, {"step", data.step},
+                                 {"job_id", data.job_id},  {"first_layer", data.first_layer},
+                                 {"layers", std::move(layers)}};
+  fs.writeFile(joinPath(tmp, shareFileName(data.first_layer)), encodeManifest(record));
+  fs.syncDir(tmp);
+}
+
+std::string commitCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs, int keep,
+                             const CheckpointShare& share, const std::function<bool()>& cancelled) {
+  if (keep < 1) throw InputError("checkpoint keep must be at least 1, got " + std::to_string(keep));
+  validateShare(data, share);
+  const std::string tmp = scratchDir(dir, data.step, share.attempt);
+  const size_t total = static_cast<size_t>(std::max<int64_t>(share.total_layers, 0));
+  // Phase two starts only once every layer's file is durable: the share
+  // records, each written after its layer files, must cover [0, total).
+  std::vector<nlohmann::json> entries;
+  std::vector<std::string> records;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(share.wait_seconds);
+  for (;;) {
+    entries.assign(total, nlohmann::json());
+    records.clear();
+    size_t covered = 0;
+    for (const std::string& name : fs.listDir(tmp)) {
+      if (name.rfind(".share-", 0) != 0) continue;
+      const std::string path = joinPath(tmp, name);
+      nlohmann::json rec;
+      try {
+        rec = nlohmann::json::parse(checkedJsonText(fs.readFile(path), path));
+      } catch (const std::exception&) {
+        continue;  // still being written
+      }
+      if (rec.value("format", "") != kShareFormat || rec.value("step", int64_t{-1}) != data.step ||
+          rec.value("job_id", "") != data.job_id)
+        throw JobError(path + ": a share of another checkpoint in this attempt's scratch directory");
+      const int64_t first = rec.at("first_layer").get<int64_t>();
+      const auto& ls = rec.at("layers");
+      for (size_t i = 0; i < ls.size(); ++i) {
+        const size_t l = static_cast<size_t>(first) + i;
+        if (first < 0 || l >= total || !entries[l].is_null())
+          throw JobError(path + ": layer " + std::to_string(l) + " is outside the checkpoint's " +
+                         std::to_string(total) + " layers or written twice");
+        entries[l] = ls[i];
+        ++covered;
+      }
+      records.push_back(path);
+    }
+    if (covered == total) break;
+    if ((cancelled && cancelled()) || std::chrono::steady_clock::now() > deadline)
+      throw JobError("checkpoint of step " + std::to_string(data.step) + ": only " + std::to_string(covered) +
+                     " of " + std::to_string(total) + " layers were written (a stage's writer did not finish)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string extra = encodeTensorFile(data.extra);
+  fs.writeFile(joinPath(tmp, kExtraName), extra);
+  const nlohmann::json manifest = {
+      {"format", kManifestFormat}, {"version", kManifestVersion},
+      {"step", data.step},         {"job_id", data.job_id},
+      {"meta", data.meta},         {"layers", entries},
+      {"extra", fileEntryJson(kExtraName, extra)},
+  };
+  // The manifest goes last: a directory without one is never trusted.
+  fs.writeFile(joinPath(tmp, kManifestName), encodeManifest(manifest));
+  for (const std::string& r : records) fs.removeAll(r);  // scratch: the manifest lists every file
+  fs.syncDir(tmp);
+  return publish(dir, tmp, data.step, keep, fs);
+}
+
 std::string writeCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs,
                             int keep) {
   if (keep < 1) throw InputError("checkpoint keep must be at least 1, got " + std::to_string(keep));
-  validateData(data);
-  const std::string name = checkpointDirName(data.step);
-  const std::string pid = std::to_string(static_cast<long long>(::getpid()));
-  const std::string tmp = joinPath(dir, ".tmp-" + name + "-" + pid);
-  const std::string final_path = joinPath(dir, name);
-
+  if (data.first_layer != 0) throw InputError("a whole checkpoint starts at layer 0");
+  // One writer holding every layer: a share of all of them, committed.
+  CheckpointShare share;
+  share.attempt = std::to_string(static_cast<long long>(::getpid()));
+  share.commit = true;
+  share.total_layers = static_cast<int64_t>(data.layers.size());
+  validateShare(data, share);
+  const std::string tmp = scratchDir(dir, data.step, share.attempt);
   fs.makeDir(dir);
   fs.removeAll(tmp);  // our own earlier, failed attempt at this step
-  fs.makeDir(tmp);
   try {
-    nlohmann::json layers = nlohmann::json::array();
-    for (size_t i = 0; i < data.layers.size(); ++i) {
-      const std::string file = layerFileName(i);
-      const std::string bytes = encodeTensorFile(data.layers[i].second);
-      fs.writeFile(joinPath(tmp, file), bytes);
-      nlohmann::json entry = fileEntryJson(file, bytes);
-      entry["name"] = data.layers[i].first;
-      layers.push_back(std::move(entry));
-    }
-    const std::string extra = encodeTensorFile(data.extra);
-    fs.writeFile(joinPath(tmp, kExtraName), extra);
-    const nlohmann::json manifest = {
-        {"format", kManifestFormat}, {"version", kManifestVersion},
-        {"step", data.step},         {"job_id", data.job_id},
-        {"meta", data.meta},         {"layers", std::move(layers)},
-        {"extra", fileEntryJson(kExtraName, extra)},
-    };
-    // The manifest goes last: a directory without one is never trusted.
-    fs.writeFile(joinPath(tmp, kManifestName), encodeManifest(manifest));
-    fs.syncDir(tmp);
+    writeCheckpointShare(dir, data, fs, share);
+    return commitCheckpoint(dir, data, fs, keep, share, nullptr);
   } catch (...) {
     try {
       fs.removeAll(tmp);
@@ -600,31 +739,6 @@ std::string writeCheckpoint(const std::string& dir, const CheckpointData& data, 
     }
     throw;
   }
-
-  // Publish. rename(2) cannot replace a non-empty directory, so an existing
-  // checkpoint of the same step is first moved aside.
-  const std::vector<int64_t> existing = listCheckpointSteps(dir, fs);
-  const bool replace = std::find(existing.begin(), existing.end(), data.step) != existing.end();
-  const std::string trash = joinPath(dir, ".trash-" + name + "-" + pid);
-  if (replace) {
-    fs.removeAll(trash);
-    fs.rename(final_path, trash);
-  }
-  try {
-    fs.rename(tmp, final_path);
-  } catch (...) {
-    try {
-      if (replace) fs.rename(trash, final_path);
-      fs.removeAll(tmp);
-    } catch (...) {
-      // Leftovers are removed by the next successful write.
-    }
-    throw;
-  }
-  fs.syncDir(dir);
-  if (replace) fs.removeAll(trash);
-  prune(dir, data.step, keep, fs);
-  return final_path;
 }
 
 CheckpointData loadCheckpoint(const std::string& checkpoint_dir, FileSystem& fs) {
@@ -636,7 +750,7 @@ CheckpointData loadLayers(const std::string& checkpoint_dir, FileSystem& fs, int
                           int64_t last_layer) {
   const Manifest m = readManifest(checkpoint_dir, fs);
   const int64_t count = static_cast<int64_t>(m.layers.size());
-  if (first_layer < 0 || first_layer > last_layer || last_layer >= count)
+  if (first_layer < 0 || first_layer > last_layer + 1 || last_layer >= count)
     throw InputError(checkpoint_dir + ": layer range [" + std::to_string(first_layer) + ", " +
                      std::to_string(last_layer) + "] is not within the checkpoint's " +
                      std::to_string(count) + " layers");
@@ -653,6 +767,22 @@ std::optional<CheckpointData> loadLatestGood(const std::string& dir, FileSystem&
   for (int64_t step : listCheckpointSteps(dir, fs)) {
     try {
       return loadCheckpoint(joinPath(dir, checkpointDirName(step)), fs);
+    } catch (const InputError& e) {
+      if (problems) problems->push_back(e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> newestIntactCheckpoint(const std::string& dir, FileSystem& fs,
+                                                  std::vector<std::string>* problems) {
+  for (int64_t step : listCheckpointSteps(dir, fs)) {
+    const std::string path = joinPath(dir, checkpointDirName(step));
+    try {
+      const Manifest m = readManifest(path, fs);
+      for (const auto& [name, e] : m.layers) readListedFile(path, e, fs);
+      readListedFile(path, m.extra, fs);
+      return path;
     } catch (const InputError& e) {
       if (problems) problems->push_back(e.what());
     }
@@ -678,6 +808,7 @@ CheckpointData snapshotCheckpoint(const CheckpointData& data) {
   s.step = data.step;
   s.job_id = data.job_id;
   s.meta = data.meta;
+  s.first_layer = data.first_layer;
   s.layers.reserve(data.layers.size());
   for (const auto& [name, tensors] : data.layers) s.layers.emplace_back(name, copy(tensors));
   s.extra = copy(data.extra);
@@ -686,14 +817,16 @@ CheckpointData snapshotCheckpoint(const CheckpointData& data) {
 
 // --- CheckpointWriter ---------------------------------------------------------------
 
-CheckpointWriter::CheckpointWriter(std::string dir, FileSystem* fs, int keep)
-    : dir_(std::move(dir)), fs_(fs), keep_(keep) {
+CheckpointWriter::CheckpointWriter(std::string dir, FileSystem* fs, int keep,
+                                   std::optional<CheckpointShare> share)
+    : dir_(std::move(dir)), fs_(fs), keep_(keep), share_(std::move(share)) {
   MORPH_CHECK(fs != nullptr, "CheckpointWriter needs a FileSystem");
   if (keep < 1) throw InputError("checkpoint keep must be at least 1, got " + std::to_string(keep));
   thread_ = std::thread([this] { run(); });
 }
 
 CheckpointWriter::~CheckpointWriter() {
+  cancel_ = true;  // a commit still waiting for other shares gives up
   {
     std::unique_lock<std::mutex> lock(mu_);
     waitIdleLocked(lock);
@@ -723,6 +856,7 @@ void CheckpointWriter::submit(const CheckpointData& data) {
     busy_ = true;  // keeps flush() and other submits waiting while we copy
   }
   std::optional<CheckpointData> snapshot;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     snapshot = snapshotCheckpoint(data);
   } catch (...) {
@@ -736,6 +870,7 @@ void CheckpointWriter::submit(const CheckpointData& data) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_ = std::move(snapshot);
+    pending_snapshot_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   cv_.notify_all();
 }
@@ -744,6 +879,11 @@ void CheckpointWriter::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   waitIdleLocked(lock);
   rethrowFailureLocked();
+}
+
+CheckpointWriter::Timing CheckpointWriter::timing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timing_;
 }
 
 int64_t CheckpointWriter::lastDurableStep() const {
@@ -762,9 +902,15 @@ void CheckpointWriter::run() {
       pending_.reset();
     }
     const int64_t step = job->step;
+    const auto t0 = std::chrono::steady_clock::now();
     std::string failure;
     try {
-      writeCheckpoint(dir_, *job, *fs_, keep_);
+      if (!share_) {
+        writeCheckpoint(dir_, *job, *fs_, keep_);
+      } else {
+        writeCheckpointShare(dir_, *job, *fs_, *share_);
+        if (share_->commit) commitCheckpoint(dir_, *job, *fs_, keep_, *share_, [this] { return cancel_.load(); });
+      }
     } catch (const std::exception& e) {
       failure = "checkpoint of step " + std::to_string(step) + " in " + dir_ + " failed: " + e.what();
     } catch (...) {
@@ -776,6 +922,9 @@ void CheckpointWriter::run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (failure.empty()) {
         last_durable_step_ = step;
+        ++timing_.writes;
+        timing_.snapshot_seconds += pending_snapshot_s_;
+        timing_.write_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       } else {
         failure_ = std::move(failure);
       }

@@ -27,7 +27,9 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -51,7 +53,21 @@ struct CheckpointData {
   std::string job_id;  // opaque identity of the job (e.g. its spec hash)
   nlohmann::json meta;  // opaque: scale state, epoch, RNG/sampler position...
   std::vector<std::pair<std::string, NamedTensors>> layers;  // in layer order
+  int64_t first_layer = 0;  // layers[0]'s index in the model (a stage's share, a partial load)
   NamedTensors extra;  // non-layer state
+};
+
+// How one of several writers (pipeline stages) takes part in a checkpoint.
+// Each writes its layers (CheckpointData::first_layer onwards) into the
+// scratch directory DIR/.tmp-step-<n>-<attempt>/, then a share record
+// listing them; the committer also waits until the share records cover
+// every layer, then writes extra.bin and MANIFEST and publishes the
+// directory. docs/checkpoint_format.md, "Writing protocol".
+struct CheckpointShare {
+  std::string attempt;       // the same on every writer of one checkpoint; [A-Za-z0-9_-]+
+  bool commit = false;       // this writer commits (exactly one per checkpoint)
+  int64_t total_layers = 0;  // committer: layers of the whole checkpoint
+  double wait_seconds = 600.0;  // committer: how long to wait for the other shares
 };
 
 // The narrow filesystem seam. Paths are plain strings ('/'-separated). Every
@@ -115,13 +131,30 @@ std::vector<int64_t> listCheckpointSteps(const std::string& dir, FileSystem& fs)
 std::string writeCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs,
                             int keep);
 
+// Phase one of a checkpoint written by several writers: `data.layers` go
+// into the shared scratch directory as layer files, then a share record
+// (.share-<first layer>) names them with their sizes and checksums. Every
+// file is fsynced. Throws InputError for bad `data`, JobError for I/O.
+void writeCheckpointShare(const std::string& dir, const CheckpointData& data, FileSystem& fs,
+                          const CheckpointShare& share);
+// Phase two, by the committer after its own share: waits (polling) until
+// the share records cover layers [0, total_layers) without gaps or overlap,
+// then writes extra.bin and MANIFEST (listing every layer file), fsyncs,
+// publishes step-<n> and prunes like writeCheckpoint. Nothing is published
+// if a share is missing: JobError after share.wait_seconds, or as soon as
+// `cancelled()` (may be empty) returns true. Returns the checkpoint's path.
+std::string commitCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs, int keep,
+                             const CheckpointShare& share, const std::function<bool()>& cancelled);
+
 // Reads and verifies the whole checkpoint at `checkpoint_dir` (a step-*
 // directory). Throws InputError naming the file and the defect.
 CheckpointData loadCheckpoint(const std::string& checkpoint_dir, FileSystem& fs);
 
 // Like loadCheckpoint() but reads only layers [first_layer, last_layer]
 // (inclusive, 0-based, in layer order) plus the non-layer state; the other
-// layer files are not opened. result.layers[0] is layer `first_layer`.
+// layer files are not opened. result.layers[0] is layer `first_layer`
+// (result.first_layer). last_layer = first_layer - 1 reads no layer (the
+// manifest's step, job and meta only).
 CheckpointData loadLayers(const std::string& checkpoint_dir, FileSystem& fs, int64_t first_layer,
                           int64_t last_layer);
 
@@ -135,6 +168,13 @@ int64_t checkpointLayerCount(const std::string& checkpoint_dir, FileSystem& fs);
 // caller decides whether the job_id matches its job.
 std::optional<CheckpointData> loadLatestGood(const std::string& dir, FileSystem& fs,
                                              std::vector<std::string>* problems);
+
+// The newest checkpoint in `dir` whose manifest and every file pass their
+// checks (files are read and checksummed one at a time, not decoded, so
+// memory stays at one file), or nullopt. Problems as for loadLatestGood.
+// Workers that each load only their own layers agree on it this way.
+std::optional<std::string> newestIntactCheckpoint(const std::string& dir, FileSystem& fs,
+                                                  std::vector<std::string>* problems);
 
 // Deep copy of `data` with every tensor detached, moved to the CPU and made
 // contiguous: a snapshot the caller's later in-place updates cannot reach.
@@ -160,8 +200,11 @@ CheckpointData snapshotCheckpoint(const CheckpointData& data);
 class CheckpointWriter {
  public:
   // `*fs` must remain live while this writer exists. Throws InputError if
-  // keep < 1.
-  CheckpointWriter(std::string dir, FileSystem* fs, int keep);
+  // keep < 1. With `share`, this writer is one of several (a pipeline
+  // stage): it writes its layers as a share, and commits the checkpoint if
+  // share->commit.
+  CheckpointWriter(std::string dir, FileSystem* fs, int keep,
+                   std::optional<CheckpointShare> share = std::nullopt);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -171,6 +214,13 @@ class CheckpointWriter {
   void flush();
   // Step of the newest checkpoint this writer made durable, -1 if none.
   int64_t lastDurableStep() const;
+  // Durable checkpoints so far and the seconds they took in total: copying
+  // in submit(), and writing (for a committer: until published).
+  struct Timing {
+    int64_t writes = 0;
+    double snapshot_seconds = 0, write_seconds = 0;
+  };
+  Timing timing() const;
 
  private:
   void run();
@@ -180,6 +230,8 @@ class CheckpointWriter {
   const std::string dir_;
   FileSystem* const fs_;
   const int keep_;
+  const std::optional<CheckpointShare> share_;
+  std::atomic<bool> cancel_{false};  // the destructor: stop waiting for other shares
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -188,6 +240,8 @@ class CheckpointWriter {
   bool stop_ = false;
   std::string failure_;  // unreported background failure, empty if none
   int64_t last_durable_step_ = -1;
+  Timing timing_;
+  double pending_snapshot_s_ = 0;  // of the checkpoint handed to the thread
   std::thread thread_;  // started in the constructor body, joined by the destructor
 };
 

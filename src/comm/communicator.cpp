@@ -29,12 +29,6 @@ class GlooCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void allreduceSum(int64_t* data, int64_t n) override {
-    run(torch::from_blob(data, {n}, torch::kInt64), c10d::ReduceOp::SUM);
-  }
-  void allreduceSum(float* data, int64_t n) override {
-    run(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
-  }
   void allreduceMax(double* data, int64_t n) override {
     // An owned copy: if this collective is abandoned, a late write by
     // Gloo's thread lands in the copy, not in the caller's memory.

@@ -39,8 +39,6 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual void allreduceSum(int64_t* data, int64_t n) = 0;
-  virtual void allreduceSum(float* data, int64_t n) = 0;
   virtual void allreduceMax(double* data, int64_t n) = 0;
   // Replaces `t` (contiguous, owned by the caller) on every rank with root's.
   virtual void broadcast(torch::Tensor& t, int root) = 0;
@@ -69,8 +67,6 @@ class LocalCommunicator : public Communicator {
   };
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void allreduceSum(int64_t*, int64_t n) override { bytes_ += n * 8; }
-  void allreduceSum(float*, int64_t n) override { bytes_ += n * 4; }
   void allreduceMax(double*, int64_t n) override { bytes_ += n * 8; }
   void broadcast(torch::Tensor&, int) override {}
   std::unique_ptr<PendingWork> allreduceSumAsync(int64_t*, int64_t n) override {

@@ -125,6 +125,17 @@ std::unique_ptr<FileSystem> checkpointFileSystem();
 // Loads the newest intact checkpoint of `dir`; reports damaged ones on
 // stderr. Throws InputError when there is none.
 void resumeFrom(const std::string& dir, Trainer& tr, bool report);
+// A stage-local worker's resume, in two halves. First, before it is placed:
+// picks the newest checkpoint of `dir` whose every file is intact (so all
+// workers pick the same one), loads its step and scale state and returns
+// its path. Then, once placed: loads the layers the worker holds (its
+// stage's, on whatever cut the checkpoint was written with) from it.
+std::string resumeStepFrom(const std::string& dir, Trainer& tr, bool report);
+void loadHeldLayers(const std::string& checkpoint, Trainer& tr);
+// A writer's durable checkpoints and its mean seconds per checkpoint:
+// snapshot (in the training thread) and write (in the background; the
+// committer's includes waiting for the other stages' shares).
+json checkpointTiming(const CheckpointWriter& w);
 void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
                   const RunLog& log, const std::string& hash, int64_t peak_rss, const json& resizes,
                   const json& extra = json::object());

@@ -193,12 +193,14 @@ void Manager::setUpPipeline() {
       const StageMemory& m = mem[static_cast<size_t>(k)];
       auto mib = [](int64_t b) { return std::to_string((b + 524288) / 1048576); };
       if (!o_.quiet)
-        std::printf("morph: stage %d needs about %s MiB (process %s, other stages' layers at start %s; "
-                    "training %s: parameters %s, optimiser %s, gradients %s, activations %s = %lld VNs x %s)\n",
+        std::printf("morph: stage %d needs about %s MiB (process %s, largest other layer while building %s; "
+                    "training %s: parameters %s, optimiser %s, gradients %s, checkpoint snapshot %s, "
+                    "activations %s = %lld VNs x %s)\n",
                     k, mib(m.total()).c_str(), mib(m.runtime_bytes).c_str(), mib(m.init_bytes).c_str(),
                     mib(m.training()).c_str(),
                     mib(m.model_bytes).c_str(), mib(m.optimizer_bytes).c_str(),
-                    mib(m.accumulator_bytes + m.grad_bytes).c_str(), mib(m.activation_bytes).c_str(),
+                    mib(m.accumulator_bytes + m.grad_bytes).c_str(), mib(m.snapshot_bytes).c_str(),
+                    mib(m.activation_bytes).c_str(),
                     static_cast<long long>(m.live_vns),
                     mib(recompute && k + 1 < P ? m.vn_input_bytes : m.vn_activation_bytes).c_str());
       if (m.total() > cap)
@@ -293,16 +295,20 @@ json Manager::pipelineResults(const std::vector<json>& results) {
   const int64_t M = r0.at(1).get<int64_t>() - r0.at(0).get<int64_t>();
   out["bubble_formula"] = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
   std::map<int64_t, std::vector<std::array<double, 3>>> per_step;  // step -> (start, end, busy) per rank
-  std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0), stage_params(static_cast<size_t>(P), 0);
+  std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0), stage_params(static_cast<size_t>(P), 0),
+      stage_peak_params(static_cast<size_t>(P), 0);
   for (const json& r : results) {
     const int s = r.at("stage").get<int>();
     stage_peak[static_cast<size_t>(s)] = std::max(stage_peak[static_cast<size_t>(s)], r.at("peak_rss_bytes").get<int64_t>());
     stage_params[static_cast<size_t>(s)] = std::max(stage_params[static_cast<size_t>(s)], r.at("param_bytes").get<int64_t>());
+    stage_peak_params[static_cast<size_t>(s)] =
+        std::max(stage_peak_params[static_cast<size_t>(s)], r.at("peak_param_bytes").get<int64_t>());
     for (const auto& t : r.at("timings"))
       per_step[t.at(0).get<int64_t>()].push_back({t.at(1).get<double>(), t.at(2).get<double>(), t.at(3).get<double>()});
   }
   out["stage_peak_rss_bytes"] = stage_peak;
   out["stage_param_bytes"] = stage_params;  // parameters held at the end (the trainer's accounting)
+  out["stage_peak_param_bytes"] = stage_peak_params;  // the most any worker of the stage ever held
   double bubble = 0, span_sum = 0;
   int64_t n = 0;
   const int64_t skip = first_step_ + warmupSteps(steps_ - first_step_);
@@ -667,6 +673,8 @@ int Manager::run() {
     setString(*store_, "job/ckpt_dir", cdir);
     setString(*store_, "job/ckpt_marker", token);
   }
+  // A pipeline worker builds only its stage's layers once it is placed.
+  setString(*store_, "job/stage_local", pipelined() ? "1" : "0");
   setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   setString(*store_, "gen/want", "0");
@@ -768,11 +776,14 @@ int Manager::run() {
   std::string hash;
   int64_t peak = 0, bytes = 0;
   std::vector<json> results;
+  json checkpoint_timing;
   std::map<int, std::string> stage_hashes;
   for (int64_t id : members_) {
     if (!store_->check({"result/" + std::to_string(id)})) continue;
     json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
     results.push_back(res);
+    // World rank 0 commits every checkpoint: its timing is the job's.
+    if (id == members_.front() && res.contains("checkpoint")) checkpoint_timing = res.at("checkpoint");
     if (pipelined()) {
       // Replicas of a stage hold the same layers; rank 0 the whole model.
       const std::string sh = res.at("stage_hash").get<std::string>();
@@ -781,7 +792,6 @@ int Manager::run() {
       if (first != sh)
         throw JobError("pipeline replicas disagree on stage " + res.at("stage").dump() + " after the last step (worker " +
                        std::to_string(id) + "): a bug in Morph, please report it");
-      if (id == members_.front()) hash = res.at("model_hash").get<std::string>();
       peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
       bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
       continue;
@@ -796,8 +806,7 @@ int Manager::run() {
   }
   if (pipelined() && !results.empty()) {
     // The model's hash from each stage's layer hashes (core/model_hash.h):
-    // no worker needs the whole model for it. Rank 0 still assembles the
-    // whole model (evaluation, checkpoints); both must agree.
+    // no worker needs the whole model for it.
     std::vector<std::pair<std::string, std::string>> layers;
     for (const auto& [stage, sh] : stage_hashes) {
       size_t a = 0;
@@ -811,17 +820,14 @@ int Manager::run() {
       throw JobError("the stages reported " + std::to_string(layers.size()) + " layer hashes for " +
                      std::to_string(layer_names_.size()) + " layers: a bug in Morph, please report it");
     for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
-    const std::string combined = layeredHash(layers);
-    if (!hash.empty() && hash != combined)
-      throw JobError("the stages' layer hashes (" + combined + ") disagree with world rank 0's whole model (" + hash +
-                     "): a bug in Morph, please report it");
-    hash = combined;
+    hash = layeredHash(layers);
   }
   setString(*store_, "job/finished", "1");
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
   json extra = json::object();
   extra["vn_shares"] = vn_shares_;
+  if (!checkpoint_timing.is_null()) extra["checkpoint"] = checkpoint_timing;
   // The plan the job ended on (docs/planner.md).
   extra["plan"] = pipelined() ? json{{"stages", pipeline_.at("stages")},
                                      {"replicas", pipeline_.at("replicas")},

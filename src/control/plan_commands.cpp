@@ -45,7 +45,7 @@ SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
   if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) o.link_delay_s = std::atof(d) / 1000.0;
   o.clipping = job.optim.clip_norm > 0;
   o.in_process = in_process;
-  o.rank0_holds_model = job.checkpoint_every > 0;  // assembled for each checkpoint
+  o.checkpoints = job.checkpoint_every > 0;
   return o;
 }
 

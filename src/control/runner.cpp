@@ -53,6 +53,7 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& t
     EvalStats e = eval ? *eval : tr.evaluate(test, job.eval_batch);
     line["test_accuracy"] = e.accuracy;
     line["test_loss"] = e.loss;
+    line["eval_seconds"] = e.seconds;
   }
   return line;
 }
@@ -70,28 +71,44 @@ std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Data
   return tr.hash();
 }
 
-// Test hook (MORPH_TEST_CRASH_IN_CHECKPOINT=<step>): the process dies halfway
-// through writing the first layer file of that step's checkpoint, as a
-// machine losing power would.
+// Test hook (MORPH_TEST_CRASH_IN_CHECKPOINT=<step>[:<name>]): the process
+// dies, as a machine losing power would, at the first write or rename in
+// that step's scratch directory of a file called <name> (default: any
+// layer file; "rename": publishing the directory). A write is left half
+// done. Each phase of the checkpoint protocol can be hit this way:
+// "layer-002.bin" (a stage's layer file), ".share-000002" (its share
+// record), "extra.bin" or "MANIFEST" (the commit), "rename" (publishing).
 class CrashingFileSystem : public PosixFileSystem {
  public:
-  explicit CrashingFileSystem(int64_t step) : tag_(".tmp-" + checkpointDirName(step)) {}
+  explicit CrashingFileSystem(const std::string& spec) {
+    const size_t colon = spec.find(':');
+    tag_ = ".tmp-" + checkpointDirName(std::atoll(spec.substr(0, colon).c_str()));
+    name_ = colon == std::string::npos ? "layer-" : spec.substr(colon + 1);
+  }
   void writeFile(const std::string& path, const std::string& bytes) override {
-    if (path.find(tag_) != std::string::npos && path.find("layer-") != std::string::npos) {
+    const std::string base = path.substr(path.rfind('/') + 1);
+    if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0) {
       PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
-      std::fprintf(stderr, "morph: test hook: crashing while writing %s\n", path.c_str());
-      _exit(9);
+      die(path);
     }
     PosixFileSystem::writeFile(path, bytes);
   }
+  void rename(const std::string& from, const std::string& to) override {
+    if (name_ == "rename" && from.find(tag_) != std::string::npos) die(from);
+    PosixFileSystem::rename(from, to);
+  }
 
  private:
-  std::string tag_;
+  [[noreturn]] static void die(const std::string& path) {
+    std::fprintf(stderr, "morph: test hook: crashing at %s\n", path.c_str());
+    _exit(9);
+  }
+  std::string tag_, name_;
 };
 
 std::unique_ptr<FileSystem> checkpointFileSystem() {
   if (const char* s = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT"))
-    return std::make_unique<CrashingFileSystem>(std::atoll(s));
+    return std::make_unique<CrashingFileSystem>(s);
   return std::make_unique<PosixFileSystem>();
 }
 
@@ -105,6 +122,37 @@ void resumeFrom(const std::string& dir, Trainer& tr, bool report) {
   if (!ck) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
   tr.importState(*ck);
   if (report) std::printf("morph: resuming from %s at step %lld\n", (std::filesystem::path(dir) / checkpointDirName(ck->step)).c_str(), static_cast<long long>(ck->step));
+}
+
+json checkpointTiming(const CheckpointWriter& w) {
+  const CheckpointWriter::Timing t = w.timing();
+  const double n = static_cast<double>(std::max<int64_t>(t.writes, 1));
+  return {{"writes", t.writes}, {"snapshot_seconds", t.snapshot_seconds / n}, {"write_seconds", t.write_seconds / n}};
+}
+
+std::string resumeStepFrom(const std::string& dir, Trainer& tr, bool report) {
+  PosixFileSystem fs;
+  std::vector<std::string> problems;
+  const std::optional<std::string> path = newestIntactCheckpoint(dir, fs, &problems);
+  if (report)
+    for (const auto& p : problems) std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", p.c_str());
+  if (!path) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
+  const CheckpointData meta = loadLayers(*path, fs, 0, -1);
+  tr.importState(meta, /*partial=*/true);
+  if (report) std::printf("morph: resuming from %s at step %lld\n", path->c_str(), static_cast<long long>(meta.step));
+  return *path;
+}
+
+void loadHeldLayers(const std::string& checkpoint, Trainer& tr) {
+  PosixFileSystem fs;
+  const std::vector<size_t> held = tr.heldLayers();
+  for (size_t i = 0; i < held.size();) {
+    size_t j = i;
+    while (j + 1 < held.size() && held[j + 1] == held[j] + 1) ++j;
+    tr.importState(loadLayers(checkpoint, fs, static_cast<int64_t>(held[i]), static_cast<int64_t>(held[j])),
+                   /*partial=*/true);
+    i = j + 1;
+  }
 }
 
 void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int workers,
@@ -169,7 +217,9 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
     ckpt = std::make_unique<CheckpointWriter>(checkpointDir(o, job), fs.get(), static_cast<int>(job.checkpoint_keep));
   std::string hash = trainLoop(job, steps, tr, *data.test, true, 1, 0, ckpt.get(),
                                [&](const json& l) { log.record(l); });
-  writeSummary(dir, job, steps, 1, log, hash, peakRssBytes(), json::array());
+  json extra = json::object();
+  if (ckpt) extra["checkpoint"] = checkpointTiming(*ckpt);
+  writeSummary(dir, job, steps, 1, log, hash, peakRssBytes(), json::array(), extra);
   std::printf("model_hash: %s\n", hash.c_str());
   return 0;
 }

@@ -150,9 +150,15 @@ int runWorker(const WorkerOptions& o) {
   const int64_t steps = job.resolveSteps(data.train->size());
 
   LocalCommunicator none;
-  Trainer tr(job, steps, *data.train, none);
+  // A pipeline worker holds no layer until it knows its stage.
+  const bool stage_local = getString(*store, "job/stage_local") == "1";
+  Trainer tr(job, steps, *data.train, none, stage_local);
   const std::string resume = getString(*store, "job/resume");
-  if (!resume.empty()) resumeFrom(resume, tr, id == 0);
+  std::string resume_ckpt;  // stage-local: the checkpoint whose layers this worker loads once placed
+  if (!resume.empty()) {
+    if (stage_local) resume_ckpt = resumeStepFrom(resume, tr, id == 0);
+    else resumeFrom(resume, tr, id == 0);
+  }
   if (id == 0) {
     setString(*store, "job/start_step", std::to_string(tr.nextStep()));
     setString(*store, "job/steps", std::to_string(steps));
@@ -221,16 +227,26 @@ int runWorker(const WorkerOptions& o) {
         // Every member starts from the same state (the job seed or the
         // checkpoint it loaded), so there is nothing to broadcast.
         setUpPipeline(tr, plan.at("pipeline"), rank, range, comms, store, gkey, go);
+        if (!resume_ckpt.empty()) {
+          loadHeldLayers(resume_ckpt, tr);
+          resume_ckpt.clear();
+        }
       } else {
         syncState(tr, comm, plan.at("source").get<int>());
         tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
       }
-      if (rank == 0 && job.checkpoint_every > 0 && !ckpt)
-        ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(),
-                                                  static_cast<int>(job.checkpoint_keep));
+      if (job.checkpoint_every > 0 && tr.pipelined() && tr.placement().replica == 0) {
+        // Each stage's first replica writes its layers; world rank 0 also
+        // commits the checkpoint once every stage's share is durable.
+        CheckpointShare share;
+        share.attempt = getString(*store, "job/ckpt_marker") + "-g" + std::to_string(gen);
+        share.commit = rank == 0;
+        share.total_layers = static_cast<int64_t>(tr.model().size());
+        ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep), share);
+      } else if (rank == 0 && job.checkpoint_every > 0 && !ckpt) {
+        ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep));
+      }
       bool regroup = false;
-      bool whole_model = false;  // pipeline: this step gathered the whole model on rank 0
-      std::string whole_hash;    // rank 0: the whole model's hash, when gathered at the last step
       while (tr.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
         tr.setControl({want, g_leave_requested ? 1.0 : 0.0});
@@ -240,19 +256,13 @@ int runWorker(const WorkerOptions& o) {
         last_line = commitLine(job, st, world, gen);
         const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
         const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
-        whole_model = tr.pipelined() && ckpt_due;
-        if (whole_model) tr.gatherState();  // rank 0 assembles the whole model to checkpoint it
+        if (ckpt && ckpt_due) ckpt->submit(tr.exportState());  // copied before it returns
         // A pipeline evaluates on every rank: the test set flows through the stages.
         std::optional<EvalStats> eval;
         if (tr.pipelined() && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
         if (rank == 0) {
-          if (ckpt && ckpt_due) ckpt->submit(tr.exportState());  // copied before it returns
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
-        }
-        if (whole_model) {
-          whole_hash = rank == 0 && st.step + 1 == steps ? tr.hash() : "";
-          tr.releaseGathered();  // rank 0 holds its own stage again
         }
         const auto& ctl = tr.reducedControl();
         regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
@@ -267,13 +277,14 @@ int runWorker(const WorkerOptions& o) {
         continue;
       }
       // A pipeline rank reports its stage's layer hashes (replicas of a
-      // stage must agree; the manager combines them into the model's); rank
-      // 0 also the whole model's when it assembled it at the last step.
-      json res = {{"model_hash", !tr.pipelined() ? tr.hash() : whole_hash},
+      // stage must agree; the manager combines them into the model's).
+      json res = {{"model_hash", !tr.pipelined() ? tr.hash() : std::string()},
                   {"param_bytes", tr.modelBytes()},
+                  {"peak_param_bytes", tr.peakModelBytes()},
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};
+      if (ckpt) res["checkpoint"] = checkpointTiming(*ckpt);
       if (tr.pipelined()) {
         res["stage"] = tr.placement().stage;
         res["stage_hash"] = tr.stageHash();

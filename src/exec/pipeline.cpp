@@ -1,7 +1,8 @@
 // The stage executor (Trainer in pipeline mode) and pipeline set-up.
 //
-// A pipeline worker holds the whole model (built from the job seed like any
-// worker) but computes, reduces and updates only its stage's layers. Per
+// A pipeline worker holds only its stage's layers (built from the job seed:
+// layer l's initial weights depend on (seed, l) alone) and computes, reduces
+// and updates them. Per
 // step it runs its schedule's action list over its replica's VNs:
 // activations go to the next stage and gradients to the previous one by
 // Gloo send/recv, received by a thread per incoming channel so that compute
@@ -18,6 +19,7 @@
 #include <deque>
 #include <random>
 #include <map>
+#include <numeric>
 #include <mutex>
 #include <thread>
 
@@ -32,7 +34,7 @@ size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t);  //
 
 namespace {
 
-constexpr int kActTag = 1, kGradTag = 2, kGatherTag = 3, kEvalTag = 4;
+constexpr int kActTag = 1, kGradTag = 2, kShapeTag = 3, kEvalTag = 4;
 
 double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -258,6 +260,16 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       if (pl.stage == us || pl.stage == os) tied_segs_.push_back(segOf(i));
       if (pl.stage == us) own_params_.push_back(i);  // the copy this stage updates
     }
+  // Build what this stage holds if it was created holding nothing: its
+  // layers, and the layer owning a weight it shares.
+  {
+    std::vector<char> held(L, 0);
+    for (size_t l = lo; l < hi; ++l) held[l] = 1;
+    for (size_t i : own_params_)
+      for (size_t l = 0, first = 0; l < L; first += model_->layer(l).parameters().size(), ++l)
+        if (i >= first && i < first + model_->layer(l).parameters().size()) held[l] = 1;
+    holdLayers(held);
+  }
   own_bns_.clear();
   for (size_t l = lo; l < hi; ++l)
     for (const auto& m : model_->layer(l).modules(/*include_self=*/true))
@@ -291,34 +303,83 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     acc_ = std::make_unique<GradAccumulator>(sizes, job_.reduce_mode, job_.headroom_bits);
     acc_->setScales(scales);
   }
-  // The shape of one VN's activation at each cut, from a dry forward.
-  cut_shapes_.clear();
+  // The shape of one VN's activation at this stage's cuts: each stage
+  // learns its input's from the previous one and dry-runs its own layers
+  // (no stage holds the others' layers).
+  cut_shapes_.assign(static_cast<size_t>(pl.stages) - 1, {});
   {
     torch::NoGradGuard no_grad;
+    constexpr int64_t kMaxDims = 8;
     const int64_t vn_size = job_.global_batch / job_.virtual_nodes;
     torch::Tensor x = train_->range(0, vn_size).x;
-    for (int k = 0; k + 1 < pl.stages; ++k) {
-      x = model_->forwardRange(x, pl.cuts[k], pl.cuts[k + 1]);
+    const size_t k = static_cast<size_t>(pl.stage);
+    if (k > 0) {
+      torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
+      pcomm_.pipe->recv(msg, pl.stage - 1, kShapeTag)->wait();
+      auto* m = msg.data_ptr<int64_t>();
+      cut_shapes_[k - 1].assign(m + 1, m + 1 + m[0]);
+      x = torch::zeros(cut_shapes_[k - 1], torch::kFloat32);
+    }
+    if (k + 1 < static_cast<size_t>(pl.stages)) {
+      x = model_->forwardRange(x, lo, hi);
       MORPH_CHECK(x.scalar_type() == torch::kFloat32, "stage outputs must be float32");
-      cut_shapes_.push_back(x.sizes().vec());
+      MORPH_CHECK(x.dim() <= kMaxDims, "stage outputs have at most 8 dimensions");
+      cut_shapes_[k] = x.sizes().vec();
+      torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
+      msg[0] = x.dim();
+      for (int64_t d = 0; d < x.dim(); ++d) msg[d + 1] = x.size(d);
+      pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->wait();
     }
   }
   freeOtherStages();
+  notePeak();
 }
 
+void Trainer::holdLayers(const std::vector<char>& held) {
+  const size_t L = model_->size();
+  bool missing = false;
+  for (size_t l = 0; l < L; ++l) missing = missing || (held[l] && model_->isHollow(l));
+  if (missing) {
+    // The same initial weights as a whole-model build: layer l's come from
+    // (seed, l) alone. Memory: the held layers plus one other at a time.
+    auto fresh = buildModel(job_.model, job_.seed, &held);
+    torch::NoGradGuard no_grad;
+    for (size_t l = 0; l < L; ++l) {
+      if (!held[l] || !model_->isHollow(l)) continue;
+      auto live_p = model_->layer(l).parameters(), new_p = fresh->layer(l).parameters();
+      auto live_b = model_->layer(l).buffers(), new_b = fresh->layer(l).buffers();
+      for (size_t k = 0; k < live_p.size(); ++k) live_p[k].set_data(new_p[k].detach());
+      for (size_t k = 0; k < live_b.size(); ++k) live_b[k].set_data(new_b[k].detach());
+      model_->markHeld(l);
+    }
+  }
+  // A shared weight's alias reads its owner's storage.
+  torch::NoGradGuard no_grad;
+  for (size_t l = 0; l < L; ++l)
+    for (auto& [alias, owner] : model_->layer(l).tiedLeaves())
+      if (alias.numel() != owner.numel()) alias.set_data(owner.detach());
+}
+
+// Empties the parameters (and their optimiser state) this stage does not
+// update, and the buffers of layers it does not run. A layer held only for
+// a shared weight keeps that weight.
 void Trainer::freeOtherStages() {
   std::vector<char> keep(params_.size(), 0);
   for (size_t i : own_params_) keep[i] = 1;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (keep[i]) continue;
+    if (keep[i] || params_[i].numel() == 0) continue;
     params_[i].set_data(torch::empty({0}));
     opt_->dropState(i);
   }
-}
-
-void Trainer::releaseGathered() {
-  if (pipelined() && pcomm_.world->rank() == 0) freeOtherStages();
+  const size_t lo = pipe_.cuts[static_cast<size_t>(pipe_.stage)], hi = pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1];
+  for (size_t l = 0; l < model_->size(); ++l) {
+    if (l >= lo && l < hi) continue;
+    for (auto& b : model_->layer(l).buffers()) b.set_data(torch::empty({0}, b.options()));
+    bool any = false;
+    for (const auto& p : model_->layer(l).parameters()) any = any || p.numel() > 0;
+    if (!any) model_->hollow(l);
+  }
 }
 
 EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
@@ -513,31 +574,6 @@ void Trainer::runStageSchedule(bool first_attempt) {
   timings_.push_back(timing);
 }
 
-void Trainer::gatherState() {
-  if (!pipelined()) return;
-  torch::NoGradGuard no_grad;
-  const int me = pcomm_.world->rank();
-  for (int k = 1; k < pipe_.stages; ++k) {
-    if (me != 0 && me != k) continue;  // world rank k: stage k of replica 0
-    if (me == 0)  // room for stage k's parameters (their optimiser state follows, as zeros)
-      for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
-        for (const auto& p : model_->layer(l).parameters()) {
-          const size_t i = indexOf(params_, p);
-          if (params_[i].numel() == 0) params_[i].set_data(torch::empty(param_shapes_[i]));
-        }
-    // Tensor by tensor, straight from and into the live tensors: no
-    // stage-sized staging buffer on either side.
-    std::vector<std::unique_ptr<PendingWork>> works;
-    for (size_t l = pipe_.cuts[k]; l < pipe_.cuts[k + 1]; ++l)
-      for (auto& [name, t] : layerState(l)) {
-        torch::Tensor raw = t.detach();
-        MORPH_CHECK(raw.is_contiguous(), "state tensors are contiguous");
-        works.push_back(me == k ? pcomm_.world->send(raw, 0, kGatherTag) : pcomm_.world->recv(raw, k, kGatherTag));
-      }
-    for (auto& w : works) w->wait();
-  }
-}
-
 std::vector<size_t> evenCuts(size_t layers, int stages) {
   if (stages < 1 || static_cast<size_t>(stages) > layers)
     throw InputError("--stages " + std::to_string(stages) + ": the model has " + std::to_string(layers) +
@@ -558,9 +594,19 @@ int64_t bytesOf(const std::vector<torch::Tensor>& ts) {
 std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vector<size_t>& cuts,
                                              const ScheduleOptions& so, const Dataset& train) {
   const int64_t runtime = currentRssBytes();
-  auto model = buildModel(job.model, job.seed);
-  model->train();
-  const auto params = model->parameters();
+  // Every layer's size from a build that keeps none of them; then one stage
+  // at a time is built, as its worker builds it.
+  const std::vector<char> none;
+  auto shapes_only = buildModel(job.model, job.seed, &none);
+  const size_t L = shapes_only->size();
+  std::vector<int64_t> layer_bytes(L, 0);
+  {
+    const auto shapes = shapes_only->parameterShapes();
+    size_t i = 0;
+    for (size_t l = 0; l < L; ++l)
+      for (size_t n = shapes_only->layer(l).parameters().size(); n > 0; --n, ++i)
+        layer_bytes[l] += 4 * std::accumulate(shapes[i].begin(), shapes[i].end(), int64_t{1}, std::multiplies<int64_t>());
+  }
   int64_t state_per_param = 0;  // optimiser state tensors per parameter tensor
   if (job.optim.name == "adamw") state_per_param = 2;
   else if (job.optim.momentum > 0.0) state_per_param = 1;
@@ -572,11 +618,22 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
   std::vector<StageMemory> out;
   for (int k = 0; k < so.stages; ++k) {
     StageMemory m;
+    std::vector<char> held(L, 0);
+    for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) held[l] = 1;
+    // A weight owned by another stage's layer: that layer is built too.
+    for (size_t l = cuts[k]; l < cuts[k + 1]; ++l)
+      for (auto& [alias, owner] : shapes_only->layer(l).tiedLeaves())
+        for (size_t o = 0; o < L; ++o)
+          for (const auto& p : shapes_only->layer(o).parameters())
+            if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) held[o] = 1;
+    auto model = buildModel(job.model, job.seed, &held);
+    model->train();
     // The stage's parameters, plus the copy of a weight it shares with another stage.
     std::vector<torch::Tensor> own;
-    int64_t bn_values = 0;
+    int64_t bn_values = 0, buffer_bytes = 0;
     for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
       for (const auto& p : model->layer(l).parameters()) own.push_back(p);
+      for (const auto& t : model->layer(l).buffers()) buffer_bytes += t.numel() * t.element_size();
       for (auto& [alias, owner] : model->layer(l).tiedLeaves())
         if (k > 0) own.push_back(owner);
       for (const auto& sub : model->layer(l).modules(true))
@@ -584,12 +641,13 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     }
     m.grad_bytes = bytesOf(own);
     m.runtime_bytes = runtime;
-    // Stage 0 of replica 0 is world rank 0: it assembles the whole model
-    // and its optimiser state for each checkpoint.
-    const bool whole = k == 0 && job.checkpoint_every > 0;
-    m.init_bytes = whole ? 0 : bytesOf(params) - bytesOf(own);
-    m.model_bytes = whole ? bytesOf(params) + bytesOf(model->buffers()) : bytesOf(own);
-    m.optimizer_bytes = state_per_param * (whole ? bytesOf(params) : bytesOf(own));
+    // While building, one other layer at a time exists before it is freed.
+    for (size_t l = 0; l < L; ++l)
+      if (!held[l]) m.init_bytes = std::max(m.init_bytes, layer_bytes[l]);
+    m.model_bytes = bytesOf(own) + buffer_bytes;
+    m.optimizer_bytes = state_per_param * bytesOf(own);
+    // A checkpoint step's snapshot: a copy of the stage's state for its writer.
+    if (job.checkpoint_every > 0) m.snapshot_bytes = m.model_bytes + m.optimizer_bytes;
     int64_t own_values = 2 + bn_values;
     for (const auto& p : own) own_values += p.numel();
     m.accumulator_bytes = own_values * elem;

@@ -21,9 +21,8 @@ namespace morph {
 std::vector<size_t> evenCuts(size_t layers, int stages);
 
 struct StageMemory {
-  // Parameters and optimiser state: the stage's own (with the copy of a
-  // weight tied to another stage); with checkpoints, stage 0 counts the
-  // whole model's, which world rank 0 assembles for each checkpoint.
+  // Parameters (and buffers) and optimiser state: the stage's own, with the
+  // copy of a weight tied to another stage.
   int64_t model_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer (own segments)
@@ -33,13 +32,13 @@ struct StageMemory {
   int64_t live_vns = 0;             // most VNs stashed at once (schedule)
   int64_t activation_bytes = 0;     // all VN-dependent memory
   // The process's fixed cost (runtime, libraries, data: this process's
-  // resident size when the estimate starts), and the other stages' layers,
-  // which every worker builds from the seed and then frees: counted in
-  // full, since the allocator does not always reuse that memory (a cap
-  // should err on the safe side).
+  // resident size when the estimate starts), and the largest layer of
+  // another stage: a worker builds each layer from the seed and frees the
+  // others' at once, so one of them exists at a time.
   int64_t runtime_bytes = 0, init_bytes = 0;
+  int64_t snapshot_bytes = 0;  // with checkpoints: the copy of its state a stage hands its writer
   int64_t training() const {
-    return model_bytes + optimizer_bytes + accumulator_bytes + grad_bytes + activation_bytes;
+    return model_bytes + optimizer_bytes + accumulator_bytes + grad_bytes + activation_bytes + snapshot_bytes;
   }
   int64_t total() const { return runtime_bytes + init_bytes + training(); }
 };

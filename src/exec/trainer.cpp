@@ -26,19 +26,27 @@ size_t indexOf(const std::vector<torch::Tensor>& v, const torch::Tensor& t) {
   MORPH_CHECK(false, "parameter not found");
 }
 
-Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
+namespace {
+const std::vector<char> kNoLayers;  // buildModel's `held` for a stage-local worker before placement
+}  // namespace
+
+Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm,
+                 bool stage_local)
     : job_(job),
       total_steps_(total_steps),
       comm_(&comm),
-      model_(buildModel(job.model, job.seed)),
+      model_(buildModel(job.model, job.seed, stage_local ? &kNoLayers : nullptr)),
       sampler_(job.seed, train.size(), job.global_batch, job.virtual_nodes),
       prefetch_(train, sampler_),
       train_(&train) {
   model_->train();
   params_ = model_->parameters();
-  for (const auto& p : params_) param_shapes_.push_back(p.sizes().vec());
+  const auto shapes = model_->parameterShapes();
   std::vector<int64_t> sizes;
-  for (size_t s = 0; s < params_.size(); ++s) sizes.push_back(params_[params_.size() - 1 - s].numel());
+  for (size_t s = 0; s < params_.size(); ++s) {
+    const auto& shape = shapes[params_.size() - 1 - s];
+    sizes.push_back(std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>()));
+  }
   bns_ = model_->batchNorms();
   bn_seg_ = sizes.size();
   for (auto* bn : bns_) {
@@ -48,7 +56,11 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   stats_seg_ = sizes.size();
   sizes.push_back(2);  // loss sum, correct predictions
   seg_sizes_ = sizes;
-  acc_ = std::make_unique<GradAccumulator>(sizes, job.reduce_mode, job.headroom_bits);
+  // A stage-local worker's buffer holds only the loss statistics until
+  // setPipeline() gives it its stage's segments.
+  std::vector<int64_t> acc_sizes = sizes;
+  if (stage_local) std::fill(acc_sizes.begin(), acc_sizes.begin() + static_cast<std::ptrdiff_t>(stats_seg_), 0);
+  acc_ = std::make_unique<GradAccumulator>(acc_sizes, job.reduce_mode, job.headroom_bits);
   opt_ = makeOptimizer(job.optim, params_);
   seg_ready_.assign(sizes.size(), 0);
   seg_need_.assign(sizes.size(), 1);
@@ -83,6 +95,7 @@ Trainer::Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, 
   std::iota(own_bns_.begin(), own_bns_.end(), size_t{0});
   norm_owner_.assign(params_.size(), 1);
   setVnRange(0, job.virtual_nodes);
+  notePeak();
 }
 
 void Trainer::abandonStep() {
@@ -286,7 +299,13 @@ void Trainer::scoreBatch(const torch::Tensor& logits, const torch::Tensor& targe
 }
 
 EvalStats Trainer::evaluate(const Dataset& test, int64_t batch) {
-  if (pipelined()) return evaluateStages(test, batch);
+  const double t0 = nowSeconds();
+  EvalStats e = pipelined() ? evaluateStages(test, batch) : evaluateWhole(test, batch);
+  e.seconds = nowSeconds() - t0;
+  return e;
+}
+
+EvalStats Trainer::evaluateWhole(const Dataset& test, int64_t batch) {
   torch::NoGradGuard no_grad;
   model_->eval();
   int64_t correct = 0;
@@ -320,8 +339,29 @@ CheckpointData Trainer::exportState() const {
             {"step", step_},
             {"optim_steps", opt_->stepCount()},
             {"scales", acc_->scales()}};
-  for (size_t l = 0; l < model_->size(); ++l) d.layers.emplace_back(model_->layerName(l), layerState(l));
+  size_t lo = 0, hi = model_->size();
+  if (pipelined()) lo = pipe_.cuts[static_cast<size_t>(pipe_.stage)], hi = pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1];
+  d.first_layer = static_cast<int64_t>(lo);
+  for (size_t l = lo; l < hi; ++l) d.layers.emplace_back(model_->layerName(l), layerState(l));
   return d;
+}
+
+std::vector<size_t> Trainer::heldLayers() const {
+  std::vector<size_t> out;
+  std::vector<char> held(model_->size(), 0);
+  for (size_t i : own_params_)
+    for (size_t l = 0, first = 0; l < model_->size(); ++l) {
+      const size_t n = model_->layer(l).parameters().size();
+      if (i >= first && i < first + n) held[l] = 1;
+      first += n;
+    }
+  if (!pipelined())
+    std::fill(held.begin(), held.end(), 1);
+  else
+    for (size_t l = pipe_.cuts[static_cast<size_t>(pipe_.stage)]; l < pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]; ++l) held[l] = 1;
+  for (size_t l = 0; l < held.size(); ++l)
+    if (held[l]) out.push_back(l);
+  return out;
 }
 
 NamedTensors Trainer::layerState(size_t l) const {
@@ -336,28 +376,38 @@ NamedTensors Trainer::layerState(size_t l) const {
   return layer;
 }
 
-void Trainer::importState(const CheckpointData& d) {
+void Trainer::importState(const CheckpointData& d, bool partial) {
   if (d.job_id != jobId())
     throw InputError("checkpoint of step " + std::to_string(d.step) + " belongs to job '" + d.job_id +
                      "', not to '" + jobId() + "'");
-  CheckpointData mine = exportState();
-  if (d.layers.size() != mine.layers.size())
-    throw InputError("checkpoint has " + std::to_string(d.layers.size()) + " layers, the model " +
-                     std::to_string(mine.layers.size()));
+  const size_t L = model_->size();
+  const size_t first = static_cast<size_t>(d.first_layer);
+  if (d.first_layer < 0 || first + d.layers.size() > L)
+    throw InputError("checkpoint has layers " + std::to_string(d.first_layer) + ".." +
+                     std::to_string(d.first_layer + static_cast<int64_t>(d.layers.size()) - 1) + ", the model " +
+                     std::to_string(L));
+  if (!partial && (first != 0 || d.layers.size() != L))
+    throw InputError("checkpoint has " + std::to_string(d.layers.size()) + " layers, the model " + std::to_string(L));
   torch::NoGradGuard no_grad;
-  for (size_t l = 0; l < mine.layers.size(); ++l) {
-    const auto& [name, want] = mine.layers[l];
-    const auto& [got_name, got] = d.layers[l];
+  for (size_t k = 0; k < d.layers.size(); ++k) {
+    const size_t l = first + k;
+    const std::string& name = model_->layerName(l);
+    const NamedTensors want = layerState(l);
+    const auto& [got_name, got] = d.layers[k];
     if (got_name != name || got.size() != want.size())
       throw InputError("checkpoint layer " + std::to_string(l) + " is '" + got_name + "' with " +
                        std::to_string(got.size()) + " tensors; the model's is '" + name + "' with " +
                        std::to_string(want.size()));
-    for (size_t k = 0; k < want.size(); ++k) {
-      if (got[k].first != want[k].first || !got[k].second.sizes().equals(want[k].second.sizes()) ||
-          got[k].second.scalar_type() != want[k].second.scalar_type())
-        throw InputError("checkpoint tensor " + name + "/" + got[k].first + " does not match the model's " +
-                         name + "/" + want[k].first);
-      want[k].second.copy_(got[k].second);
+    for (size_t t = 0; t < want.size(); ++t) {
+      const torch::Tensor& live = want[t].second;
+      if (got[t].first != want[t].first || got[t].second.scalar_type() != live.scalar_type())
+        throw InputError("checkpoint tensor " + name + "/" + got[t].first + " does not match the model's " +
+                         name + "/" + want[t].first);
+      if (live.numel() == 0 && got[t].second.numel() != 0) continue;  // a tensor this worker does not hold
+      if (!got[t].second.sizes().equals(live.sizes()))
+        throw InputError("checkpoint tensor " + name + "/" + got[t].first + " has shape " +
+                         c10::str(got[t].second.sizes()) + ", the model's " + c10::str(live.sizes()));
+      live.copy_(got[t].second);
     }
   }
   step_ = d.meta.at("step").get<int64_t>();
@@ -365,6 +415,7 @@ void Trainer::importState(const CheckpointData& d) {
   auto scales = d.meta.at("scales").get<std::vector<int>>();
   MORPH_CHECK_EQ(scales.size(), acc_->scales().size());
   acc_->setScales(scales);
+  notePeak();
 }
 
 std::vector<torch::Tensor> Trainer::stateTensors() const {

@@ -76,13 +76,18 @@ struct StepStats {
 
 struct EvalStats {
   double accuracy = 0.0;
-  double loss = 0.0;  // mean per sample
+  double loss = 0.0;     // mean per sample
+  double seconds = 0.0;  // wall time of the evaluation on this worker
 };
 
 class Trainer {
  public:
-  // `train` must outlive the trainer; `comm` too. total_steps feeds the LR schedule.
-  Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm);
+  // `train` must outlive the trainer; `comm` too. total_steps feeds the LR
+  // schedule. `stage_local`: a pipeline worker that does not know its stage
+  // yet holds no layer (each is built and freed at once, keeping only its
+  // shapes); setPipeline() builds the stage's own layers.
+  Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm,
+          bool stage_local = false);
 
   // The communicator of the current generation (must outlive its use).
   void setCommunicator(Communicator* comm) { comm_ = comm; }
@@ -116,19 +121,17 @@ class Trainer {
   // Pipeline mode: this worker runs stage placement.stage of replica
   // placement.replica over the replica's VNs [vn_begin, vn_end), following
   // the schedule's action list (validated here; InputError if it is not
-  // valid). Call before the first step.
+  // valid). Call before the first step. Afterwards the worker holds its
+  // stage's layers (built from the job seed if it held none) and the copy
+  // of a weight it shares with another stage, nothing else.
   void setPipeline(const PipelinePlacement& placement, int64_t vn_begin, int64_t vn_end,
                    const PipelineComms& comms);
   bool pipelined() const { return pipe_.stages > 1; }
   const PipelinePlacement& placement() const { return pipe_; }
-  // Pipeline mode: world rank 0 (stage 0 of replica 0) receives the whole
-  // model (parameters, buffers and optimiser state of each stage, from the
-  // stage's replica 0), for a checkpoint. Every rank calls it at the same
-  // step. Every rank holds its stage's layers only (setPipeline() frees the
-  // rest); rank 0 holds the whole model from gatherState() until
-  // releaseGathered().
-  void gatherState();
-  void releaseGathered();
+  // Layers whose state this worker holds (all of them, or after
+  // setPipeline() the stage's own plus the layer owning a shared weight), in
+  // order: what a resume must load.
+  std::vector<size_t> heldLayers() const;
   // Hash of this stage's layers (pipeline replicas of a stage must agree).
   std::string stageHash() const;
   // Per-action trace and per-step timing of the stage executor.
@@ -145,13 +148,19 @@ class Trainer {
 
   // Training state: everything a resumed or joining worker needs to continue
   // bit for bit (parameters, buffers, optimiser state, scale state, step).
-  // Per layer, so that a pipeline stage can load its own layer range. The
-  // tensors are the live ones: snapshot them before training on.
+  // Per layer; a pipeline stage exports its own layers (first_layer is the
+  // stage's first), which its replica 0 writes as its share of a
+  // checkpoint. The tensors are the live ones: snapshot them before
+  // training on.
   CheckpointData exportState() const;
   NamedTensors layerState(size_t layer) const;  // one layer's part of it
-  // Throws InputError naming what does not fit when `data` is not a state of
-  // this job's model.
-  void importState(const CheckpointData& data);
+  // Loads step, optimiser step count and scale state, and the layers in
+  // `data` (from data.first_layer on) into the tensors this worker holds;
+  // tensors it does not hold are skipped. Unless `partial` (a stage loading
+  // its layers in parts, or the step alone), `data` must hold every layer.
+  // Throws InputError naming what does not fit when `data` is not a state
+  // of this job's model.
+  void importState(const CheckpointData& data, bool partial = false);
   // The same state as live tensors in a fixed order plus integers, for
   // broadcasting it to workers that join.
   std::vector<torch::Tensor> stateTensors() const;
@@ -164,15 +173,22 @@ class Trainer {
   const GradAccumulator& accumulator() const { return *acc_; }
   std::string hash() const;
   // Bytes of the parameters this worker holds now (a pipeline stage: its
-  // own layers and the copy of a tied weight).
+  // own layers and the copy of a tied weight), and the most it held at any
+  // point since it was built.
   int64_t modelBytes() const;
+  int64_t peakModelBytes() const { return peak_model_bytes_; }
 
  private:
   void runVn(int64_t vn, bool last);
   void runLocalVns(bool first_attempt);
   void runStageSchedule(bool first_attempt);
-  void freeOtherStages();  // parameters and optimiser state of the layers this stage does not run
+  // Builds the layers in `held` that are hollow (from the job seed) and
+  // points shared-weight aliases at their owners.
+  void holdLayers(const std::vector<char>& held);
+  void freeOtherStages();  // parameters, buffers and optimiser state this stage does not use
+  void notePeak() { peak_model_bytes_ = std::max(peak_model_bytes_, modelBytes()); }
   EvalStats evaluateStages(const Dataset& test, int64_t batch);
+  EvalStats evaluateWhole(const Dataset& test, int64_t batch);
   // Adds one evaluation batch's summed cross-entropy and correct predictions.
   static void scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss, int64_t& correct);
   // Both MAX-reduce `flags` with the control values appended (and split them
@@ -197,7 +213,6 @@ class Trainer {
   Communicator* comm_;
   std::shared_ptr<LayerList> model_;
   std::vector<torch::Tensor> params_;
-  std::vector<std::vector<int64_t>> param_shapes_;  // as built (a stage frees others')
   std::vector<VnBatchNorm*> bns_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<GradAccumulator> acc_;
@@ -240,6 +255,7 @@ class Trainer {
   int64_t spike_step_ = -1, spike_vn_ = -1;
   float spike_factor_ = 1.0f;
   double slowdown_ = 1.0;
+  int64_t peak_model_bytes_ = 0;
 };
 
 }  // namespace morph

@@ -60,13 +60,28 @@ class LayerList : public torch::nn::Module {
   Layer& layer(size_t i) { return *layers_[i]; }
   // Batch-norm layers in layer order (their statistics are reduced per step).
   std::vector<VnBatchNorm*> batchNorms();
+  // Frees layer i's parameters and buffers (each becomes an empty tensor,
+  // the same tensor object): a layer another pipeline stage holds.
+  void hollow(size_t i);
+  bool isHollow(size_t i) const { return hollow_[i] != 0; }
+  void markHeld(size_t i) { hollow_[i] = 0; }  // its tensors were given storage again
+  // The shape of every parameter of parameters(), as built (also of
+  // hollow layers).
+  std::vector<std::vector<int64_t>> parameterShapes() const;
 
  private:
   std::vector<std::string> names_;
   std::vector<std::shared_ptr<Layer>> layers_;
+  std::vector<std::vector<std::vector<int64_t>>> shapes_;  // per layer, per parameter
+  std::vector<char> hollow_;
 };
 
-// Builds the job's model with parameters initialised from `seed`.
-std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed);
+// Builds the job's model with parameters initialised from `seed`. Layer
+// l's initial weights depend on (seed, l) only. With `held`, every layer l
+// that is not held (l >= held->size() or !held[l]) is hollowed as soon as
+// it is built, so memory peaks at the held layers plus one other: what a
+// pipeline stage builds.
+std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed,
+                                      const std::vector<char>* held = nullptr);
 
 }  // namespace morph

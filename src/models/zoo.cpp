@@ -38,7 +38,24 @@ void VnBatchNorm::commitRunningStats(const torch::Tensor& mean, const torch::Ten
 
 void LayerList::add(const std::string& name, std::shared_ptr<Layer> layer) {
   names_.push_back(name);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : layer->parameters()) shapes.push_back(p.sizes().vec());
+  shapes_.push_back(std::move(shapes));
+  hollow_.push_back(0);
   layers_.push_back(register_module(name, std::move(layer)));
+}
+
+void LayerList::hollow(size_t i) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : layers_[i]->parameters()) p.set_data(torch::empty({0}, p.options()));
+  for (auto& b : layers_[i]->buffers()) b.set_data(torch::empty({0}, b.options()));
+  hollow_[i] = 1;
+}
+
+std::vector<std::vector<int64_t>> LayerList::parameterShapes() const {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& layer : shapes_) out.insert(out.end(), layer.begin(), layer.end());
+  return out;
 }
 
 torch::Tensor LayerList::forwardRange(torch::Tensor x, size_t begin, size_t end) {
@@ -195,7 +212,7 @@ class TiedHead : public Layer {
 
 }  // namespace
 
-std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed) {
+std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed, const std::vector<char>* held) {
   // Parameter initialisation draws from the default generator, reseeded
   // before each layer from (job seed, layer index): a layer's initial
   // weights do not depend on the layers before it, so a pipeline stage can
@@ -205,6 +222,7 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed) {
     torch::manual_seed(mixSeed(seed, 0x1A17, m->size()));
     auto layer = make();
     m->add(name, layer);
+    if (held && (m->size() > held->size() || !(*held)[m->size() - 1])) m->hollow(m->size() - 1);
     return layer;
   };
   const int64_t in = 28 * 28, classes = 10;

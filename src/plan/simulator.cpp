@@ -271,10 +271,10 @@ double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool reco
 
 StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool recompute, const SimOptions& opts) {
   const size_t L = p.layers.size();
-  const bool whole = first == 0 && end == L;  // one stage: data parallelism
-  int64_t all_params = 0, all_buffers = 0, all_optim = 0;
-  for (const LayerCost& c : p.layers) all_params += c.param_bytes, all_buffers += c.buffer_bytes,
-                                       all_optim += c.optimizer_bytes;
+  // While building, a worker holds one other stage's layer at a time.
+  int64_t init = 0;
+  for (size_t l = 0; l < L; ++l)
+    if (l < first || l >= end) init = std::max(init, p.layers[l].param_bytes + p.layers[l].buffer_bytes);
   int64_t own = 0, own_buffers = 0, own_optim = 0, own_values = 2, act = 0;
   for (size_t l = first; l < end; ++l) {
     const LayerCost& c = p.layers[l];
@@ -288,15 +288,14 @@ StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool r
       if (o.param_bytes > 0) own_optim += o.optimizer_bytes * c.tied_params * 4 / o.param_bytes;
     }
   }
-  const bool holds_model = !whole && first == 0 && opts.rank0_holds_model;
-  // Every worker builds the whole model from the seed and frees the rest.
-  const int64_t init = whole || holds_model ? 0 : all_params + all_buffers - own - own_buffers;
-  const int64_t model = holds_model ? all_params + all_buffers : own + own_buffers;
-  const int64_t optim = holds_model ? all_optim : own_optim;
+  const int64_t model = own + own_buffers;
+  const int64_t optim = own_optim;
   const int64_t accumulator = own_values * static_cast<int64_t>(elemBytes(p));
   const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
   StageFootprint m;
   m.fixed_bytes = p.runtime_bytes + init + model + optim + accumulator + own;
+  // A checkpoint step's snapshot: a copy of the stage's state for its writer.
+  if (opts.checkpoints) m.fixed_bytes += model + optim;
   if (first > 0) m.fixed_bytes += static_cast<int64_t>(kRecvWindow) * input;
   if (recompute && end < L) {  // stashes its input per VN, one VN's activations at a time
     m.per_vn_bytes = input;

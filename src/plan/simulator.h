@@ -69,7 +69,7 @@ struct SimOptions {
   double link_delay_s = 0;   // MORPH_PIPE_DELAY_MS's mean, per pipeline message
   bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
   bool in_process = false;   // `morph run` without --workers: no collectives, no store
-  bool rank0_holds_model = true;  // world rank 0 assembles the whole model (for checkpoints)
+  bool checkpoints = false;  // the job checkpoints: each stage copies its state for its writer
   // Several hosts (a resources file's `host`): per world rank, its host;
   // empty = one host. A pipeline message between two hosts takes the
   // profile's p2p time plus cross_host_latency_s plus bytes over
@@ -104,8 +104,8 @@ struct StageFootprint {
 StageFootprint stageFootprint(const Profile& profile, size_t first, size_t end, bool recompute, const SimOptions& opts);
 
 // Bytes the stage [first, end) needs on one worker, as the executor
-// allocates them: the process, the layers every pipeline worker builds at
-// start, parameters, optimiser state, gradients and the fixed-point buffer
+// allocates them: the process, the largest other layer (built and freed
+// at start), parameters, optimiser state, gradients and the fixed-point buffer
 // (int64 or float32 values, from the profile's reduce mode), the stashed
 // VNs (`live_vns`, from the schedule) and the receive window. The stage
 // [0, layers) is data parallelism: one worker holding the whole model.

@@ -425,8 +425,97 @@ TEST_F(CheckpointStoreTest, LoadLayersReadsOnlyTheRange) {
 
   EXPECT_EQ(loadLayers(stepDir(7).string(), posix_, 2, 2).layers.at(0).first, "layer2");
   EXPECT_THROW(loadLayers(stepDir(7).string(), posix_, 3, 5), InputError);
-  EXPECT_THROW(loadLayers(stepDir(7).string(), posix_, 2, 1), InputError);
+  EXPECT_THROW(loadLayers(stepDir(7).string(), posix_, 3, 1), InputError);
   EXPECT_THROW(loadLayers(stepDir(7).string(), posix_, 0, 1), InputError);  // layer 0 is damaged
+  // An empty range: the step and meta only, no layer file opened.
+  recording.clearReads();
+  const CheckpointData none = loadLayers(stepDir(7).string(), recording, 2, 1);
+  EXPECT_TRUE(none.layers.empty());
+  EXPECT_EQ(none.meta, d.meta);
+  EXPECT_EQ(recording.reads(), (std::vector<std::string>{"MANIFEST", "extra.bin"}));
+}
+
+// The layers [first, end) of `d` as one writer's share.
+CheckpointData shareOf(const CheckpointData& d, size_t first, size_t end) {
+  CheckpointData s;
+  s.step = d.step;
+  s.job_id = d.job_id;
+  s.meta = d.meta;
+  s.extra = d.extra;
+  s.first_layer = static_cast<int64_t>(first);
+  s.layers.assign(d.layers.begin() + static_cast<std::ptrdiff_t>(first), d.layers.begin() + static_cast<std::ptrdiff_t>(end));
+  return s;
+}
+
+// Three writers (pipeline stages) each write their layers; the committer
+// publishes the checkpoint only once every share is durable.
+void writeInShares(const std::string& dir, const CheckpointData& d, FileSystem& fs, double wait = 5.0) {
+  CheckpointShare share;
+  share.attempt = "tok-g0";
+  share.total_layers = static_cast<int64_t>(d.layers.size());
+  share.wait_seconds = wait;
+  writeCheckpointShare(dir, shareOf(d, 2, 4), fs, share);
+  writeCheckpointShare(dir, shareOf(d, 4, 5), fs, share);
+  share.commit = true;
+  writeCheckpointShare(dir, shareOf(d, 0, 2), fs, share);
+  commitCheckpoint(dir, shareOf(d, 0, 2), fs, 3, share, nullptr);
+}
+
+TEST_F(CheckpointStoreTest, SharesOfSeveralWritersMakeOneCheckpoint) {
+  const CheckpointData d = makeData(30, 5);
+  CheckpointShare share;
+  share.attempt = "tok-g0";
+  share.commit = true;
+  share.total_layers = 5;
+  share.wait_seconds = 0.2;
+  // Only the committer's share: nothing is published.
+  writeCheckpointShare(dir_, shareOf(d, 0, 2), posix_, share);
+  EXPECT_THROW(commitCheckpoint(dir_, shareOf(d, 0, 2), posix_, 3, share, nullptr), JobError);
+  EXPECT_FALSE(fs::exists(stepDir(30)));
+  // A cancelled commit gives up at once, whatever the deadline.
+  share.wait_seconds = 600;
+  EXPECT_THROW(commitCheckpoint(dir_, shareOf(d, 0, 2), posix_, 3, share, [] { return true; }), JobError);
+
+  writeInShares(dir_, d, posix_);
+  expectSameData(d, *loadLatestGood(dir_, posix_, nullptr));
+  EXPECT_EQ(sortedEntries(dir_), (std::vector<std::string>{"step-000000000030"}));  // scratch removed
+  EXPECT_EQ(*newestIntactCheckpoint(dir_, posix_, nullptr), stepDir(30).string());
+
+  // A share record naming a layer twice is refused, not published.
+  const std::string dir2 = (root_ / "twice").string();
+  share.wait_seconds = 5;
+  writeCheckpointShare(dir2, shareOf(d, 1, 3), posix_, share);
+  writeCheckpointShare(dir2, shareOf(d, 0, 2), posix_, share);
+  EXPECT_THROW(commitCheckpoint(dir2, shareOf(d, 0, 2), posix_, 3, share, nullptr), JobError);
+  EXPECT_TRUE(listCheckpointSteps(dir2, posix_).empty());
+}
+
+TEST_F(CheckpointStoreTest, CrashAtAnyPointOfASharedWriteLeavesOldOrNew) {
+  const CheckpointData old = makeData(10, 5), next = makeData(20, 5);
+  writeInShares(dir_, old, posix_);
+  FaultyFileSystem faulty;
+  writeInShares((root_ / "scratch").string(), next, faulty);
+  const uint64_t total = faulty.bytesWritten();
+  // Before, between and after the stages' files, in the share records, in
+  // extra.bin and the manifest: the old checkpoint stays the newest.
+  for (uint64_t crash_at = 0; crash_at < total; crash_at += std::max<uint64_t>(1, total / 150)) {
+    SCOPED_TRACE("crash after " + std::to_string(crash_at) + " of " + std::to_string(total) + " bytes");
+    faulty.heal();
+    faulty.crashAfterBytes(crash_at);
+    EXPECT_THROW(writeInShares(dir_, next, faulty, 0.05), std::exception);
+    EXPECT_FALSE(fs::exists(stepDir(20)));
+    EXPECT_EQ(*newestIntactCheckpoint(dir_, posix_, nullptr), stepDir(10).string());
+    fs::remove_all(fs::path(dir_) / ".tmp-step-000000000020-tok-g0");  // a restarted job's attempt differs
+  }
+  faulty.heal();
+  faulty.crashAtRename();  // every file durable, not yet published
+  EXPECT_THROW(writeInShares(dir_, next, faulty), std::exception);
+  EXPECT_FALSE(fs::exists(stepDir(20)));
+  expectSameData(old, *loadLatestGood(dir_, posix_, nullptr));
+  faulty.heal();
+  writeInShares(dir_, next, faulty);
+  expectSameData(next, *loadLatestGood(dir_, posix_, nullptr));
+  EXPECT_EQ(sortedEntries(dir_), (std::vector<std::string>{"step-000000000010", "step-000000000020"}));
 }
 
 TEST_F(CheckpointStoreTest, WriterSnapshotsAtSubmit) {

@@ -41,6 +41,14 @@ inline std::string lastLineHash(const std::string& out) {
   return rest.substr(0, 16);
 }
 
+// A file's bytes ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {

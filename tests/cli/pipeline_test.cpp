@@ -168,6 +168,9 @@ TEST_F(Pipeline, EvaluatesThroughTheStagesAndHoldsOnlyItsLayers) {
     const auto summary = nlohmann::json::parse(std::ifstream(dir + "/summary.json"));
     int64_t sum = 0;
     for (const auto& b : summary.at("stage_param_bytes")) sum += b.get<int64_t>();
+    // From start to end (build, checkpoints, evaluation) no worker held
+    // more than its own layers: the trainer's high-water mark.
+    EXPECT_EQ(summary.at("stage_peak_param_bytes"), summary.at("stage_param_bytes")) << layout;
     for (const auto& b : summary.at("stage_param_bytes")) {
       EXPECT_GT(b.get<int64_t>(), 0) << layout;
       EXPECT_LT(b.get<int64_t>(), sum) << layout << ": a stage holds every layer";
@@ -184,6 +187,53 @@ TEST_F(Pipeline, EvaluatesThroughTheStagesAndHoldsOnlyItsLayers) {
       }
     }
   }
+}
+
+// Each stage's first replica writes its own layers; world rank 0 commits
+// the manifest once every stage's files are durable. A crash at each phase
+// of that write (a stage's layer file, its share record, the commit's
+// extra.bin and MANIFEST, the rename that publishes) leaves the previous
+// checkpoint, which resumes on another cut, one process, or data
+// parallelism to the reference model.
+TEST_F(Pipeline, CrashInEveryPhaseOfTheStagesCheckpointThenResumeOnAnyCut) {
+  std::string body = kGpt;
+  body.replace(body.find("steps = 3"), 9, "steps = 6");
+  body += "[checkpoint]\nevery = 3\n";
+  const std::string j = job(body);
+  Result ref = run("run " + j + " --quiet --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  const std::string want = lastLineHash(ref.out);
+  // gpt-mini with 2 blocks has 5 layers; 3 stages hold [0], [1, 2], [3, 4].
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"layer-003.bin", "--stages 2 --workers 2"},
+      {".share-000003", ""},
+      {"extra.bin", "--workers 2"},
+      {"MANIFEST", "--stages 3 --workers 3"},
+      {"rename", "--stages 2 --workers 4 --schedule gpipe"},
+  };
+  for (const auto& [phase, layout] : cases) {
+    SCOPED_TRACE(phase);
+    const std::string dir = out("crash-" + phase);
+    const std::string cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6:" + phase + " " + std::string(MORPH_BINARY) +
+                            " run " + j + " --quiet --stages 3 --workers 3 --out " + dir + " > " + dir + ".log 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_NE(WEXITSTATUS(status), 0) << "the test hook should have stopped the run";
+    const std::string ck = dir + "/checkpoints";
+    ASSERT_TRUE(fs::exists(ck + "/step-000000000003"));
+    EXPECT_FALSE(fs::exists(ck + "/step-000000000006"));
+    Result r = run("run " + j + " --quiet --resume " + ck + " " + layout + " --out " + dir + "-resumed");
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
+    EXPECT_NE(r.out.find("step-000000000003"), std::string::npos) << r.out;
+    EXPECT_EQ(lastLineHash(r.out), want) << "resumed with '" << layout << "'\n" << r.out;
+  }
+  // An uninterrupted pipeline run's checkpoints are complete and equal to
+  // the single process's, layer file for layer file.
+  Result p3 = run("run " + j + " --quiet --stages 3 --workers 3 --out " + out("p3"));
+  ASSERT_EQ(p3.code, 0) << p3.out;
+  for (const char* f : {"layer-000.bin", "layer-002.bin", "layer-004.bin"})
+    EXPECT_EQ(slurp(out("p3") + "/checkpoints/step-000000000006/" + f),
+              slurp(out("ref") + "/checkpoints/step-000000000006/" + f)) << f;
 }
 
 // A plan file cuts the model where it says; the model is the same.
