@@ -73,13 +73,13 @@ double morphSamplesPerSecond(const std::string& model, const Dataset& train, int
        << "\n[optim]\nlr = 0.05\nmomentum = 0.9\n[reduce]\nmode = \"" << mode << "\"\n";
   JobSpec job = parseJob(toml.str(), "bench");
   LocalCommunicator comm;
-  Trainer tr(job, job.steps, train, comm);
-  *buffer_bytes = tr.accumulator().bufferBytes();
-  *model_bytes = tr.modelBytes();
+  VnExecutor tr(job, job.steps, train, comm);
+  *buffer_bytes = tr.core().accumulator().bufferBytes();
+  *model_bytes = tr.core().modelBytes();
   tr.step();
   tr.step();
   double t0 = nowSeconds();
-  while (tr.nextStep() < job.steps) tr.step();
+  while (tr.core().nextStep() < job.steps) tr.step();
   return static_cast<double>(B * steps) / (nowSeconds() - t0);
 }
 

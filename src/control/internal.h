@@ -109,7 +109,7 @@ class RunLog {
 // Runs steps until `steps`; the reporter (rank 0) evaluates and emits one
 // metrics line per step; `ckpt` (may be null) receives a checkpoint every
 // job.checkpoint_every steps. Returns the model hash.
-std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Dataset& test,
+std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const Dataset& test,
                       bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit);
 // The metrics line of a committed step, without evaluation: the same on
@@ -117,21 +117,21 @@ std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Data
 json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation);
 // The metrics line of a committed step (evaluates when one is due, unless
 // `eval` holds that evaluation already).
-json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
+json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& tr, const Dataset& test,
               int workers, int64_t generation,
               const EvalStats* eval = nullptr);
 
 std::unique_ptr<FileSystem> checkpointFileSystem();
 // Loads the newest intact checkpoint of `dir`; reports damaged ones on
 // stderr. Throws InputError when there is none.
-void resumeFrom(const std::string& dir, Trainer& tr, bool report);
+void resumeFrom(const std::string& dir, Executor& tr, bool report);
 // A stage-local worker's resume, in two halves. First, before it is placed:
 // picks the newest checkpoint of `dir` whose every file is intact (so all
 // workers pick the same one), loads its step and scale state and returns
 // its path. Then, once placed: loads the layers the worker holds (its
 // stage's, on whatever cut the checkpoint was written with) from it.
-std::string resumeStepFrom(const std::string& dir, Trainer& tr, bool report);
-void loadHeldLayers(const std::string& checkpoint, Trainer& tr);
+std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report);
+void loadHeldLayers(const std::string& checkpoint, Executor& tr);
 // A writer's durable checkpoints and its mean seconds per checkpoint:
 // snapshot (in the training thread) and write (in the background; the
 // committer's includes waiting for the other stages' shares).

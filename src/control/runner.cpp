@@ -45,7 +45,7 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
                {"unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
 }
 
-json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& tr, const Dataset& test,
+json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& tr, const Dataset& test,
               int workers, int64_t generation, const EvalStats* eval) {
   json line = commitLine(job, st, workers, generation);
   const bool last = st.step + 1 == steps;
@@ -58,10 +58,10 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Trainer& t
   return line;
 }
 
-std::string trainLoop(const JobSpec& job, int64_t steps, Trainer& tr, const Dataset& test,
+std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const Dataset& test,
                       bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit) {
-  while (tr.nextStep() < steps) {
+  while (tr.core().nextStep() < steps) {
     StepStats st = tr.step();
     // The step is committed: every worker holds its result.
     if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
@@ -113,7 +113,7 @@ std::unique_ptr<FileSystem> checkpointFileSystem() {
 }
 
 // Loads the newest good checkpoint of `dir` into `tr`; reports rejected ones.
-void resumeFrom(const std::string& dir, Trainer& tr, bool report) {
+void resumeFrom(const std::string& dir, Executor& tr, bool report) {
   PosixFileSystem fs;
   std::vector<std::string> problems;
   std::optional<CheckpointData> ck = loadLatestGood(dir, fs, &problems);
@@ -130,7 +130,7 @@ json checkpointTiming(const CheckpointWriter& w) {
   return {{"writes", t.writes}, {"snapshot_seconds", t.snapshot_seconds / n}, {"write_seconds", t.write_seconds / n}};
 }
 
-std::string resumeStepFrom(const std::string& dir, Trainer& tr, bool report) {
+std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report) {
   PosixFileSystem fs;
   std::vector<std::string> problems;
   const std::optional<std::string> path = newestIntactCheckpoint(dir, fs, &problems);
@@ -143,9 +143,9 @@ std::string resumeStepFrom(const std::string& dir, Trainer& tr, bool report) {
   return *path;
 }
 
-void loadHeldLayers(const std::string& checkpoint, Trainer& tr) {
+void loadHeldLayers(const std::string& checkpoint, Executor& tr) {
   PosixFileSystem fs;
-  const std::vector<size_t> held = tr.heldLayers();
+  const std::vector<size_t> held = tr.core().heldLayers();
   for (size_t i = 0; i < held.size();) {
     size_t j = i;
     while (j + 1 < held.size() && held[j + 1] == held[j] + 1) ++j;
@@ -208,7 +208,7 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   const int64_t steps = job.resolveSteps(data.train->size());
   const std::string dir = outDir(o, job);
   LocalCommunicator comm;
-  Trainer tr(job, steps, *data.train, comm);
+  VnExecutor tr(job, steps, *data.train, comm);
   if (!o.resume.empty()) resumeFrom(o.resume, tr, true);
   RunLog log(dir, job, steps, o.quiet, !o.resume.empty());
   auto fs = checkpointFileSystem();

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
+#include "exec/pipeline.h"
 
 namespace morph {
 
@@ -56,7 +57,7 @@ class Heartbeat {
 // Every member of a new generation receives the state of `source` (the
 // member with the newest committed step): parameters, buffers, optimiser
 // state, scale state and the step counter.
-void syncState(Trainer& tr, Communicator& comm, int source) {
+void syncState(StepCore& tr, Communicator& comm, int source) {
   if (comm.size() == 1) return;
   std::vector<int64_t> meta = tr.stateMeta();
   torch::Tensor m = torch::tensor(meta, torch::kInt64);
@@ -83,7 +84,7 @@ void syncState(Trainer& tr, Communicator& comm, int source) {
 // Pipeline member `rank` (= replica * stages + stage): forms the stage,
 // tied and pipe process groups of the generation (every rank in the same
 // order: world, stage, tied, pipe) and hands the trainer its place.
-void setUpPipeline(Trainer& tr, const json& p, int rank, const json& range,
+void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range,
                    std::vector<std::unique_ptr<Communicator>>& comms,
                    const c10::intrusive_ptr<c10d::TCPStore>& store, const std::string& gkey,
                    const GlooOptions& go) {
@@ -103,13 +104,11 @@ void setUpPipeline(Trainer& tr, const json& p, int rank, const json& range,
     return comms.back().get();
   };
   if (pl.replicas > 1) pc.stage = group("stage/" + std::to_string(pl.stage), pl.replica, pl.replicas);
-  bool tied = false;
-  for (size_t l = 0; l < tr.model().size(); ++l) tied = tied || !tr.model().layer(l).tiedLeaves().empty();
-  if (tied && (pl.stage == 0 || pl.stage == pl.stages - 1))
+  if (tr.sharesWeights() && (pl.stage == 0 || pl.stage == pl.stages - 1))
     pc.tied = group("tied", pl.stage == 0 ? pl.replica : pl.replicas + pl.replica, 2 * pl.replicas);
   pc.pipe = group("pipe/" + std::to_string(pl.replica), pl.stage, pl.stages);
   tr.setTracing(p.value("trace", false));
-  tr.setPipeline(pl, range.at(0).get<int64_t>(), range.at(1).get<int64_t>(), pc);
+  tr.place(pl, range.at(0).get<int64_t>(), range.at(1).get<int64_t>(), pc);
 }
 
 }  // namespace
@@ -152,7 +151,14 @@ int runWorker(const WorkerOptions& o) {
   LocalCommunicator none;
   // A pipeline worker holds no layer until it knows its stage.
   const bool stage_local = getString(*store, "job/stage_local") == "1";
-  Trainer tr(job, steps, *data.train, none, stage_local);
+  // The executor: a data-parallel worker's, or a pipeline stage's (placed
+  // when its generation forms).
+  std::unique_ptr<VnExecutor> vn_ex;
+  std::unique_ptr<StageExecutor> stage_ex;
+  if (stage_local) stage_ex = std::make_unique<StageExecutor>(job, steps, *data.train);
+  else vn_ex = std::make_unique<VnExecutor>(job, steps, *data.train, none);
+  Executor& tr = stage_local ? static_cast<Executor&>(*stage_ex) : *vn_ex;
+  StepCore& core = tr.core();
   const std::string resume = getString(*store, "job/resume");
   std::string resume_ckpt;  // stage-local: the checkpoint whose layers this worker loads once placed
   if (!resume.empty()) {
@@ -160,7 +166,7 @@ int runWorker(const WorkerOptions& o) {
     else resumeFrom(resume, tr, id == 0);
   }
   if (id == 0) {
-    setString(*store, "job/start_step", std::to_string(tr.nextStep()));
+    setString(*store, "job/start_step", std::to_string(core.nextStep()));
     setString(*store, "job/steps", std::to_string(steps));
   }
   auto fs = checkpointFileSystem();
@@ -178,7 +184,7 @@ int runWorker(const WorkerOptions& o) {
   auto report = [&](const std::string& what) {
     const std::string gk = "gen/" + std::to_string(gen) + "/";
     if (!last_line.is_null()) setString(*store, gk + "line/" + me, last_line.dump());
-    setString(*store, gk + what + "/" + me, std::to_string(tr.nextStep()));
+    setString(*store, gk + what + "/" + me, std::to_string(core.nextStep()));
     store->add("events", 1);  // wakes the manager's membership check
   };
   while (true) {
@@ -220,36 +226,36 @@ int runWorker(const WorkerOptions& o) {
         throw CommFailure(std::string("cannot form generation ") + std::to_string(gen) + ": " + e.what());
       }
       Communicator& comm = *comms.back();
-      tr.setCommunicator(&comm);
       auto range = plan.at("vn_ranges").at(rank);
-      tr.setSlowdown(plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0);
+      core.setSlowdown(plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0);
       if (plan.contains("pipeline")) {
         // Every member starts from the same state (the job seed or the
         // checkpoint it loaded), so there is nothing to broadcast.
-        setUpPipeline(tr, plan.at("pipeline"), rank, range, comms, store, gkey, go);
+        setUpPipeline(*stage_ex, plan.at("pipeline"), rank, range, comms, store, gkey, go);
         if (!resume_ckpt.empty()) {
           loadHeldLayers(resume_ckpt, tr);
           resume_ckpt.clear();
         }
       } else {
-        syncState(tr, comm, plan.at("source").get<int>());
-        tr.setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+        vn_ex->setCommunicator(&comm);
+        syncState(core, comm, plan.at("source").get<int>());
+        vn_ex->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
       }
-      if (job.checkpoint_every > 0 && tr.pipelined() && tr.placement().replica == 0) {
+      if (job.checkpoint_every > 0 && stage_ex && stage_ex->placement().replica == 0) {
         // Each stage's first replica writes its layers; world rank 0 also
         // commits the checkpoint once every stage's share is durable.
         CheckpointShare share;
         share.attempt = getString(*store, "job/ckpt_marker") + "-g" + std::to_string(gen);
         share.commit = rank == 0;
-        share.total_layers = static_cast<int64_t>(tr.model().size());
+        share.total_layers = static_cast<int64_t>(core.model().size());
         ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep), share);
       } else if (rank == 0 && job.checkpoint_every > 0 && !ckpt) {
         ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep));
       }
       bool regroup = false;
-      while (tr.nextStep() < steps && !regroup) {
+      while (core.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
-        tr.setControl({want, g_leave_requested ? 1.0 : 0.0});
+        core.setControl({want, g_leave_requested ? 1.0 : 0.0});
         StepStats st = tr.step();
         // Committed on every member of this generation: all hold the same
         // reduced loss, so any member can stand in for rank 0's line.
@@ -259,12 +265,12 @@ int runWorker(const WorkerOptions& o) {
         if (ckpt && ckpt_due) ckpt->submit(tr.exportState());  // copied before it returns
         // A pipeline evaluates on every rank: the test set flows through the stages.
         std::optional<EvalStats> eval;
-        if (tr.pipelined() && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
+        if (stage_ex && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
         if (rank == 0) {
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
         }
-        const auto& ctl = tr.reducedControl();
+        const auto& ctl = core.reducedControl();
         regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
       }
       if (ckpt) ckpt->flush();
@@ -278,23 +284,26 @@ int runWorker(const WorkerOptions& o) {
       }
       // A pipeline rank reports its stage's layer hashes (replicas of a
       // stage must agree; the manager combines them into the model's).
-      json res = {{"model_hash", !tr.pipelined() ? tr.hash() : std::string()},
-                  {"param_bytes", tr.modelBytes()},
-                  {"peak_param_bytes", tr.peakModelBytes()},
+      json res = {{"model_hash", vn_ex ? vn_ex->hash() : std::string()},
+                  {"param_bytes", core.modelBytes()},
+                  {"peak_param_bytes", core.peakModelBytes()},
                   {"peak_rss_bytes", peakRssBytes()},
                   {"bytes_reduced", comm.bytesReduced()},
                   {"generation", gen}};
       if (ckpt) res["checkpoint"] = checkpointTiming(*ckpt);
-      if (tr.pipelined()) {
-        res["stage"] = tr.placement().stage;
-        res["stage_hash"] = tr.stageHash();
-        res["replica"] = tr.placement().replica;
+      if (stage_ex) {
+        const StageExecutor& st = *stage_ex;
+        res["stage"] = st.placement().stage;
+        std::string hashes;
+        for (const std::string& h : st.layerHashes()) hashes += (hashes.empty() ? "" : ",") + h;
+        res["stage_hash"] = hashes;
+        res["replica"] = st.placement().replica;
         json t = json::array();
-        for (const StageTiming& s : tr.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});
+        for (const StageTiming& s : st.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});
         res["timings"] = t;
-        if (!tr.trace().empty()) {
+        if (!st.trace().empty()) {
           json ev = json::array();
-          for (const TraceEvent& e : tr.trace()) ev.push_back({e.name, e.step, e.start, e.end});
+          for (const TraceEvent& e : st.trace()) ev.push_back({e.name, e.step, e.start, e.end});
           setString(*store, "trace/" + me, ev.dump());
         }
       }

@@ -44,6 +44,7 @@ class GradAccumulator {
   ReduceMode mode() const { return mode_; }
   size_t segments() const { return sizes_.size(); }
   int64_t segmentSize(size_t seg) const { return sizes_[seg]; }
+  const std::vector<int64_t>& segmentSizes() const { return sizes_; }
   int64_t segmentOffset(size_t seg) const { return offsets_[seg]; }
   int64_t totalElements() const { return total_; }
   int64_t* exactBuffer() { return exact_.data(); }

@@ -1,4 +1,4 @@
-// The stage executor (Trainer in pipeline mode) and pipeline set-up.
+// The stage executor and pipeline set-up.
 //
 // A pipeline worker holds only its stage's layers (built from the job seed:
 // layer l's initial weights depend on (seed, l) alone) and computes, reduces
@@ -211,21 +211,30 @@ class SendChannel {
 
 void SendChannelDeleter::operator()(SendChannel* c) const { delete c; }
 
-void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end,
-                          const PipelineComms& comms) {
-  const size_t L = model_->size();
+StageExecutor::StageExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train)
+    : Executor(job, total_steps, train, /*stage_local=*/true) {}
+
+StageExecutor::~StageExecutor() = default;
+
+bool StageExecutor::sharesWeights() {
+  for (size_t l = 0; l < core_.model_->size(); ++l)
+    if (!core_.model_->layer(l).tiedLeaves().empty()) return true;
+  return false;
+}
+
+void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end, const PipelineComms& comms) {
+  const size_t L = core_.model_->size();
   MORPH_CHECK(pl.stages > 1 && 0 <= pl.stage && pl.stage < pl.stages, "bad pipeline placement");
   MORPH_CHECK(pl.replicas >= 1 && 0 <= pl.replica && pl.replica < pl.replicas, "bad replica");
   MORPH_CHECK(pl.cuts.size() == static_cast<size_t>(pl.stages) + 1 && pl.cuts.front() == 0 && pl.cuts.back() == L,
               "cuts must cover the model");
   for (int k = 0; k < pl.stages; ++k) MORPH_CHECK(pl.cuts[k] < pl.cuts[k + 1], "empty stage");
-  MORPH_CHECK(0 <= vn_begin && vn_begin < vn_end && vn_end <= job_.virtual_nodes, "bad VN range");
+  MORPH_CHECK(0 <= vn_begin && vn_begin < vn_end && vn_end <= core_.job_.virtual_nodes, "bad VN range");
   MORPH_CHECK(comms.world && comms.pipe, "a pipeline needs world and pipe communicators");
   pipe_ = pl;
   pcomm_ = comms;
   vn_begin_ = vn_begin;
   vn_end_ = vn_end;
-  setVnRange(vn_begin, vn_end);
   ScheduleOptions so{pl.schedule, pl.stages, vn_end - vn_begin, pl.recompute};
   Schedule sched = makeSchedule(so);
   validateSchedule(sched, so);
@@ -235,54 +244,54 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   std::vector<int> layer_stage(L, 0);
   for (int k = 0; k < pl.stages; ++k)
     for (size_t l = pl.cuts[k]; l < pl.cuts[k + 1]; ++l) layer_stage[l] = k;
-  own_params_.clear();
-  norm_owner_.assign(params_.size(), 0);
+  core_.own_params_.clear();
+  core_.norm_owner_.assign(core_.params_.size(), 0);
   for (size_t l = lo; l < hi; ++l)
-    for (const auto& p : model_->layer(l).parameters()) {
-      const size_t i = indexOf(params_, p);
-      own_params_.push_back(i);
-      norm_owner_[i] = 1;
+    for (const auto& p : core_.model_->layer(l).parameters()) {
+      const size_t i = indexOf(core_.params_, p);
+      core_.own_params_.push_back(i);
+      core_.norm_owner_[i] = 1;
     }
   // A weight used on two stages: each quantises its part of the gradient
   // into the owner's segment; the first and last stage sum it between them.
   tied_segs_.clear();
   for (size_t l = 0; l < L; ++l)
-    for (auto& [alias, owner] : model_->layer(l).tiedLeaves()) {
-      const size_t i = indexOf(params_, owner);
+    for (auto& [alias, owner] : core_.model_->layer(l).tiedLeaves()) {
+      const size_t i = indexOf(core_.params_, owner);
       size_t owner_layer = L;
       for (size_t k = 0; k < L && owner_layer == L; ++k)
-        for (const auto& p : model_->layer(k).parameters())
+        for (const auto& p : core_.model_->layer(k).parameters())
           if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) owner_layer = k;
       const int us = layer_stage[l], os = layer_stage[owner_layer];
       if (us == os) continue;
       MORPH_CHECK((us == 0 || us == pl.stages - 1) && (os == 0 || os == pl.stages - 1),
                   "a tied weight must sit on the first and the last stage");
-      if (pl.stage == us || pl.stage == os) tied_segs_.push_back(segOf(i));
-      if (pl.stage == us) own_params_.push_back(i);  // the copy this stage updates
+      if (pl.stage == us || pl.stage == os) tied_segs_.push_back(core_.segOf(i));
+      if (pl.stage == us) core_.own_params_.push_back(i);  // the copy this stage updates
     }
   // Build what this stage holds if it was created holding nothing: its
   // layers, and the layer owning a weight it shares.
   {
     std::vector<char> held(L, 0);
     for (size_t l = lo; l < hi; ++l) held[l] = 1;
-    for (size_t i : own_params_)
-      for (size_t l = 0, first = 0; l < L; first += model_->layer(l).parameters().size(), ++l)
-        if (i >= first && i < first + model_->layer(l).parameters().size()) held[l] = 1;
-    holdLayers(held);
+    for (size_t i : core_.own_params_)
+      for (size_t l = 0, first = 0; l < L; first += core_.model_->layer(l).parameters().size(), ++l)
+        if (i >= first && i < first + core_.model_->layer(l).parameters().size()) held[l] = 1;
+    core_.holdLayers(held);
   }
-  own_bns_.clear();
+  core_.own_bns_.clear();
   for (size_t l = lo; l < hi; ++l)
-    for (const auto& m : model_->layer(l).modules(/*include_self=*/true))
+    for (const auto& m : core_.model_->layer(l).modules(/*include_self=*/true))
       if (auto* bn = dynamic_cast<VnBatchNorm*>(m.get()))
-        for (size_t k = 0; k < bns_.size(); ++k)
-          if (bns_[k] == bn) own_bns_.push_back(k);
+        for (size_t k = 0; k < core_.bns_.size(); ++k)
+          if (core_.bns_[k] == bn) core_.own_bns_.push_back(k);
   // Segments reduced among the stage's replicas, as runs of consecutive ones.
   std::vector<size_t> segs;
-  for (size_t i : own_params_)
-    if (std::find(tied_segs_.begin(), tied_segs_.end(), segOf(i)) == tied_segs_.end()) segs.push_back(segOf(i));
-  for (size_t k : own_bns_) {
-    segs.push_back(bn_seg_ + 2 * k);
-    segs.push_back(bn_seg_ + 2 * k + 1);
+  for (size_t i : core_.own_params_)
+    if (std::find(tied_segs_.begin(), tied_segs_.end(), core_.segOf(i)) == tied_segs_.end()) segs.push_back(core_.segOf(i));
+  for (size_t k : core_.own_bns_) {
+    segs.push_back(core_.bn_seg_ + 2 * k);
+    segs.push_back(core_.bn_seg_ + 2 * k + 1);
   }
   std::sort(segs.begin(), segs.end());
   own_runs_.clear();
@@ -294,14 +303,11 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   // statistics); the other segments keep their index, with size 0, so that
   // scales and flags stay in the single-worker layout.
   {
-    std::vector<int64_t> sizes(seg_sizes_.size(), 0);
-    for (size_t i : own_params_) sizes[segOf(i)] = params_[i].numel();
-    for (size_t k : own_bns_) sizes[bn_seg_ + 2 * k] = sizes[bn_seg_ + 2 * k + 1] = bns_[k]->channels();
-    sizes[stats_seg_] = 2;
-    const std::vector<int> scales = acc_->scales();
-    seg_sizes_ = sizes;
-    acc_ = std::make_unique<GradAccumulator>(sizes, job_.reduce_mode, job_.headroom_bits);
-    acc_->setScales(scales);
+    std::vector<int64_t> sizes(core_.seg_sizes_.size(), 0);
+    for (size_t i : core_.own_params_) sizes[core_.segOf(i)] = core_.params_[i].numel();
+    for (size_t k : core_.own_bns_) sizes[core_.bn_seg_ + 2 * k] = sizes[core_.bn_seg_ + 2 * k + 1] = core_.bns_[k]->channels();
+    sizes[core_.stats_seg_] = 2;
+    core_.resizeBuffer(std::move(sizes));
   }
   // The shape of one VN's activation at this stage's cuts: each stage
   // learns its input's from the previous one and dry-runs its own layers
@@ -310,8 +316,8 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   {
     torch::NoGradGuard no_grad;
     constexpr int64_t kMaxDims = 8;
-    const int64_t vn_size = job_.global_batch / job_.virtual_nodes;
-    torch::Tensor x = train_->range(0, vn_size).x;
+    const int64_t vn_size = core_.job_.global_batch / core_.job_.virtual_nodes;
+    torch::Tensor x = core_.train_->range(0, vn_size).x;
     const size_t k = static_cast<size_t>(pl.stage);
     if (k > 0) {
       torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
@@ -321,7 +327,7 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       x = torch::zeros(cut_shapes_[k - 1], torch::kFloat32);
     }
     if (k + 1 < static_cast<size_t>(pl.stages)) {
-      x = model_->forwardRange(x, lo, hi);
+      x = core_.model_->forwardRange(x, lo, hi);
       MORPH_CHECK(x.scalar_type() == torch::kFloat32, "stage outputs must be float32");
       MORPH_CHECK(x.dim() <= kMaxDims, "stage outputs have at most 8 dimensions");
       cut_shapes_[k] = x.sizes().vec();
@@ -332,59 +338,35 @@ void Trainer::setPipeline(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     }
   }
   freeOtherStages();
-  notePeak();
-}
-
-void Trainer::holdLayers(const std::vector<char>& held) {
-  const size_t L = model_->size();
-  bool missing = false;
-  for (size_t l = 0; l < L; ++l) missing = missing || (held[l] && model_->isHollow(l));
-  if (missing) {
-    // The same initial weights as a whole-model build: layer l's come from
-    // (seed, l) alone. Memory: the held layers plus one other at a time.
-    auto fresh = buildModel(job_.model, job_.seed, &held);
-    torch::NoGradGuard no_grad;
-    for (size_t l = 0; l < L; ++l) {
-      if (!held[l] || !model_->isHollow(l)) continue;
-      auto live_p = model_->layer(l).parameters(), new_p = fresh->layer(l).parameters();
-      auto live_b = model_->layer(l).buffers(), new_b = fresh->layer(l).buffers();
-      for (size_t k = 0; k < live_p.size(); ++k) live_p[k].set_data(new_p[k].detach());
-      for (size_t k = 0; k < live_b.size(); ++k) live_b[k].set_data(new_b[k].detach());
-      model_->markHeld(l);
-    }
-  }
-  // A shared weight's alias reads its owner's storage.
-  torch::NoGradGuard no_grad;
-  for (size_t l = 0; l < L; ++l)
-    for (auto& [alias, owner] : model_->layer(l).tiedLeaves())
-      if (alias.numel() != owner.numel()) alias.set_data(owner.detach());
+  core_.notePeak();
 }
 
 // Empties the parameters (and their optimiser state) this stage does not
 // update, and the buffers of layers it does not run. A layer held only for
 // a shared weight keeps that weight.
-void Trainer::freeOtherStages() {
-  std::vector<char> keep(params_.size(), 0);
-  for (size_t i : own_params_) keep[i] = 1;
+void StageExecutor::freeOtherStages() {
+  std::vector<char> keep(core_.params_.size(), 0);
+  for (size_t i : core_.own_params_) keep[i] = 1;
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (keep[i] || params_[i].numel() == 0) continue;
-    params_[i].set_data(torch::empty({0}));
-    opt_->dropState(i);
+  for (size_t i = 0; i < core_.params_.size(); ++i) {
+    if (keep[i] || core_.params_[i].numel() == 0) continue;
+    core_.params_[i].set_data(torch::empty({0}));
+    core_.opt_->dropState(i);
   }
   const size_t lo = pipe_.cuts[static_cast<size_t>(pipe_.stage)], hi = pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1];
-  for (size_t l = 0; l < model_->size(); ++l) {
+  for (size_t l = 0; l < core_.model_->size(); ++l) {
     if (l >= lo && l < hi) continue;
-    for (auto& b : model_->layer(l).buffers()) b.set_data(torch::empty({0}, b.options()));
+    for (auto& b : core_.model_->layer(l).buffers()) b.set_data(torch::empty({0}, b.options()));
     bool any = false;
-    for (const auto& p : model_->layer(l).parameters()) any = any || p.numel() > 0;
-    if (!any) model_->hollow(l);
+    for (const auto& p : core_.model_->layer(l).parameters()) any = any || p.numel() > 0;
+    if (!any) core_.model_->hollow(l);
   }
 }
 
-EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
+EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {
+  const double t0 = nowSeconds();
   torch::NoGradGuard no_grad;
-  model_->eval();
+  core_.model_->eval();
   const int P = pipe_.stages, k = pipe_.stage, D = pipe_.replicas, d = pipe_.replica;
   const size_t lo = pipe_.cuts[static_cast<size_t>(k)], hi = pipe_.cuts[static_cast<size_t>(k) + 1];
   const int64_t n = test.size(), batches = (n + batch - 1) / batch;
@@ -402,14 +384,14 @@ EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
       x = torch::empty(shape, torch::kFloat32);
       pcomm_.pipe->recv(x, k - 1, kEvalTag)->wait();
     }
-    x = model_->forwardRange(x, lo, hi);
+    x = core_.model_->forwardRange(x, lo, hi);
     if (k + 1 < P) {
       pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->wait();
       continue;
     }
-    scoreBatch(x, b.y, loss, correct);
+    core_.scoreBatch(x, b.y, loss, correct);
   }
-  model_->train();
+  core_.model_->train();
   // Each replica's last stage fills its own slots; MAX over the world (the
   // others hold 0, and both sums are >= 0) gives every rank all of them,
   // added in replica order.
@@ -418,38 +400,47 @@ EvalStats Trainer::evaluateStages(const Dataset& test, int64_t batch) {
   pcomm_.world->allreduceMax(sums.data(), static_cast<int64_t>(sums.size()));
   double total_loss = 0, total_correct = 0;
   for (int r = 0; r < D; ++r) total_loss += sums[2 * static_cast<size_t>(r)], total_correct += sums[2 * static_cast<size_t>(r) + 1];
-  const double targets = static_cast<double>(n * job_.targetsPerSample());
-  return {total_correct / targets, total_loss / targets};
+  const double targets = static_cast<double>(n * core_.job_.targetsPerSample());
+  return {total_correct / targets, total_loss / targets, nowSeconds() - t0};
 }
 
-std::string Trainer::stageHash() const {
-  std::string h;
-  for (size_t l = pipe_.cuts[static_cast<size_t>(pipe_.stage)]; l < pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]; ++l)
-    h += (h.empty() ? "" : ",") + modelHash(model_->layer(l));
-  return h;
+std::vector<std::string> StageExecutor::layerHashes() const {
+  return core_.layerHashes(pipe_.cuts[static_cast<size_t>(pipe_.stage)], pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]);
 }
+
+CheckpointData StageExecutor::exportState() const {
+  return core_.exportState(pipe_.cuts[static_cast<size_t>(pipe_.stage)], pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]);
+}
+
+StepStats StageExecutor::step() {
+  MORPH_CHECK(pcomm_.world, "place() the stage before its first step");
+  return core_.runStep([this](int) { runSchedule(); }, [this](std::vector<double>& flags) { reduce(flags); },
+                       pcomm_.world);
+}
+
+void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 
 // Stage gradients among replicas and the tied weight between first and last
 // stage (started first, in the background), flags and control values (MAX)
 // and loss statistics (SUM) over every rank.
-void Trainer::reducePipeline(std::vector<double>& flags) {
+void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) {
-    const int64_t off = acc_->segmentOffset(first);
-    const int64_t n = acc_->segmentOffset(end - 1) + acc_->segmentSize(end - 1) - off;
-    if (acc_->mode() == ReduceMode::kExact) works.push_back(c->allreduceSumAsync(acc_->exactBuffer() + off, n));
-    else works.push_back(c->allreduceSumAsync(acc_->floatBuffer() + off, n));
+    const int64_t off = core_.acc_->segmentOffset(first);
+    const int64_t n = core_.acc_->segmentOffset(end - 1) + core_.acc_->segmentSize(end - 1) - off;
+    if (core_.acc_->mode() == ReduceMode::kExact) works.push_back(c->allreduceSumAsync(core_.acc_->exactBuffer() + off, n));
+    else works.push_back(c->allreduceSumAsync(core_.acc_->floatBuffer() + off, n));
   };
   if (pcomm_.stage)
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
   if (pcomm_.tied)
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
-  reduceFlags(*pcomm_.world, flags);
-  launch(pcomm_.world, stats_seg_, stats_seg_ + 1);  // zeros but on the last stage
+  core_.reduceFlags(*pcomm_.world, flags);
+  launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
   for (auto& w : works) w->wait();
 }
 
-void Trainer::runStageSchedule(bool first_attempt) {
+void StageExecutor::runSchedule() {
   const int s = pipe_.stage, P = pipe_.stages;
   const bool first = s == 0, last = s == P - 1;
   const size_t lo = pipe_.cuts[static_cast<size_t>(s)], hi = pipe_.cuts[static_cast<size_t>(s) + 1];
@@ -475,14 +466,14 @@ void Trainer::runStageSchedule(bool first_attempt) {
   }
   if (!first && !grad_out_) grad_out_.reset(new SendChannel(*pcomm_.pipe, s - 1, kGradTag));
   if (!last && !act_out_) act_out_.reset(new SendChannel(*pcomm_.pipe, s + 1, kActTag));
-  if (first || last) prefetch_.request(step_, vn_begin_);
+  if (first || last) core_.prefetch_.request(core_.step_, vn_begin_);
   auto data = [&](int64_t vn) {
-    Batch b = prefetch_.take(step_, vn);
-    if (vn + 1 < vn_end_) prefetch_.request(step_, vn + 1);
+    Batch b = core_.prefetch_.take(core_.step_, vn);
+    if (vn + 1 < vn_end_) core_.prefetch_.request(core_.step_, vn + 1);
     return b;
   };
   const bool varuna = pipe_.schedule == ScheduleKind::kVaruna;
-  StageTiming timing{step_, unixSeconds(), 0.0, 0.0};
+  StageTiming timing{core_.step_, unixSeconds(), 0.0, 0.0};
   for (size_t i = 0; i < acts.size(); ++i) {
     // Varuna's opportunistic choice: when the gradient this rank waits for
     // is not there yet, run the first later action that can move ahead
@@ -514,13 +505,13 @@ void Trainer::runStageSchedule(bool first_attempt) {
         if (!first) v.in.requires_grad_(true);
         if (pipe_.recompute && !last) {
           torch::NoGradGuard no_grad;  // only the input is stashed
-          v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+          v.out = core_.model_->forwardRange(v.in, lo, hi, core_.vnSeed(vn));
         } else {
-          v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+          v.out = core_.model_->forwardRange(v.in, lo, hi, core_.vnSeed(vn));
         }
-        for (size_t k : own_bns_) {
-          acc_->add(bn_seg_ + 2 * k, bns_[k]->lastMean().contiguous().data_ptr<float>());
-          acc_->add(bn_seg_ + 2 * k + 1, bns_[k]->lastVar().contiguous().data_ptr<float>());
+        for (size_t k : core_.own_bns_) {
+          core_.acc_->add(core_.bn_seg_ + 2 * k, core_.bns_[k]->lastMean().contiguous().data_ptr<float>());
+          core_.acc_->add(core_.bn_seg_ + 2 * k + 1, core_.bns_[k]->lastVar().contiguous().data_ptr<float>());
         }
         if (last) {
           torch::Tensor out = v.out.reshape({-1, v.out.size(-1)});
@@ -533,7 +524,7 @@ void Trainer::runStageSchedule(bool first_attempt) {
             stats[0] = v.loss.item<float>();
             stats[1] = static_cast<float>(out.argmax(1).eq(yy).sum().item<int64_t>());
           }
-          acc_->add(stats_seg_, stats);
+          core_.acc_->add(core_.stats_seg_, stats);
         }
         break;
       }
@@ -543,16 +534,16 @@ void Trainer::runStageSchedule(bool first_attempt) {
         break;
       case ActionKind::kRecompute:
         compute = true;
-        v.out = model_->forwardRange(v.in, lo, hi, vnSeed(vn));
+        v.out = core_.model_->forwardRange(v.in, lo, hi, core_.vnSeed(vn));
         break;
       case ActionKind::kBackward:
         compute = true;
-        for (size_t p : own_params_) params_[p].mutable_grad() = torch::Tensor();
-        spike_now_ = first_attempt && step_ == spike_step_ && vn == spike_vn_;
-        accumulating_ = true;
+        for (size_t p : core_.own_params_) core_.params_[p].mutable_grad() = torch::Tensor();
+        core_.vn_ = vn;
+        core_.accumulating_ = true;
         if (last) v.loss.backward();
         else if (v.out.requires_grad()) v.out.backward(v.grad);  // else a first stage without parameters
-        accumulating_ = spike_now_ = false;
+        core_.accumulating_ = false;
         v.out = v.loss = v.grad = torch::Tensor();
         if (first) v.in = torch::Tensor();
         break;
@@ -561,10 +552,10 @@ void Trainer::runStageSchedule(bool first_attempt) {
         v.in = torch::Tensor();
         break;
     }
-    if (compute) emulateSlowdown(unixSeconds() - a0);
+    if (compute) core_.emulateSlowdown(unixSeconds() - a0);
     const double a1 = unixSeconds();
     if (compute) timing.busy += a1 - a0;
-    if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), step_, a0, a1});
+    if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), core_.step_, a0, a1});
   }
   timing.end = unixSeconds();
   if (act_out_) act_out_->flush();

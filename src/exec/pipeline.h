@@ -1,20 +1,116 @@
-// Pipeline set-up that does not need a running job: where to cut a model
-// into stages, and how much memory each stage will need.
-//
-// The stage executor itself is part of Trainer (setPipeline(); trainer.h),
-// since a stage is a worker training a contiguous range of the model's layers.
+// The stage executor (a worker training a contiguous range of the model's
+// layers, one stage of a pipeline) and the pipeline set-up that does not
+// need a running job: where to cut a model into stages, and how much memory
+// each stage will need.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/job_spec.h"
 #include "data/dataset.h"
 #include "exec/schedule.h"
+#include "exec/trainer.h"
 #include "models/model.h"
 
 namespace morph {
+
+// Where a worker sits in a pipeline of `stages` stages and `replicas`
+// data-parallel copies of it. World rank = replica * stages + stage.
+struct PipelinePlacement {
+  int stages = 1, stage = 0;
+  int replicas = 1, replica = 0;
+  std::vector<size_t> cuts;  // stages + 1 layer boundaries: stage k runs [cuts[k], cuts[k+1])
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  bool recompute = false;
+};
+
+// The process groups of a pipeline worker (each must outlive its use).
+struct PipelineComms {
+  Communicator* world = nullptr;  // every rank: flags, loss, clipping, evaluation sums
+  Communicator* stage = nullptr;  // this stage's replicas (rank = replica); null when replicas == 1
+  Communicator* tied = nullptr;   // first and last stage (tied parameters); null elsewhere
+  Communicator* pipe = nullptr;   // this replica's stages (rank = stage): activations and gradients
+};
+
+// One action of the stage executor, for --trace (seconds since the epoch).
+struct TraceEvent {
+  std::string name;  // "forward vn 3"
+  int64_t step;
+  double start, end;
+};
+
+// Per step on a pipeline worker: when the schedule started and ended and how
+// long the stage computed (forward, backward, recompute) in between.
+struct StageTiming {
+  int64_t step;
+  double start, end, busy;
+};
+
+class SendChannel;  // pipeline.cpp
+struct SendChannelDeleter {
+  void operator()(SendChannel* c) const;
+};
+
+// One pipeline stage. Per step it runs its schedule's action list over its
+// replica's VNs: activations go to the next stage and gradients to the
+// previous one, each VN's gradient is quantised into the single-worker
+// segment layout, and the stage's replicas, the tied weight's two stages and
+// every rank reduce what they share, so the step gives the single-process
+// bits. It holds only its own layers.
+class StageExecutor : public Executor {
+ public:
+  // Holds no layer until place() (every layer is built and freed at once,
+  // keeping its shapes).
+  StageExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train);
+  ~StageExecutor() override;
+  // Whether some layer uses a weight another layer owns (then the first and
+  // last stage need a process group of their own).
+  bool sharesWeights();
+  // Runs stage placement.stage of replica placement.replica over the
+  // replica's VNs [vn_begin, vn_end), following the schedule's action list
+  // (validated here; InputError if it is not valid). Builds the stage's
+  // layers (and the copy of a weight it shares with another stage) from the
+  // job seed, nothing else; learns its input's shape from the previous
+  // stage. Every rank of the pipeline calls it at the same time.
+  void place(const PipelinePlacement& placement, int64_t vn_begin, int64_t vn_end, const PipelineComms& comms);
+  const PipelinePlacement& placement() const { return pipe_; }
+  // Per-action trace and per-step timing.
+  void setTracing(bool on) { tracing_ = on; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const std::vector<StageTiming>& stageTimings() const { return timings_; }
+
+  StepStats step() override;
+  void abandonStep() override;
+  // Every rank calls it at the same step; the batches flow through the
+  // stages (each replica takes an even share of them) and the last stages'
+  // sums are combined over the world, so no rank needs the whole model.
+  EvalStats evaluate(const Dataset& test, int64_t batch) override;
+  CheckpointData exportState() const override;  // this stage's layers
+  std::vector<std::string> layerHashes() const override;  // this stage's layers
+
+ private:
+  void runSchedule();
+  // Stage gradients among replicas and the tied weight (started first, in
+  // the background), flags and control values (MAX) and loss statistics
+  // (SUM) over every rank.
+  void reduce(std::vector<double>& flags);
+  void freeOtherStages();  // parameters, buffers and optimiser state this stage does not use
+
+  PipelinePlacement pipe_;
+  PipelineComms pcomm_;
+  int64_t vn_begin_ = 0, vn_end_ = 0;
+  std::vector<Action> actions_;     // this rank's list for one step
+  std::vector<std::pair<size_t, size_t>> own_runs_;  // segment runs reduced among replicas
+  std::vector<size_t> tied_segs_;   // segments summed between first and last stage
+  std::vector<std::vector<int64_t>> cut_shapes_;  // this stage's input [k-1] and output [k]
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
+  std::vector<StageTiming> timings_;
+  std::unique_ptr<SendChannel, SendChannelDeleter> act_out_, grad_out_;
+};
 
 // stages + 1 layer boundaries giving each stage floor or ceil of
 // layers / stages consecutive layers. InputError when stages > layers.

@@ -1,14 +1,21 @@
-// Trainer: the VN executor of one worker. Each step it runs forward and
-// backward for each of its VNs (loss summed over the VN's samples, random
-// stream seeded by (seed, step, vn), batch statistics per VN), adds every
-// VN's gradient into one GradAccumulator, reduces it across workers through
-// the Communicator, redoes the step if the agreed fixed-point bound was
-// exceeded, and applies the optimiser to the exact mean gradient.
+// The two executors of a worker and what they share.
 //
-// It never decides which VNs it owns (the plan does) and never talks to the
-// network except through the Communicator.
+// Executor is what the control plane calls: step, abandon a failed step,
+// evaluate, export and import the training state, hash. VnExecutor runs a
+// data-parallel worker: each step, forward and backward for each of its VNs
+// (loss summed over the VN's samples, random streams seeded by (seed, step,
+// vn), batch statistics per VN), every VN's gradient added into one exact
+// fixed-point buffer, reduced across workers in buckets while the last VN's
+// backward still runs. StageExecutor (pipeline.h) runs one pipeline stage.
+// Both hold a StepCore: the model, the exact reduction (the fixed-point
+// buffer, its scale state, the redo when the agreed bound was exceeded) and
+// the optimiser applied to the exact mean gradient.
+//
+// No executor decides which VNs or layers it owns (the plan does), and none
+// talks to the network except through its Communicators.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,47 +28,9 @@
 #include "exec/grad_accumulator.h"
 #include "exec/optimizer.h"
 #include "exec/prefetcher.h"
-#include "exec/schedule.h"
 #include "models/model.h"
 
 namespace morph {
-
-class SendChannel;  // pipeline.cpp
-struct SendChannelDeleter {
-  void operator()(SendChannel* c) const;
-};
-
-// Where a worker sits in a pipeline of `stages` stages and `replicas`
-// data-parallel copies of it. World rank = replica * stages + stage.
-struct PipelinePlacement {
-  int stages = 1, stage = 0;
-  int replicas = 1, replica = 0;
-  std::vector<size_t> cuts;  // stages + 1 layer boundaries: stage k runs [cuts[k], cuts[k+1])
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  bool recompute = false;
-};
-
-// The process groups of a pipeline worker (each must outlive its use).
-struct PipelineComms {
-  Communicator* world = nullptr;  // every rank: flags, loss, clipping, state gathers
-  Communicator* stage = nullptr;  // this stage's replicas (rank = replica); null when replicas == 1
-  Communicator* tied = nullptr;   // first and last stage (tied parameters); null elsewhere
-  Communicator* pipe = nullptr;   // this replica's stages (rank = stage): activations and gradients
-};
-
-// One action of the stage executor, for --trace (seconds since the epoch).
-struct TraceEvent {
-  std::string name;  // "forward vn 3"
-  int64_t step;
-  double start, end;
-};
-
-// Per step on a pipeline worker: when the schedule started and ended and how
-// long the stage computed (forward, backward, recompute) in between.
-struct StageTiming {
-  int64_t step;
-  double start, end, busy;
-};
 
 struct StepStats {
   int64_t step = 0;
@@ -80,79 +49,59 @@ struct EvalStats {
   double seconds = 0.0;  // wall time of the evaluation on this worker
 };
 
-class Trainer {
+// Test seam: what tests change in a run without hooks in the production
+// path (an executor without a probe behaves as with this default one).
+class ExecutorProbe {
  public:
-  // `train` must outlive the trainer; `comm` too. total_steps feeds the LR
-  // schedule. `stage_local`: a pipeline worker that does not know its stage
-  // yet holds no layer (each is built and freed at once, keeping only its
-  // shapes); setPipeline() builds the stage's own layers.
-  Trainer(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm,
-          bool stage_local = false);
+  virtual ~ExecutorProbe() = default;
+  // Each VN's gradient of each parameter, before it is quantised; may
+  // change it in place. `attempt` counts redos of the step from 1.
+  virtual void onGradient(int64_t /*step*/, int64_t /*vn*/, int /*attempt*/, torch::Tensor& /*grad*/) {}
+  // The order in which a data-parallel worker runs its VNs each step: a
+  // permutation of `vns`.
+  virtual std::vector<int64_t> vnOrder(std::vector<int64_t> vns) { return vns; }
+};
 
-  // The communicator of the current generation (must outlive its use).
-  void setCommunicator(Communicator* comm) { comm_ = comm; }
-  // After a CommFailure in step(): the step did not commit. Collectives of
-  // the failed generation may still write into their buffers, so those are
-  // set aside (never reused) and a fresh accumulator with the same scale
-  // state takes over.
-  void abandonStep();
+// The state and the step logic both executors share.
+class StepCore {
+ public:
+  // `train` must outlive the core; total_steps feeds the LR schedule.
+  // `stage_local`: hold no layer (each is built and freed at once, keeping
+  // only its shapes) until holdLayers().
+  StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train, bool stage_local);
+
   // Control values that ride on the step's MAX all-reduce of flags (for the
   // control plane: pending generation, leave requests); reducedControl() is
-  // their maximum over workers once step() returns.
+  // their maximum over workers once a step returns.
   void setControl(std::vector<double> local) { control_ = std::move(local); }
   const std::vector<double>& reducedControl() const { return reduced_control_; }
-
   // Emulates a device `factor` times slower (>= 1; 1 = this machine's
   // speed): after each VN's compute (a forward, backward or recompute in a
   // pipeline) the worker idles (factor - 1) x the time that compute took.
   // Timing only: the results are unchanged. docs/resources.md.
   void setSlowdown(double factor);
   double slowdown() const { return slowdown_; }
+  void setProbe(ExecutorProbe* probe) { probe_ = probe; }
 
-  // VNs [begin, end) of every step are this worker's.
-  void setVnRange(int64_t begin, int64_t end);
-  // Processing order of the local VNs (a permutation of the range); tests
-  // use it to show that the order does not matter.
-  void setVnOrder(std::vector<int64_t> order);
-  // Test hook: multiplies VN `vn`'s gradient by `factor` at `step`, first
-  // attempt only (a spike beyond the agreed bound).
-  void injectGradSpike(int64_t step, int64_t vn, float factor);
-
-  // Pipeline mode: this worker runs stage placement.stage of replica
-  // placement.replica over the replica's VNs [vn_begin, vn_end), following
-  // the schedule's action list (validated here; InputError if it is not
-  // valid). Call before the first step. Afterwards the worker holds its
-  // stage's layers (built from the job seed if it held none) and the copy
-  // of a weight it shares with another stage, nothing else.
-  void setPipeline(const PipelinePlacement& placement, int64_t vn_begin, int64_t vn_end,
-                   const PipelineComms& comms);
-  bool pipelined() const { return pipe_.stages > 1; }
-  const PipelinePlacement& placement() const { return pipe_; }
-  // Layers whose state this worker holds (all of them, or after
-  // setPipeline() the stage's own plus the layer owning a shared weight), in
-  // order: what a resume must load.
+  int64_t nextStep() const { return step_; }
+  LayerList& model() { return *model_; }
+  const GradAccumulator& accumulator() const { return *acc_; }
+  // Bytes of the parameters this worker holds now (a pipeline stage: its
+  // own layers and the copy of a tied weight), and the most it held at any
+  // point since it was built.
+  int64_t modelBytes() const;
+  int64_t peakModelBytes() const { return peak_model_bytes_; }
+  std::string jobId() const;
+  // Layers whose state this worker holds, in order: all of them, or a
+  // stage's own plus the layer owning a weight it shares. What a resume
+  // loads.
   std::vector<size_t> heldLayers() const;
-  // Hash of this stage's layers (pipeline replicas of a stage must agree).
-  std::string stageHash() const;
-  // Per-action trace and per-step timing of the stage executor.
-  void setTracing(bool on) { tracing_ = on; }
-  const std::vector<TraceEvent>& trace() const { return trace_; }
-  const std::vector<StageTiming>& stageTimings() const { return timings_; }
-
-  StepStats step();  // runs step nextStep()
-  // Loss and accuracy on `test` in batches of `batch`. Pipeline mode: every
-  // rank calls it at the same step; the batches flow through the stages
-  // (each replica takes an even share of them) and the last stages' sums
-  // are combined over the world, so no rank needs the whole model.
-  EvalStats evaluate(const Dataset& test, int64_t batch);
 
   // Training state: everything a resumed or joining worker needs to continue
-  // bit for bit (parameters, buffers, optimiser state, scale state, step).
-  // Per layer; a pipeline stage exports its own layers (first_layer is the
-  // stage's first), which its replica 0 writes as its share of a
-  // checkpoint. The tensors are the live ones: snapshot them before
-  // training on.
-  CheckpointData exportState() const;
+  // bit for bit (parameters, buffers, optimiser state, scale state, step),
+  // per layer; here of layers [lo, hi) (first_layer = lo). The tensors are
+  // the live ones: snapshot them before training on.
+  CheckpointData exportState(size_t lo, size_t hi) const;
   NamedTensors layerState(size_t layer) const;  // one layer's part of it
   // Loads step, optimiser step count and scale state, and the layers in
   // `data` (from data.first_layer on) into the tensors this worker holds;
@@ -160,57 +109,51 @@ class Trainer {
   // its layers in parts, or the step alone), `data` must hold every layer.
   // Throws InputError naming what does not fit when `data` is not a state
   // of this job's model.
-  void importState(const CheckpointData& data, bool partial = false);
-  // The same state as live tensors in a fixed order plus integers, for
-  // broadcasting it to workers that join.
+  void importState(const CheckpointData& data, bool partial);
+  // The whole state as live tensors in a fixed order plus integers, for
+  // broadcasting it to data-parallel workers that join.
   std::vector<torch::Tensor> stateTensors() const;
   std::vector<int64_t> stateMeta() const;  // step, optimiser steps, scales...
   void setStateMeta(const std::vector<int64_t>& meta);
-  std::string jobId() const;
-
-  int64_t nextStep() const { return step_; }
-  LayerList& model() { return *model_; }
-  const GradAccumulator& accumulator() const { return *acc_; }
-  std::string hash() const;
-  // Bytes of the parameters this worker holds now (a pipeline stage: its
-  // own layers and the copy of a tied weight), and the most it held at any
-  // point since it was built.
-  int64_t modelBytes() const;
-  int64_t peakModelBytes() const { return peak_model_bytes_; }
+  // The hash of layers [lo, hi) (core/model_hash.h): per layer, in order.
+  std::vector<std::string> layerHashes(size_t lo, size_t hi) const;
 
  private:
-  void runVn(int64_t vn, bool last);
-  void runLocalVns(bool first_attempt);
-  void runStageSchedule(bool first_attempt);
-  // Builds the layers in `held` that are hollow (from the job seed) and
-  // points shared-weight aliases at their owners.
-  void holdLayers(const std::vector<char>& held);
-  void freeOtherStages();  // parameters, buffers and optimiser state this stage does not use
-  void notePeak() { peak_model_bytes_ = std::max(peak_model_bytes_, modelBytes()); }
-  EvalStats evaluateStages(const Dataset& test, int64_t batch);
-  EvalStats evaluateWhole(const Dataset& test, int64_t batch);
-  // Adds one evaluation batch's summed cross-entropy and correct predictions.
-  static void scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss, int64_t& correct);
-  // Both MAX-reduce `flags` with the control values appended (and split them
-  // off again); then the local path waits for its buckets, the pipeline
-  // reduces its stage, tied and loss segments.
+  friend class VnExecutor;
+  friend class StageExecutor;
+
+  // One step: for each attempt, `run` (the VNs' forward and backward,
+  // quantised into the buffer) and `reduce` (the flags' MAX all-reduce with
+  // the control values, then the buffer's sums); redone with the agreed
+  // scales when the bound was exceeded. Then the exact mean gradient of
+  // every parameter this worker updates, batch-norm statistics, loss,
+  // clipping (pipeline: the per-tensor squares MAX-reduced over `norm_world`)
+  // and the optimiser step.
+  StepStats runStep(const std::function<void(int attempt)>& run,
+                    const std::function<void(std::vector<double>& flags)>& reduce, Communicator* norm_world);
+  // MAX-reduces `flags` with the control values appended (and splits them
+  // off again).
   void reduceFlags(Communicator& comm, std::vector<double>& flags);
-  void reduceLocal(std::vector<double>& flags);
-  void reducePipeline(std::vector<double>& flags);
+  // After a CommFailure: collectives of the failed generation may still
+  // write into the buffer, so it is set aside (never reused) and a fresh
+  // one with the same scale state takes over.
+  void abandonBuffer();
+  // Replaces the buffer with one of `sizes` (per segment), same scales.
+  void resizeBuffer(std::vector<int64_t> sizes);
+  // Gives storage to the hollow layers in `held` (built from the job seed)
+  // and points shared-weight aliases at their owners.
+  void holdLayers(const std::vector<char>& held);
   uint64_t vnSeed(int64_t vn) const;
   void emulateSlowdown(double compute_seconds) const;
-  void onGrad(size_t param, const torch::Tensor& grad);
-  void launchReadyBuckets(bool all);
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
-
-  // A bucket is a contiguous run of segments reduced by one all-reduce.
-  struct Bucket {
-    size_t first_seg, end_seg;
-  };
+  // Adds one evaluation batch's summed cross-entropy and correct predictions.
+  static void scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss,
+                         int64_t& correct);
+  void notePeak() { peak_model_bytes_ = std::max(peak_model_bytes_, modelBytes()); }
 
   JobSpec job_;
   int64_t total_steps_;
-  Communicator* comm_;
+  const Dataset* train_;
   std::shared_ptr<LayerList> model_;
   std::vector<torch::Tensor> params_;
   std::vector<VnBatchNorm*> bns_;
@@ -218,44 +161,90 @@ class Trainer {
   std::unique_ptr<GradAccumulator> acc_;
   GlobalSampler sampler_;
   Prefetcher prefetch_;
-  std::vector<int64_t> order_;
   // Segment layout: parameters in reverse order (gradients become ready
   // roughly back to front), then batch-norm mean/var, then [loss, correct].
   size_t bn_seg_ = 0, stats_seg_ = 0;
-  std::vector<Bucket> buckets_;     // the last one holds the statistics
-  std::vector<char> seg_ready_;     // per segment, for the current VN
-  size_t next_bucket_ = 0;          // next bucket to launch
-  bool accumulating_ = false;       // inside a VN's backward
-  bool launching_ = false;          // last local VN: start reductions early
-  bool spike_now_ = false;
-  std::vector<std::unique_ptr<PendingWork>> inflight_;
-  std::vector<int64_t> seg_sizes_;
+  std::vector<int64_t> seg_sizes_;  // of the whole model
   std::vector<int> seg_need_;       // contributions per segment per VN (2 for a tied weight)
+  std::vector<char> seg_ready_;     // per segment, for the current VN
+  // Gradient hooks: while accumulating, each parameter's gradient of the
+  // current VN goes into the buffer, then on_grad_ runs (the VN executor
+  // starts the buckets that are complete).
+  bool accumulating_ = false;
+  int64_t vn_ = 0;  // the VN whose backward runs
+  int attempt_ = 1;
+  std::function<void()> on_grad_;
   std::vector<size_t> own_params_;  // parameters this worker updates (a stage: incl. a tied copy)
   std::vector<char> norm_owner_;    // per parameter: this worker counts it in the global norm
   std::vector<size_t> own_bns_;     // indices into bns_ this worker updates
-  // Pipeline mode (stages > 1).
-  PipelinePlacement pipe_;
-  PipelineComms pcomm_;
-  int64_t vn_begin_ = 0, vn_end_ = 0;
-  std::vector<Action> actions_;     // this rank's list for one step
-  std::vector<std::pair<size_t, size_t>> own_runs_;  // segment runs reduced among replicas
-  std::vector<size_t> tied_segs_;   // segments summed between first and last stage
-  std::vector<std::vector<int64_t>> cut_shapes_;
-  bool tracing_ = false;
-  std::vector<TraceEvent> trace_;
-  std::vector<StageTiming> timings_;
-  const Dataset* train_ = nullptr;
-  std::unique_ptr<SendChannel, SendChannelDeleter> act_out_, grad_out_;
   std::vector<double> control_, reduced_control_;
-  // Buffers and works of abandoned steps: kept alive, never touched again.
-  std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;
-  std::vector<std::unique_ptr<PendingWork>> graveyard_work_;
+  std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;  // abandoned buffers: never touched again
   int64_t step_ = 0;
-  int64_t spike_step_ = -1, spike_vn_ = -1;
-  float spike_factor_ = 1.0f;
   double slowdown_ = 1.0;
   int64_t peak_model_bytes_ = 0;
+  ExecutorProbe* probe_ = nullptr;
+};
+
+// What the control plane calls.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual StepStats step() = 0;  // runs step core().nextStep()
+  // After a CommFailure in step(): the step did not commit; the executor
+  // is ready for the next generation's communicators.
+  virtual void abandonStep() = 0;
+  // Loss and accuracy on `test` in batches of `batch`.
+  virtual EvalStats evaluate(const Dataset& test, int64_t batch) = 0;
+  // The state of the layers this worker runs (StepCore::exportState).
+  virtual CheckpointData exportState() const = 0;
+  virtual void importState(const CheckpointData& data, bool partial = false) { core_.importState(data, partial); }
+  // The hashes of the layers this worker runs, in order (the model hash is
+  // their combination: core/model_hash.h).
+  virtual std::vector<std::string> layerHashes() const = 0;
+  StepCore& core() { return core_; }
+  const StepCore& core() const { return core_; }
+
+ protected:
+  Executor(const JobSpec& job, int64_t total_steps, const Dataset& train, bool stage_local)
+      : core_(job, total_steps, train, stage_local) {}
+  StepCore core_;
+};
+
+// The data-parallel executor: the worker's VNs in turn, gradients reduced in
+// buckets across all workers.
+class VnExecutor : public Executor {
+ public:
+  // `comm` must outlive its use (setCommunicator() replaces it).
+  VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm);
+
+  void setCommunicator(Communicator* comm) { comm_ = comm; }
+  // VNs [begin, end) of every step are this worker's.
+  void setVnRange(int64_t begin, int64_t end);
+
+  StepStats step() override;
+  void abandonStep() override;
+  EvalStats evaluate(const Dataset& test, int64_t batch) override;
+  CheckpointData exportState() const override { return core_.exportState(0, core_.model_->size()); }
+  std::vector<std::string> layerHashes() const override { return core_.layerHashes(0, core_.model_->size()); }
+  std::string hash() const;  // the model hash
+
+ private:
+  void runVn(int64_t vn, bool last);
+  // Starts the all-reduce of every bucket whose segments are complete, in
+  // bucket order; `all`: the rest too (end of the backward pass).
+  void launchReadyBuckets(bool all);
+
+  // A bucket is a contiguous run of segments reduced by one all-reduce.
+  struct Bucket {
+    size_t first_seg, end_seg;
+  };
+  Communicator* comm_;
+  std::vector<Bucket> buckets_;  // the last one holds the statistics
+  size_t next_bucket_ = 0;       // next bucket to launch
+  bool launching_ = false;       // last local VN: start reductions early
+  std::vector<std::unique_ptr<PendingWork>> inflight_;
+  std::vector<std::unique_ptr<PendingWork>> graveyard_work_;  // of abandoned steps
+  int64_t vn_begin_ = 0, vn_end_ = 0;
 };
 
 }  // namespace morph

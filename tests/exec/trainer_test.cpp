@@ -38,14 +38,29 @@ std::vector<std::string> modelKeys(const std::string& model) {
   return {"model.channels=[4, 8]", "model.fc=16"};
 }
 
+// The test seam: runs the VNs in `order` (when given) and multiplies VN 2's
+// gradient at `spike_step` by 1e7, first attempt only (beyond the bound).
+class Probe : public ExecutorProbe {
+ public:
+  Probe(std::vector<int64_t> order, int64_t spike_step) : order_(std::move(order)), spike_step_(spike_step) {}
+  void onGradient(int64_t step, int64_t vn, int attempt, torch::Tensor& grad) override {
+    if (attempt == 1 && step == spike_step_ && vn == 2) grad.mul_(1e7f);
+  }
+  std::vector<int64_t> vnOrder(std::vector<int64_t> vns) override { return order_.empty() ? vns : order_; }
+
+ private:
+  std::vector<int64_t> order_;
+  int64_t spike_step_;
+};
+
 std::string train(const JobSpec& job, std::vector<int64_t> order, int64_t spike_step = -1,
                   std::vector<int>* attempts = nullptr) {
   DataPair data = loadDatasets(job.data, job.seed);
   LocalCommunicator comm;
-  Trainer tr(job, job.steps, *data.train, comm);
-  if (!order.empty()) tr.setVnOrder(order);
-  if (spike_step >= 0) tr.injectGradSpike(spike_step, 2, 1e7f);
-  while (tr.nextStep() < job.steps) {
+  VnExecutor tr(job, job.steps, *data.train, comm);
+  Probe probe(std::move(order), spike_step);
+  tr.core().setProbe(&probe);
+  while (tr.core().nextStep() < job.steps) {
     StepStats st = tr.step();
     EXPECT_TRUE(std::isfinite(st.loss));
     if (attempts) attempts->push_back(st.attempts);
@@ -98,12 +113,13 @@ TEST(Trainer, GptMiniTiesTheHeadToTheEmbedding) {
   JobSpec job = smallJob("gpt-mini", modelKeys("gpt-mini"));
   DataPair data = loadDatasets(job.data, job.seed);
   LocalCommunicator comm;
-  Trainer tr(job, job.steps, *data.train, comm);
+  VnExecutor tr(job, job.steps, *data.train, comm);
+  LayerList& model = tr.core().model();
   int64_t embed_params = 0, head_params = 0;
-  for (size_t l = 0; l < tr.model().size(); ++l) {
-    int64_t n = static_cast<int64_t>(tr.model().layer(l).parameters().size());
-    if (tr.model().layerName(l) == "embed") embed_params = n;
-    if (tr.model().layerName(l) == "head") head_params = n;
+  for (size_t l = 0; l < model.size(); ++l) {
+    int64_t n = static_cast<int64_t>(model.layer(l).parameters().size());
+    if (model.layerName(l) == "embed") embed_params = n;
+    if (model.layerName(l) == "head") head_params = n;
   }
   EXPECT_EQ(embed_params, 2);  // token, position
   EXPECT_EQ(head_params, 0);
@@ -116,9 +132,9 @@ TEST(Trainer, LearnsSyntheticTask) {
   JobSpec job = smallJob("mlp", {"model.hidden=[64]", "job.steps=30"});
   DataPair data = loadDatasets(job.data, job.seed);
   LocalCommunicator comm;
-  Trainer tr(job, job.steps, *data.train, comm);
+  VnExecutor tr(job, job.steps, *data.train, comm);
   double first = tr.step().loss, last = 0;
-  while (tr.nextStep() < job.steps) last = tr.step().loss;
+  while (tr.core().nextStep() < job.steps) last = tr.step().loss;
   EXPECT_LT(last, first * 0.5);
   EXPECT_GT(tr.evaluate(*data.test, 16).accuracy, 0.8);
 }
@@ -127,10 +143,10 @@ TEST(Trainer, AccumulatorMemoryIsConstantInVnCount) {
   JobSpec a = smallJob("cnn", {"batch.virtual_nodes=1"}), b = smallJob("cnn", {"batch.virtual_nodes=48"});
   DataPair data = loadDatasets(a.data, a.seed);
   LocalCommunicator comm;
-  Trainer ta(a, 1, *data.train, comm), tb(b, 1, *data.train, comm);
-  EXPECT_EQ(ta.accumulator().bufferBytes(), tb.accumulator().bufferBytes());
+  VnExecutor ta(a, 1, *data.train, comm), tb(b, 1, *data.train, comm);
+  EXPECT_EQ(ta.core().accumulator().bufferBytes(), tb.core().accumulator().bufferBytes());
   // One int64 per parameter plus the batch-norm statistics and two scalars.
-  EXPECT_LT(ta.accumulator().bufferBytes(), 2 * ta.modelBytes() + 4096);
+  EXPECT_LT(ta.core().accumulator().bufferBytes(), 2 * ta.core().modelBytes() + 4096);
 }
 
 }  // namespace
