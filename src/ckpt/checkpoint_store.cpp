@@ -647,12 +647,13 @@ void writeCheckpointShare(const std::string& dir, const CheckpointData& data, Fi
     entry["name"] = data.layers[i].first;
     layers.push_back(std::move(entry));
   }
-  // The record goes last: a share without one is not there yet.
+  // The record goes last: a share without one is not there yet. Nothing
+  // follows it (the committer may publish the directory at once); the
+  // committer's fsync of the directory makes every name in it durable.
   const nlohmann::json record = {{"format", kShareFormat}, {"step", data.step},
                                  {"job_id", data.job_id},  {"first_layer", data.first_layer},
                                  {"layers", std::move(layers)}};
   fs.writeFile(joinPath(tmp, shareFileName(data.first_layer)), encodeManifest(record));
-  fs.syncDir(tmp);
 }
 
 std::string commitCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs, int keep,

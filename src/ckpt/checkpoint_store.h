@@ -134,7 +134,9 @@ std::string writeCheckpoint(const std::string& dir, const CheckpointData& data, 
 // Phase one of a checkpoint written by several writers: `data.layers` go
 // into the shared scratch directory as layer files, then a share record
 // (.share-<first layer>) names them with their sizes and checksums. Every
-// file is fsynced. Throws InputError for bad `data`, JobError for I/O.
+// file is fsynced before the next is written; the record is the last thing
+// this writer touches (the committer may publish the directory as soon as
+// it is complete). Throws InputError for bad `data`, JobError for I/O.
 void writeCheckpointShare(const std::string& dir, const CheckpointData& data, FileSystem& fs,
                           const CheckpointShare& share);
 // Phase two, by the committer after its own share: waits (polling) until

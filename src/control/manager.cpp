@@ -785,7 +785,7 @@ int Manager::run() {
     // World rank 0 commits every checkpoint: its timing is the job's.
     if (id == members_.front() && res.contains("checkpoint")) checkpoint_timing = res.at("checkpoint");
     if (pipelined()) {
-      // Replicas of a stage hold the same layers; rank 0 the whole model.
+      // Replicas of a stage hold the same layers.
       const std::string sh = res.at("stage_hash").get<std::string>();
       std::string& first = stage_hashes[res.at("stage").get<int>()];
       if (first.empty()) first = sh;
@@ -808,6 +808,11 @@ int Manager::run() {
     // The model's hash from each stage's layer hashes (core/model_hash.h):
     // no worker needs the whole model for it.
     std::vector<std::pair<std::string, std::string>> layers;
+    const int P = pipeline_.at("stages").get<int>();
+    for (int k = 0; k < P; ++k)
+      if (!stage_hashes.count(k))
+        noWorkerLeft("no worker of pipeline stage " + std::to_string(k) +
+                     " reported the end of training (see its error above)");
     for (const auto& [stage, sh] : stage_hashes) {
       size_t a = 0;
       while (a <= sh.size()) {

@@ -270,14 +270,12 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       if (pl.stage == us) core_.own_params_.push_back(i);  // the copy this stage updates
     }
   // Build what this stage holds if it was created holding nothing: its
-  // layers, and the layer owning a weight it shares.
+  // layers, and the weight it shares with another stage.
   {
     std::vector<char> held(L, 0);
     for (size_t l = lo; l < hi; ++l) held[l] = 1;
-    for (size_t i : core_.own_params_)
-      for (size_t l = 0, first = 0; l < L; first += core_.model_->layer(l).parameters().size(), ++l)
-        if (i >= first && i < first + core_.model_->layer(l).parameters().size()) held[l] = 1;
-    core_.holdLayers(held);
+    core_.holdLayers(held, core_.own_params_);
+    core_.notePeak();
   }
   core_.own_bns_.clear();
   for (size_t l = lo; l < hi; ++l)

@@ -131,22 +131,36 @@ void StepCore::resizeBuffer(std::vector<int64_t> sizes) {
   acc_->setScales(scales);
 }
 
-void StepCore::holdLayers(const std::vector<char>& held) {
+void StepCore::holdLayers(const std::vector<char>& layers, const std::vector<size_t>& params) {
   const size_t L = model_->size();
+  // Where each parameter lives; the layers to build are the held ones and
+  // those owning a wanted parameter.
+  std::vector<size_t> layer_of;
+  for (size_t l = 0; l < L; ++l)
+    for (size_t n = model_->layer(l).parameters().size(); n > 0; --n) layer_of.push_back(l);
+  std::vector<char> build = layers;
   bool missing = false;
-  for (size_t l = 0; l < L; ++l) missing = missing || (held[l] && model_->isHollow(l));
+  for (size_t l = 0; l < L; ++l) missing = missing || (layers[l] && model_->isHollow(l));
+  for (size_t i : params) {
+    build[layer_of[i]] = 1;
+    missing = missing || params_[i].numel() == 0;
+  }
   torch::NoGradGuard no_grad;
   if (missing) {
     // The same initial weights as a whole-model build: layer l's come from
-    // (seed, l) alone. Memory: the held layers plus one other at a time.
-    auto fresh = buildModel(job_.model, job_.seed, &held);
+    // (seed, l) alone. Memory: the built layers plus one other at a time;
+    // of a layer built only for a wanted parameter, only that one is kept.
+    auto fresh = buildModel(job_.model, job_.seed, &build);
+    const std::vector<torch::Tensor> fresh_params = fresh->parameters();
     for (size_t l = 0; l < L; ++l) {
-      if (!held[l] || !model_->isHollow(l)) continue;
-      auto live_p = model_->layer(l).parameters(), new_p = fresh->layer(l).parameters();
+      if (!layers[l] || !model_->isHollow(l)) continue;
       auto live_b = model_->layer(l).buffers(), new_b = fresh->layer(l).buffers();
-      for (size_t k = 0; k < live_p.size(); ++k) live_p[k].set_data(new_p[k].detach());
       for (size_t k = 0; k < live_b.size(); ++k) live_b[k].set_data(new_b[k].detach());
       model_->markHeld(l);
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const bool want = layers[layer_of[i]] || std::find(params.begin(), params.end(), i) != params.end();
+      if (want && params_[i].numel() == 0) params_[i].set_data(fresh_params[i].detach());
     }
   }
   // A shared weight's alias reads its owner's storage.

@@ -140,9 +140,10 @@ class StepCore {
   void abandonBuffer();
   // Replaces the buffer with one of `sizes` (per segment), same scales.
   void resizeBuffer(std::vector<int64_t> sizes);
-  // Gives storage to the hollow layers in `held` (built from the job seed)
-  // and points shared-weight aliases at their owners.
-  void holdLayers(const std::vector<char>& held);
+  // Gives storage (built from the job seed) to the hollow layers in
+  // `layers` and to the parameters `params` of other layers, and points
+  // shared-weight aliases at their owners.
+  void holdLayers(const std::vector<char>& layers, const std::vector<size_t>& params);
   uint64_t vnSeed(int64_t vn) const;
   void emulateSlowdown(double compute_seconds) const;
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
