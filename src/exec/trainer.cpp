@@ -252,10 +252,13 @@ CheckpointData StepCore::exportState(size_t lo, size_t hi) const {
   d.step = step_;
   d.job_id = jobId();
   d.meta = {{"format", "morph-train-state"},
-            {"version", 1},
+            {"version", 2},
             {"step", step_},
-            {"optim_steps", opt_->stepCount()},
-            {"scales", acc_->scales()}};
+            {"optim_steps", opt_->stepCount()}};
+  // The exact reduction's scale state: one exponent per segment of the
+  // whole model's layout (the same on every worker).
+  const std::vector<int>& scales = acc_->scales();
+  d.extra.emplace_back("exact/scales", torch::tensor(std::vector<int32_t>(scales.begin(), scales.end()), torch::kInt32));
   d.first_layer = static_cast<int64_t>(lo);
   for (size_t l = lo; l < hi; ++l) d.layers.emplace_back(model_->layerName(l), layerState(l));
   return d;
@@ -317,10 +320,19 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
       live.copy_(got[t].second);
     }
   }
+  std::vector<int> scales;
+  if (d.meta.contains("scales")) {
+    scales = d.meta.at("scales").get<std::vector<int>>();  // version 1 kept them in the meta
+  } else {
+    for (const auto& [name, t] : d.extra)
+      if (name == "exact/scales" && t.scalar_type() == torch::kInt32 && t.dim() == 1)
+        scales.assign(t.data_ptr<int32_t>(), t.data_ptr<int32_t>() + t.numel());
+  }
+  if (scales.size() != acc_->scales().size())
+    throw InputError("checkpoint of step " + std::to_string(d.step) + " holds " + std::to_string(scales.size()) +
+                     " scale exponents, the model's exact reduction " + std::to_string(acc_->scales().size()));
   step_ = d.meta.at("step").get<int64_t>();
   opt_->setStepCount(d.meta.at("optim_steps").get<int64_t>());
-  auto scales = d.meta.at("scales").get<std::vector<int>>();
-  MORPH_CHECK_EQ(scales.size(), acc_->scales().size());
   acc_->setScales(scales);
   notePeak();
 }

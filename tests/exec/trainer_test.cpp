@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/job_spec.h"
 #include "data/dataset.h"
 
@@ -147,6 +148,34 @@ TEST(Trainer, AccumulatorMemoryIsConstantInVnCount) {
   EXPECT_EQ(ta.core().accumulator().bufferBytes(), tb.core().accumulator().bufferBytes());
   // One int64 per parameter plus the batch-norm statistics and two scalars.
   EXPECT_LT(ta.core().accumulator().bufferBytes(), 2 * ta.core().modelBytes() + 4096);
+}
+
+// The state round-trips, scale exponents included (in extra.bin's
+// `exact/scales`); a version-1 state with them in the meta loads the same.
+TEST(Trainer, StateRoundTripsWithScales) {
+  JobSpec job = smallJob("cnn", modelKeys("cnn"));
+  DataPair data = loadDatasets(job.data, job.seed);
+  LocalCommunicator comm;
+  VnExecutor a(job, job.steps, *data.train, comm);
+  a.step();
+  a.step();
+  const CheckpointData saved = snapshotCheckpoint(a.exportState());
+  VnExecutor b(job, job.steps, *data.train, comm), c(job, job.steps, *data.train, comm);
+  b.importState(saved);
+  EXPECT_EQ(b.core().stateMeta(), a.core().stateMeta());
+  CheckpointData v1 = saved;
+  v1.extra.clear();
+  v1.meta["scales"] = a.core().accumulator().scales();
+  c.importState(v1);
+  EXPECT_EQ(c.core().stateMeta(), a.core().stateMeta());
+  a.step();
+  b.step();
+  c.step();
+  EXPECT_EQ(b.hash(), a.hash());
+  EXPECT_EQ(c.hash(), a.hash());
+  CheckpointData none = saved;
+  none.extra.clear();
+  EXPECT_THROW(c.importState(none), InputError);  // no scale state at all
 }
 
 }  // namespace
