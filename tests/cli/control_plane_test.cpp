@@ -260,4 +260,19 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
   EXPECT_NE(got.find("morph: store: refused"), std::string::npos) << got;
 }
 
+// --host 0.0.0.0 listens everywhere, with a warning; an address this
+// machine does not have is refused (exit 2) instead of silently widened.
+TEST_F(Cli, StoreListensOnTheHostAddressOnly) {
+  const std::string j = job(kJob);
+  Result ref = run("run " + j + " --quiet --steps 3 --out " + out("ref"));
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  Result any = run("run " + j + " --quiet --steps 3 --workers 1 --host 0.0.0.0 --out " + out("any"));
+  ASSERT_EQ(any.code, 0) << any.out;
+  EXPECT_NE(any.out.find("warning: --host 0.0.0.0"), std::string::npos) << any.out;
+  EXPECT_EQ(lastLineHash(any.out), lastLineHash(ref.out));
+  Result foreign = run("run " + j + " --quiet --steps 3 --workers 1 --host 192.0.2.1 --out " + out("x"));
+  EXPECT_EQ(foreign.code, 2) << foreign.out;
+  EXPECT_NE(foreign.out.find("cannot host the job's store"), std::string::npos) << foreign.out;
+}
+
 }  // namespace
