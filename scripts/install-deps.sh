@@ -8,6 +8,7 @@ packages=(
   libgtest-dev
   dataset-fashion-mnist fortunes
   iproute2 procps
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
