@@ -2,6 +2,8 @@
 // heartbeats, local child exits, leave posts), turns every membership change
 // into a new generation with a new VN plan, and writes the job's outputs.
 // It never trains and never touches tensors. Protocol: docs/distributed.md.
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,8 +14,6 @@
 #include <optional>
 #include <set>
 #include <thread>
-#include <arpa/inet.h>
-#include <netdb.h>
 
 #include "control/internal.h"
 #include "control/store_server.h"

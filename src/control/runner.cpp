@@ -249,8 +249,8 @@ c10::intrusive_ptr<StoreClient> connectToManager(const std::string& join, const 
     return c10::make_intrusive<StoreClient>(host, port, token, role,
                                             std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   } catch (const StoreAuthError& e) {
-    throw InputError("rejected job token: " + std::string(e.what()) +
-                     "; use the token of the job running there (its OUT/token file)");
+    throw InputError("rejected job token (" + std::string(e.what()) +
+                     "); use the token of the job running there (its OUT/token file)");
   } catch (const std::exception& e) {
     throw InputError("cannot reach the manager at " + join + " within " + std::to_string(static_cast<int>(timeout_s)) +
                      " s (" + e.what() + "); is `morph run` running there, and is the port open?");

@@ -73,7 +73,7 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& k
     writeFrame(fd_, encodeAuth(auth));
     if (!readFrame(fd_, kMaxHandshakeFrame, buf, hs_ms)) throw ProtocolError("the server closed the connection");
     const Verdict v = decodeVerdict(buf.data(), buf.size());
-    if (v.status != Status::kOk) throw StoreAuthError(where_ + " rejected the token: " + v.message);
+    if (v.status != Status::kOk) throw StoreAuthError(where_ + ": " + v.message);
     if (!macEqual(v.mac, serverProof(key, auth.nonce, role)))
       throw StoreAuthError(where_ + " could not prove that it holds the token: not this job's manager");
   } catch (const StoreAuthError&) {

@@ -224,7 +224,7 @@ struct StoreServer::Impl {
            (known ? "wrong token proof" : "unknown role or unregistered worker id"));
       Verdict v;
       v.status = Status::kRejected;
-      v.message = "the store rejected this connection's token";
+      v.message = known ? "wrong token for this job" : "unknown role or unregistered worker id";
       writeFrame(c.fd, encodeVerdict(v));
       return std::nullopt;
     }
