@@ -29,7 +29,7 @@ using namespace morph::store;
 const char* kJob = R"([job]
 name = "control-plane"
 seed = 11
-steps = 1200
+steps = 1500
 [data]
 dataset = "synthetic"
 train_size = 512
