@@ -13,7 +13,6 @@
 #include <cstring>
 #include <list>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -187,8 +186,8 @@ struct StoreServer::Impl {
     }
   }
 
-  // The handshake; returns the role, or nothing (the connection is closed).
-  std::optional<Role> handshake(Conn& c) {
+  // The handshake: true with `role` set, or false (the connection is to be closed).
+  bool handshake(Conn& c, Role& role) {
     Hello hello;
     hello.nonce = randomNonce();
     writeFrame(c.fd, encodeHello(hello));
@@ -196,10 +195,9 @@ struct StoreServer::Impl {
     if (!readFrame(c.fd, kMaxHandshakeFrame, buf, kHandshakeTimeoutMs)) {
       ++refused;
       note("connection from " + c.peer + " closed before authenticating");
-      return std::nullopt;
+      return false;
     }
     const Auth auth = decodeAuth(buf.data(), buf.size());
-    Role role;
     std::string key = o.token;
     bool known = true;
     if (auth.role == "manager") {
@@ -226,31 +224,33 @@ struct StoreServer::Impl {
       v.status = Status::kRejected;
       v.message = known ? "wrong token for this job" : "unknown role or unregistered worker id";
       writeFrame(c.fd, encodeVerdict(v));
-      return std::nullopt;
+      return false;
     }
     Verdict v;
     v.mac = serverProof(key, auth.nonce, auth.role);
     writeFrame(c.fd, encodeVerdict(v));
-    return role;
+    return true;
   }
 
   void serve(Conn& c) {
-    std::optional<Role> role;
+    Role role;
+    bool authenticated = false;
     try {
-      role = handshake(c);
+      authenticated = handshake(c, role);
     } catch (const std::exception& e) {
+      authenticated = false;
       ++refused;
       note("closing " + c.peer + " during the handshake: " + e.what());
     }
     --pending;
-    if (!role) return;
+    if (!authenticated) return;
     std::vector<uint8_t> buf;
     while (!stopping) {
       try {
         if (!readFrame(c.fd, kMaxFrame, buf)) return;
       } catch (const std::exception& e) {
         ++refused;
-        note("closing " + c.peer + " (" + describe(*role) + "): " + e.what());
+        note("closing " + c.peer + " (" + describe(role) + "): " + e.what());
         return;
       }
       Request req;
@@ -258,10 +258,10 @@ struct StoreServer::Impl {
         req = decodeRequest(buf.data(), buf.size());
       } catch (const ProtocolError& e) {
         ++refused;
-        note("closing " + c.peer + " (" + describe(*role) + "): malformed request: " + e.what());
+        note("closing " + c.peer + " (" + describe(role) + "): malformed request: " + e.what());
         return;
       }
-      Reply rep = apply(*role, req, c);
+      Reply rep = apply(role, req, c);
       try {
         writeFrame(c.fd, encodeReply(req.op, rep));
       } catch (const std::exception&) {
