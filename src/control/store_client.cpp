@@ -68,7 +68,7 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& k
     const Hello hello = decodeHello(buf.data(), buf.size());
     Auth auth;
     auth.role = role;
-    auth.nonce = randomNonce();
+    auth.nonce = nonce_ = randomNonce();
     auth.mac = clientProof(key, hello.nonce, role);
     writeFrame(fd_, encodeAuth(auth));
     if (!readFrame(fd_, kMaxHandshakeFrame, buf, hs_ms)) throw ProtocolError("the server closed the connection");

@@ -52,12 +52,18 @@ class StoreClient : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // The nonce this connection proved its key with: a worker that registers
+  // on it derives the key of its further connections from it
+  // (store::workerKey).
+  const std::array<uint8_t, store::kNonceBytes>& sessionNonce() const { return nonce_; }
+
  private:
   // reply_timeout_ms: how long to wait for the reply (0: for ever).
   store::Reply call(const store::Request& r, int64_t reply_timeout_ms);
 
   std::string where_;  // host:port, for messages
   int fd_ = -1;
+  std::array<uint8_t, store::kNonceBytes> nonce_{};
   bool broken_ = false;  // a call failed mid-way: the connection is out of step
   std::mutex mu_;
 };

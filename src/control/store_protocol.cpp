@@ -291,6 +291,10 @@ std::array<uint8_t, kMacBytes> serverProof(const std::string& key, const std::ar
                                            const std::string& role) {
   return proof(key, "morph-store-v1 server", nonce, role);
 }
+std::string workerKey(const std::string& token, const std::array<uint8_t, kNonceBytes>& registering_nonce) {
+  const auto k = proof(token, "morph-store-v1 worker", registering_nonce, "");
+  return std::string(k.begin(), k.end());
+}
 bool macEqual(const std::array<uint8_t, kMacBytes>& a, const std::array<uint8_t, kMacBytes>& b) {
   return CRYPTO_memcmp(a.data(), b.data(), kMacBytes) == 0;
 }

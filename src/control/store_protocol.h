@@ -135,6 +135,12 @@ std::array<uint8_t, kMacBytes> clientProof(const std::string& key, const std::ar
                                            const std::string& role);
 std::array<uint8_t, kMacBytes> serverProof(const std::string& key, const std::array<uint8_t, kNonceBytes>& nonce,
                                            const std::string& role);
+// The key a registered worker's further connections prove (role
+// "worker/<id>"): HMAC-SHA-256(token, "morph-store-v1 worker" || the client
+// nonce of the connection that registered it), 32 raw bytes. Only the
+// registering process (and whoever saw that handshake) can make it, so a
+// worker cannot claim another's id.
+std::string workerKey(const std::string& token, const std::array<uint8_t, kNonceBytes>& registering_nonce);
 bool macEqual(const std::array<uint8_t, kMacBytes>& a, const std::array<uint8_t, kMacBytes>& b);  // constant time
 std::array<uint8_t, kNonceBytes> randomNonce();
 // A fresh job token: 32 random bytes as 64 hex digits.

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
-#include <set>
+#include <map>
 #include <thread>
 #include <unordered_map>
 
@@ -121,11 +121,14 @@ struct StoreServer::Impl {
   std::mutex mu;
   std::condition_variable changed;
   std::unordered_map<std::string, std::vector<uint8_t>> kv;
-  std::set<int64_t> registered;  // worker ids handed out by workers/next_id
+  // Per registered worker id: the key its further connections prove
+  // (workerKey of the registering connection's nonce).
+  std::map<int64_t, std::string> worker_keys;
 
   struct Conn {
     int fd = -1;
     std::string peer;
+    std::array<uint8_t, kNonceBytes> client_nonce{};  // from its handshake
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -212,7 +215,9 @@ struct StoreServer::Impl {
       role.kind = Role::kWorker;
       role.worker = std::stoll(auth.role.substr(7));
       std::lock_guard<std::mutex> l(mu);
-      known = registered.count(role.worker) > 0;
+      auto it = worker_keys.find(role.worker);
+      known = it != worker_keys.end();
+      if (known) key = it->second;
     } else {
       known = false;
     }
@@ -226,6 +231,7 @@ struct StoreServer::Impl {
       writeFrame(c.fd, encodeVerdict(v));
       return false;
     }
+    c.client_nonce = auth.nonce;
     Verdict v;
     v.mac = serverProof(key, auth.nonce, auth.role);
     writeFrame(c.fd, encodeVerdict(v));
@@ -337,7 +343,7 @@ struct StoreServer::Impl {
         rep.number = v;
         if (role.kind == Role::kWorker && role.worker < 0 && req.keys[0] == "workers/next_id") {
           role.worker = v - 1;  // this connection is that worker from now on
-          registered.insert(role.worker);
+          worker_keys[role.worker] = workerKey(o.token, c.client_nonce);
         }
         changed.notify_all();
         break;

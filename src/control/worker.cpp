@@ -127,8 +127,10 @@ int runWorker(const WorkerOptions& o) {
   const std::string me = std::to_string(id);
   setString(*store, "workers/" + me + "/pid", std::to_string(getpid()));
   setString(*store, "workers/" + me + "/addr", iface);
-  Heartbeat heartbeat(connectToManager(o.join, token, "worker/" + me, o.connect_timeout_s), id,
-                      hb.at("interval").get<double>());
+  // Its own connection, as this worker (registered on `store`).
+  Heartbeat heartbeat(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
+                                       o.connect_timeout_s),
+                      id, hb.at("interval").get<double>());
   struct sigaction sa {};
   sa.sa_handler = onTerm;
   sigaction(SIGTERM, &sa, nullptr);

@@ -213,15 +213,19 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
     close(b);
   }
   // The token but not the manager's role: forged membership, outputs, results.
-  auto w0 = connect(token, "worker/0");
+  // It cannot pass for worker 0, and registered as a worker of its own it
+  // may write only that worker's keys.
+  EXPECT_THROW(connect(token, "worker/0"), morph::StoreAuthError);
+  auto intruder = connect(token, "worker");
+  EXPECT_EQ(intruder->add("workers/next_id", 1), 3);  // worker 2
   auto cl = connect(token, "client");
-  for (const char* k : {"gen/current", "gen/want", "gen/0/plan", "job/out", "job/resume", "job/ckpt_dir", "result/1",
-                        "job/finished", "workers/1/hb"}) {
-    EXPECT_THROW(w0->set(k, {'9'}), morph::StoreError) << k;
+  for (const char* k : {"gen/current", "gen/want", "gen/0/plan", "job/out", "job/resume", "job/ckpt_dir", "result/0",
+                        "result/1", "job/finished", "workers/1/hb", "gen/0/ready/0", "job/steps"}) {
+    EXPECT_THROW(intruder->set(k, {'9'}), morph::StoreError) << k;
     EXPECT_THROW(cl->set(k, {'9'}), morph::StoreError) << k;
   }
-  EXPECT_THROW(w0->set("ctl/resize_target", {'x'}), morph::StoreError);
-  EXPECT_FALSE(w0->get("job/text").empty());  // reads stay open
+  EXPECT_THROW(intruder->set("ctl/resize_target", {'x'}), morph::StoreError);
+  EXPECT_FALSE(intruder->get("job/text").empty());  // reads stay open
 
   // Garbage, truncated and oversized frames, before and after authenticating.
   const std::vector<std::vector<uint8_t>> bad = {

@@ -142,7 +142,10 @@ TEST_F(StoreTest, RolesWriteOnlyTheirKeys) {
   EXPECT_EQ(w->add("workers/next_id", 1), 1);                    // worker 0
   auto w1 = client("worker");
   EXPECT_EQ(w1->add("workers/next_id", 1), 2);  // worker 1
-  auto hb = client("worker/0");                 // a second connection of worker 0
+  EXPECT_THROW(client("worker/0"), StoreAuthError);  // the token alone does not make one worker 0
+  // A second connection of worker 0, with the key only its registering connection can derive.
+  auto hb = client("worker/0", workerKey("job-token-for-tests", w->sessionNonce()));
+  EXPECT_THROW(client("worker/1", workerKey("job-token-for-tests", w->sessionNonce())), StoreAuthError);
   hb->set("workers/0/hb", bytes("1"));
   w->set("workers/0/pid", bytes("123"));
   w->set("result/0", bytes("{}"));
