@@ -216,7 +216,9 @@ std::string readToken(const std::string& token_file) {
   std::string token, from;
   if (!token_file.empty()) {
     std::ifstream in(token_file);
-    if (!in) throw InputError("--token-file " + token_file + ": cannot read it (the job's token is OUT/token of `morph run`)");
+    if (!in)
+      throw InputError("missing job token: --token-file " + token_file +
+                       ": cannot read it (the job's token is OUT/token of `morph run`)");
     std::getline(in, token);
     from = "--token-file " + token_file;
   } else if (const char* env = std::getenv("MORPH_TOKEN")) {
