@@ -179,6 +179,9 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
   r = run("status --join " + join + " --token-file " + token_file);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("\"generation\""), std::string::npos) << r.out;
+  // `morph resize` (the client role) reaches the manager: to the same size.
+  r = run("resize --join " + join + " --workers 2 --token-file " + token_file);
+  EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_THROW(connect("not-the-token", "client"), morph::StoreAuthError);
   EXPECT_THROW(connect(token, "manager"), morph::StoreAuthError);
 
@@ -262,6 +265,7 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
   EXPECT_EQ(lastLineHash(got), lastLineHash(ref.out)) << got;
   EXPECT_NE(got.find("refused a write of 'gen/current'"), std::string::npos) << got;
   EXPECT_NE(got.find("morph: store: refused"), std::string::npos) << got;
+  EXPECT_NE(got.find("resize requested: 2 -> 2 workers"), std::string::npos) << got;
 }
 
 // --host 0.0.0.0 listens everywhere, with a warning; an address this
