@@ -286,10 +286,11 @@ class Runner:
         join = f"{ns.host_a}:{port}"
         mgr_argv = ["ip", "netns", "exec", ns.a, self.morph, "run", JOB, *args, "--spawn", "1", "--host", ns.host_a,
                     "--port", str(port), "--quiet", "--out", out]
-        wkr_argv = ["ip", "netns", "exec", ns.b, self.morph, "worker", "--join", join]
+        wkr_argv = ["ip", "netns", "exec", ns.b, self.morph, "worker", "--join", join, "--token-file", out + "/token"]
         if self.dry:
             print("  $ " + self.shown(mgr_argv, delay) + " &")
-            print(f"    (wait until `ip netns exec {ns.a} {self.morph} status --join {join}` shows alive >= 1)")
+            print(f"    (wait until `ip netns exec {ns.a} {self.morph} status --join {join} --token-file {out}/token`"
+                  " shows alive >= 1)")
             print("  $ " + self.shown(wkr_argv, delay))
             return None
         logs = [out + ".stderr", out + ".stdout", out + ".worker.stderr", out + ".worker.stdout"]
@@ -310,7 +311,7 @@ class Runner:
         # Ranks follow registration: the remote worker must register after the local one.
         registered = False
         while time.time() < deadline and mgr.poll() is None and not registered:
-            registered = self.alive(ns, join) >= 1
+            registered = self.alive(ns, join, out + "/token") >= 1
             if not registered:
                 time.sleep(0.1)
         if not registered and mgr.poll() is None:
@@ -327,9 +328,10 @@ class Runner:
             res["rx_bytes"] = None if rx is None or rx0 is None else rx - rx0
         return res
 
-    def alive(self, ns, join):
+    def alive(self, ns, join, token_file):
         try:
-            r = subprocess.run(["ip", "netns", "exec", ns.a, self.morph, "status", "--join", join],
+            r = subprocess.run(["ip", "netns", "exec", ns.a, self.morph, "status", "--join", join, "--token-file",
+                                token_file],
                                capture_output=True, text=True, timeout=15)
             return int(json.loads(r.stdout).get("alive", 0))
         except (subprocess.TimeoutExpired, ValueError, AttributeError, TypeError):

@@ -85,7 +85,7 @@ def run(binary, hidden, tag, tmp):
         os.kill(int(workers[1]), signal.SIGKILL)
         wait(lambda: generation_seen(metrics, 1), "the failure")
         time.sleep(0.5)
-        subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{p}"], stdout=subprocess.DEVNULL,
+        subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{p}", "--token-file", os.path.join(out, "token")], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
         wait(lambda: generation_seen(metrics, 2), "the join")
         time.sleep(0.5)
@@ -95,7 +95,8 @@ def run(binary, hidden, tag, tmp):
         steps = [json.loads(line) for line in open(metrics)]
         step_time = sorted(s["step_seconds"] for s in steps[-20:])[10]
         # Stop the job and read the resizes from the manager's status record.
-        status = json.loads(subprocess.run([binary, "status", "--join", f"127.0.0.1:{p}"], capture_output=True,
+        status = json.loads(subprocess.run([binary, "status", "--join", f"127.0.0.1:{p}", "--token-file",
+                                            os.path.join(out, "token")], capture_output=True,
                                            text=True).stdout)
         assert status["generation"] >= 3, status
     finally:

@@ -46,7 +46,7 @@ while (( $(date +%s) < end )) && kill -0 "$mpid" 2>/dev/null; do
   r=$(( RANDOM % 3 ))
   if (( r == 0 && n > 2 )); then kill -9 "${pids[RANDOM % n]}"; kills=$((kills + 1))
   elif (( r == 1 && n > 2 )); then kill -TERM "${pids[RANDOM % n]}"; leaves=$((leaves + 1))
-  elif (( n < 4 )); then "$MORPH" worker --join "127.0.0.1:$port" > /dev/null 2>&1 & joins=$((joins + 1))
+  elif (( n < 4 )); then "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/soak/token" > /dev/null 2>&1 & joins=$((joins + 1))
   fi
 done
 echo "soak: $kills kills, $leaves leaves, $joins joins in ${duration} s; letting the job finish ($steps steps)"

@@ -4,10 +4,11 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libtorch-dev libgloo-dev libopenblas0-openmp
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev libssl-dev
   libgtest-dev
   dataset-fashion-mnist fortunes
   iproute2 procps
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--port", run.port, "port of the job's store (default: a free one)")
       ->check(CLI::Range(0, 65535));
   run_cmd->add_option("--host", run.host,
-                      "this machine's address as other workers reach it (default 127.0.0.1)");
+                      "the address the job's store listens on and other workers reach this machine by "
+                      "(default 127.0.0.1: local workers only; 0.0.0.0 listens on every interface)");
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
   run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
                       "where checkpoints go (default: checkpoint.dir, else OUT/checkpoints); shared by every host");
@@ -72,6 +73,8 @@ int main(int argc, char** argv) {
   morph::WorkerOptions worker;
   auto* worker_cmd = app.add_subcommand("worker", "join a running job as a worker");
   worker_cmd->add_option("--join", worker.join, "HOST:PORT of the job's manager")->required();
+  worker_cmd->add_option("--token-file", worker.token_file,
+                         "the job's token (OUT/token of `morph run`; default: $MORPH_TOKEN)");
   worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
       ->check(CLI::Range(0.1, 3600.0));
 
@@ -118,13 +121,15 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--set", plan.overrides, "override a job key");
   plan_cmd->add_flag("--json", plan.json, "one JSON object");
 
-  std::string ctl_join;
+  std::string ctl_join, ctl_token_file;
   int resize_workers = 0;
   auto* resize_cmd = app.add_subcommand("resize", "ask a running job to grow or shrink");
   resize_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
   resize_cmd->add_option("--workers", resize_workers, "the new number of workers")->required()->check(CLI::Range(1, 4096));
+  resize_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
   auto* status_cmd = app.add_subcommand("status", "membership, generation, step and throughput of a running job");
   status_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
+  status_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
 
   try {
     app.parse(argc, argv);
@@ -147,8 +152,8 @@ int main(int argc, char** argv) {
       if (plan_workers->count() == 0 && plan.resources.empty()) throw morph::InputError("morph plan needs --workers or --resources");
       return morph::runPlan(plan);
     }
-    if (*resize_cmd) return morph::runResize(ctl_join, resize_workers);
-    if (*status_cmd) return morph::runStatus(ctl_join);
+    if (*resize_cmd) return morph::runResize(ctl_join, resize_workers, ctl_token_file);
+    if (*status_cmd) return morph::runStatus(ctl_join, ctl_token_file);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "ckpt/checkpoint_store.h"
 #include "control/runner.h"
+#include "control/store_client.h"
 #include "core/error.h"
 #include "core/job_spec.h"
 #include "core/sys.h"
@@ -154,9 +154,16 @@ std::string joinLines(const std::vector<std::string>& v);
 std::vector<std::string> splitLines(const std::string& s);
 // "HOST:PORT" -> (host, port); throws InputError naming `flag`.
 std::pair<std::string, int> parseHostPort(const std::string& s, const std::string& flag);
-// A store client of the manager at `join` (HOST:PORT); InputError naming the
-// address when it cannot be reached within timeout_s.
-c10::intrusive_ptr<c10d::TCPStore> connectToManager(const std::string& join, double timeout_s);
+// The job token (docs/store_protocol.md): the first line of `token_file`
+// when given, else $MORPH_TOKEN; InputError saying which is missing or empty.
+std::string readToken(const std::string& token_file);
+// Writes a fresh random token to `path` (mode 0600) and returns it.
+std::string createTokenFile(const std::string& path);
+// A store client of the manager at `join` (HOST:PORT) proving `token` for
+// `role` ("worker", "worker/<id>", "client"); InputError naming the address
+// when it cannot be reached within timeout_s or rejects the token.
+c10::intrusive_ptr<StoreClient> connectToManager(const std::string& join, const std::string& token,
+                                                 const std::string& role, double timeout_s);
 // Newest intact checkpoint step under `dir`, or -1.
 int64_t newestGoodCheckpoint(const std::string& dir);
 

@@ -1,7 +1,9 @@
-// Manager: hosts the job's c10d TCPStore, tracks membership (registrations,
+// Manager: hosts the job's store (store_server.h), tracks membership (registrations,
 // heartbeats, local child exits, leave posts), turns every membership change
 // into a new generation with a new VN plan, and writes the job's outputs.
 // It never trains and never touches tensors. Protocol: docs/distributed.md.
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,9 +14,9 @@
 #include <optional>
 #include <set>
 #include <thread>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "control/internal.h"
+#include "control/store_server.h"
 #include "core/model_hash.h"
 #include "exec/pipeline.h"
 #include "plan/plan_file.h"
@@ -46,6 +48,7 @@ class Manager {
   int run();
 
  private:
+  void hostStore();
   void spawn(int count);
   void pollRegistrations();
   void pollChildren();
@@ -76,8 +79,11 @@ class Manager {
   const std::string& job_text_;
   std::string dir_;
   int target_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<store::StoreServer> server_;
+  c10::intrusive_ptr<StoreClient> store_;  // the manager's own connection (role manager)
   int port_ = 0;
+  std::string token_file_;  // OUT/token: what local workers prove
+  std::string join_host_;   // how local workers reach the store
   double hb_interval_ = 0.1, hb_timeout_ = 2.0;
   std::map<int64_t, WorkerInfo> workers_;
   std::set<pid_t> unregistered_pids_;
@@ -329,8 +335,46 @@ json Manager::pipelineResults(const std::vector<json>& results) {
   return out;
 }
 
+// The job's store: a fresh token in OUT/token (mode 0600) for workers and
+// clients, a key only this process knows for its own connection, and a
+// socket on --host only (loopback by default).
+void Manager::hostStore() {
+  token_file_ = std::filesystem::absolute(std::filesystem::path(dir_) / "token").string();
+  store::ServerOptions so;
+  so.token = createTokenFile(token_file_);
+  so.manager_key = store::randomToken();
+  so.port = o_.port;
+  so.bind_addr = o_.host;
+  in_addr probe{};
+  if (inet_pton(AF_INET, o_.host.c_str(), &probe) != 1) {  // a host name: the address it resolves to here
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    if (getaddrinfo(o_.host.c_str(), nullptr, &hints, &res) != 0 || !res)
+      throw InputError("--host " + o_.host + ": cannot resolve it to an IPv4 address of this machine");
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+    so.bind_addr = buf;
+    freeaddrinfo(res);
+  }
+  if (so.bind_addr == "0.0.0.0")
+    std::fprintf(stderr, "morph: warning: --host 0.0.0.0: the job's store listens on every interface; only the "
+                         "token keeps others out, and Gloo's data connections are not authenticated at all "
+                         "(docs/distributed.md, \"Security\")\n");
+  join_host_ = so.bind_addr == "0.0.0.0" ? "127.0.0.1" : so.bind_addr;
+  const std::string manager_key = so.manager_key;
+  try {
+    server_ = std::make_unique<store::StoreServer>(so);
+  } catch (const std::exception& e) {
+    throw InputError("--host " + o_.host + " --port " + std::to_string(o_.port) + ": cannot host the job's store: " +
+                     e.what());
+  }
+  port_ = server_->port();
+  store_ = c10::make_intrusive<StoreClient>(join_host_, port_, manager_key, "manager", std::chrono::seconds(10));
+  store_->setTimeout(std::chrono::seconds(60));
+}
+
 void Manager::spawn(int count) {
-  const std::string join = o_.host + ":" + std::to_string(port_);
+  const std::string join = join_host_ + ":" + std::to_string(port_);
   for (int i = 0; i < count; ++i) {
     pid_t pid = fork();
     if (pid < 0) throw JobError("cannot start a worker process");
@@ -339,8 +383,8 @@ void Manager::spawn(int count) {
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
-      execl(o_.self_exe.c_str(), o_.self_exe.c_str(), "worker", "--join", join.c_str(),
-            static_cast<char*>(nullptr));
+      execl(o_.self_exe.c_str(), o_.self_exe.c_str(), "worker", "--join", join.c_str(), "--token-file",
+            token_file_.c_str(), static_cast<char*>(nullptr));
       std::perror("morph: exec worker");
       _exit(3);
     }
@@ -639,17 +683,7 @@ int Manager::run() {
   hb_interval_ = o_.heartbeat_interval_s;
   hb_timeout_ = o_.heartbeat_timeout_s;
 
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(o_.port);
-  so.isServer = true;
-  so.waitWorkers = false;
-  so.timeout = std::chrono::seconds(60);
-  try {
-    store_ = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
-  } catch (const std::exception& e) {
-    throw InputError("--port " + std::to_string(o_.port) + ": cannot host the job's store: " + e.what());
-  }
-  port_ = store_->getPort();
+  hostStore();
   setString(*store_, "job/text", job_text_);
   setString(*store_, "job/origin", o_.job_path);
   setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
@@ -680,8 +714,8 @@ int Manager::run() {
   setString(*store_, "gen/want", "0");
   std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
   if (spawn_count < o_.workers)
-    std::printf("morph: waiting for %d more: morph worker --join %s:%d\n", o_.workers - spawn_count,
-                o_.host.c_str(), port_);
+    std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawn_count,
+                o_.host == "0.0.0.0" ? "THIS_HOST" : o_.host.c_str(), port_, token_file_.c_str());
   std::fflush(stdout);
   sigset_t block;
   sigemptyset(&block);
@@ -863,16 +897,16 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
   return Manager(o, job, job_text).run();
 }
 
-int runResize(const std::string& join, int workers) {
-  auto store = connectToManager(join, 5.0);
+int runResize(const std::string& join, int workers, const std::string& token_file) {
+  auto store = connectToManager(join, readToken(token_file), "client", 5.0);
   setString(*store, "ctl/resize_target", std::to_string(workers));
   store->add("ctl/resize_seq", 1);
   std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
   return 0;
 }
 
-int runStatus(const std::string& join) {
-  auto store = connectToManager(join, 5.0);
+int runStatus(const std::string& join, const std::string& token_file) {
+  auto store = connectToManager(join, readToken(token_file), "client", 5.0);
   store->wait({"status"}, std::chrono::seconds(5));
   std::printf("%s\n", json::parse(getString(*store, "status")).dump(2).c_str());
   return 0;

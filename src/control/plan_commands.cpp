@@ -7,11 +7,15 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/communicator.h"
 #include "control/internal.h"
+#include "control/store_server.h"
 #include "exec/pipeline.h"
 #include "models/model.h"
 #include "plan/calibrate.h"
@@ -73,21 +77,32 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   DataPair data = loadDatasets(job.data, job.seed);
   Profile p = measureCompute(job, *data.train, budget_s, say);
 
-  c10d::TCPStoreOptions so;
-  so.port = 0;
-  so.isServer = true;
-  so.waitWorkers = false;
-  so.timeout = std::chrono::seconds(60);
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  // A store of its own on loopback; the peer proves the token it inherits.
+  store::ServerOptions so;
+  so.token = store::randomToken();
+  so.manager_key = store::randomToken();
+  so.policy = store::KeyPolicy::kOpen;
+  store::StoreServer server(so);
+  auto store = c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), so.manager_key, "manager",
+                                                std::chrono::seconds(10));
+  store->setTimeout(std::chrono::seconds(60));
   const std::vector<int64_t> p2p = p2pSizes(p), ar = allreduceSizes(p);
   setString(*store, "calib/sizes", json({{"p2p", p2p}, {"allreduce", ar}}).dump());
   setString(*store, "calib/job", json({{"path", job_path}, {"overrides", overrides}}).dump());
-  const std::string join = "127.0.0.1:" + std::to_string(store->getPort());
+  const std::string join = "127.0.0.1:" + std::to_string(server.port());
+  // The peer's environment, built before fork (the store's threads run).
+  std::vector<std::string> env_s = {"MORPH_TOKEN=" + so.token};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "MORPH_TOKEN=", 12) != 0) env_s.push_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const char* argv[] = {self_exe.c_str(), "calibrate-peer", "--join", join.c_str(), nullptr};
   pid_t pid = fork();
   if (pid < 0) throw JobError("cannot start the calibration peer process");
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execl(self_exe.c_str(), self_exe.c_str(), "calibrate-peer", "--join", join.c_str(), static_cast<char*>(nullptr));
+    execve(self_exe.c_str(), const_cast<char* const*>(argv), envp.data());
     std::perror("morph: exec calibrate-peer");
     _exit(3);
   }
@@ -236,7 +251,7 @@ int runCalibrate(const CalibrateOptions& o) {
 }
 
 int runCalibratePeer(const std::string& join) {
-  auto store = connectToManager(join, 30.0);
+  auto store = connectToManager(join, readToken(""), "worker", 30.0);
   const json sizes = json::parse(getString(*store, "calib/sizes"));
   const json job_ref = json::parse(getString(*store, "calib/job"));
   const JobSpec job = loadJobFile(job_ref.at("path").get<std::string>(),

@@ -1,5 +1,12 @@
 #include "control/runner.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+
 #include "control/internal.h"
 #include "plan/resources.h"
 
@@ -255,17 +262,50 @@ std::pair<std::string, int> parseHostPort(const std::string& s, const std::strin
   return {s.substr(0, colon), port};
 }
 
-c10::intrusive_ptr<c10d::TCPStore> connectToManager(const std::string& join, double timeout_s) {
+std::string readToken(const std::string& token_file) {
+  std::string token, from;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in)
+      throw InputError("missing job token: --token-file " + token_file +
+                       ": cannot read it (the job's token is OUT/token of `morph run`)");
+    std::getline(in, token);
+    from = "--token-file " + token_file;
+  } else if (const char* env = std::getenv("MORPH_TOKEN")) {
+    token = env;
+    from = "MORPH_TOKEN";
+  } else {
+    throw InputError("missing job token: pass --token-file FILE (the job's OUT/token, written by `morph run`) "
+                     "or set MORPH_TOKEN");
+  }
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) throw InputError("missing job token: " + from + " is empty");
+  return token;
+}
+
+std::string createTokenFile(const std::string& path) {
+  const std::string token = store::randomToken();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw InputError(path + ": cannot write the job token: " + std::strerror(errno));
+  const std::string line = token + "\n";
+  const bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ::close(fd);
+  if (!ok) throw InputError(path + ": cannot write the job token");
+  return token;
+}
+
+c10::intrusive_ptr<StoreClient> connectToManager(const std::string& join, const std::string& token,
+                                                 const std::string& role, double timeout_s) {
   auto [host, port] = parseHostPort(join, "--join");
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = false;
-  so.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   try {
-    return c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception&) {
+    return c10::make_intrusive<StoreClient>(host, port, token, role,
+                                            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  } catch (const StoreAuthError& e) {
+    throw InputError("rejected job token (" + std::string(e.what()) +
+                     "); use the token of the job running there (its OUT/token file)");
+  } catch (const std::exception& e) {
     throw InputError("cannot reach the manager at " + join + " within " + std::to_string(static_cast<int>(timeout_s)) +
-                     " s; is `morph run` running there, and is the port open?");
+                     " s (" + e.what() + "); is `morph run` running there, and is the port open?");
   }
 }
 

@@ -1,6 +1,6 @@
 // Runner: turns a job into training. Three entry points:
 //  - runJob(): `morph run`. Without --workers it trains in this process;
-//    with --workers N it becomes the manager (hosts the c10d TCPStore,
+//    with --workers N it becomes the manager (hosts the job's store,
 //    computes the VN plan, starts local workers, writes the outputs).
 //  - runWorker(): `morph worker --join HOST:PORT`.
 //  - runResize(), runStatus(): talk to a running manager.
@@ -20,8 +20,10 @@ struct RunOptions {
   int spawn = -1;        // local workers to start (-1: all of them)
   int64_t steps = 0;     // --steps: overrides job.steps when > 0
   std::string out_dir;   // default runs/<job name>
-  int port = 0;          // TCPStore port, 0 = pick a free one
-  std::string host = "127.0.0.1";  // address by which workers reach the manager
+  int port = 0;          // the store's port, 0 = pick a free one
+  // The address the store listens on and workers reach the manager by; the
+  // default keeps a local job on loopback. "0.0.0.0": every interface (warned).
+  std::string host = "127.0.0.1";
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
   std::string resume;    // checkpoint folder to continue from ("" = start fresh)
@@ -40,6 +42,7 @@ struct RunOptions {
 
 struct WorkerOptions {
   std::string join;  // HOST:PORT of the manager
+  std::string token_file;  // the job token ("" = $MORPH_TOKEN)
   double connect_timeout_s = 10.0;
 };
 
@@ -47,9 +50,10 @@ struct WorkerOptions {
 int runJob(const RunOptions& opts);
 int runWorker(const WorkerOptions& opts);
 // `morph resize`: asks the job at join (HOST:PORT) to run on `workers`.
-int runResize(const std::string& join, int workers);
+// token_file: the job token ("" = $MORPH_TOKEN).
+int runResize(const std::string& join, int workers, const std::string& token_file);
 // `morph status`: prints the manager's status record.
-int runStatus(const std::string& join);
+int runStatus(const std::string& join, const std::string& token_file);
 
 // `morph calibrate`: measures the job's profile (docs/profile_format.md)
 // with this process and one peer process, and writes it.
@@ -63,7 +67,7 @@ struct CalibrateOptions {
   bool quiet = false;
 };
 int runCalibrate(const CalibrateOptions& opts);
-int runCalibratePeer(const std::string& join);  // the peer half (hidden command)
+int runCalibratePeer(const std::string& join);  // the peer half (hidden command; token in $MORPH_TOKEN)
 
 // `morph simulate`: one plan's predicted step.
 struct SimulateOptions {

@@ -10,7 +10,6 @@
 #include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/communicator.h"
 #include "control/internal.h"
@@ -28,7 +27,7 @@ void onTerm(int) { g_leave_requested = 1; }
 // Sends this worker's pulse to the manager on a store connection of its own.
 class Heartbeat {
  public:
-  Heartbeat(c10::intrusive_ptr<c10d::TCPStore> store, int64_t id, double interval_s)
+  Heartbeat(c10::intrusive_ptr<StoreClient> store, int64_t id, double interval_s)
       : store_(std::move(store)), key_("workers/" + std::to_string(id) + "/hb"), interval_(interval_s),
         thread_([this] { loop(); }) {}
   ~Heartbeat() {
@@ -47,7 +46,7 @@ class Heartbeat {
       std::this_thread::sleep_for(std::chrono::duration<double>(interval_));
     }
   }
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<StoreClient> store_;
   std::string key_;
   double interval_;
   std::atomic<bool> stop_{false};
@@ -86,7 +85,7 @@ void syncState(StepCore& tr, Communicator& comm, int source) {
 // order: world, stage, tied, pipe) and hands the trainer its place.
 void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range,
                    std::vector<std::unique_ptr<Communicator>>& comms,
-                   const c10::intrusive_ptr<c10d::TCPStore>& store, const std::string& gkey,
+                   const c10::intrusive_ptr<StoreClient>& store, const std::string& gkey,
                    const GlooOptions& go) {
   PipelinePlacement pl;
   pl.stages = p.at("stages").get<int>();
@@ -116,7 +115,8 @@ void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range
 int runWorker(const WorkerOptions& o) {
   auto [host, port] = parseHostPort(o.join, "--join");
   const std::string iface = localAddressToward(host, port);
-  auto store = connectToManager(o.join, o.connect_timeout_s);
+  const std::string token = readToken(o.token_file);
+  auto store = connectToManager(o.join, token, "worker", o.connect_timeout_s);
   store->setTimeout(std::chrono::seconds(300));
 
   JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
@@ -126,7 +126,10 @@ int runWorker(const WorkerOptions& o) {
   const std::string me = std::to_string(id);
   setString(*store, "workers/" + me + "/pid", std::to_string(getpid()));
   setString(*store, "workers/" + me + "/addr", iface);
-  Heartbeat heartbeat(connectToManager(o.join, o.connect_timeout_s), id, hb.at("interval").get<double>());
+  // Its own connection, as this worker (registered on `store`).
+  Heartbeat heartbeat(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
+                                       o.connect_timeout_s),
+                      id, hb.at("interval").get<double>());
   struct sigaction sa {};
   sa.sa_handler = onTerm;
   sigaction(SIGTERM, &sa, nullptr);

@@ -58,7 +58,7 @@ for _ in $(seq 1 200); do
 done
 [[ -n "$port" ]] || { echo "FAIL: manager did not start"; cat "$work/manager.log"; exit 1; }
 set +e
-unshare -m sh -c "mount -t tmpfs tmpfs '$work/shared' && exec '$MORPH' worker --join 127.0.0.1:$port" \
+unshare -m sh -c "mount -t tmpfs tmpfs '$work/shared' && exec '$MORPH' worker --join 127.0.0.1:$port --token-file '$work/blind/token'" \
   > "$work/worker.log" 2>&1
 rc=$?
 set -e

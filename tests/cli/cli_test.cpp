@@ -157,7 +157,8 @@ TEST_F(Cli, BadInputExitsTwoNamingTheProblem) {
       {"run " + good + " --workers 13", "--workers 13"},
       {"run " + good + " --workers x", "--workers"},
       {"worker --join nonsense", "HOST:PORT"},
-      {"worker --join 127.0.0.1:1 --connect-timeout 1", "cannot reach the manager"},
+      {"worker --join 127.0.0.1:1 --connect-timeout 1", "missing job token"},
+      {"worker --join 127.0.0.1:1 --connect-timeout 1 --token-file " + good, "cannot reach the manager"},
   };
   for (const auto& c : cases) {
     Result r = run(c.args);

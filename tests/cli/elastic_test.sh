@@ -55,7 +55,7 @@ mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
 
 kill -9 "${pids[1]}"
 wait_for "the failure to be survived" generation 1
-"$MORPH" worker --join "127.0.0.1:$port" > "$work/joiner.log" 2>&1 &
+"$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/el/token" > "$work/joiner.log" 2>&1 &
 wait_for "the joiner to be placed" generation 2
 kill -TERM "${pids[2]}"
 wait_for "the leave to be handled" generation 3

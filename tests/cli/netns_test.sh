@@ -68,7 +68,8 @@ ip netns exec "$nsa" "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1
   --out "$work/two" > "$work/manager.log" 2>&1 &
 mpid=$!
 port=$(managerPort "$work/manager.log")
-ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" > "$work/worker.log" 2>&1
+# The remote worker proves the job's token (OUT/token of the manager).
+ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" --token-file "$work/two/token" > "$work/worker.log" 2>&1
 wait "$mpid"
 mpid=""
 got=$(tail -n 1 "$work/manager.log")
@@ -87,7 +88,8 @@ ip netns exec "$nsa" "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1
   --heartbeat-timeout 1 --out "$work/lost" > "$work/manager2.log" 2>&1 &
 mpid=$!
 port=$(managerPort "$work/manager2.log")
-ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" > "$work/worker2.log" 2>&1 &
+MORPH_TOKEN=$(cat "$work/lost/token") ip netns exec "$nsb" "$MORPH" worker --join "$host_a:$port" \
+  > "$work/worker2.log" 2>&1 &
 bpid=$!
 for _ in $(seq 1 600); do
   [[ -f "$work/lost/metrics.jsonl" ]] && (( $(wc -l < "$work/lost/metrics.jsonl") >= 20 )) && break

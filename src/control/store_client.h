@@ -1,0 +1,71 @@
+// StoreClient: a c10d::Store over Morph's store protocol
+// (docs/store_protocol.md), so Gloo's rendezvous (a PrefixStore over it)
+// works unchanged. One authenticated TCP connection; calls are serialised,
+// so one client may be shared by threads. Blocking calls (get, wait) wait
+// on the server up to the timeout they are given (getTimeout() for get and
+// wait(keys)).
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "control/store_protocol.h"
+
+namespace morph {
+
+// Nothing answered at HOST:PORT within the connect timeout.
+class StoreUnreachable : public std::runtime_error {
+ public:
+  explicit StoreUnreachable(const std::string& what) : std::runtime_error(what) {}
+};
+// The server rejected the token (or the server failed to prove it holds it).
+class StoreAuthError : public std::runtime_error {
+ public:
+  explicit StoreAuthError(const std::string& what) : std::runtime_error(what) {}
+};
+// A request failed: refused write, timeout, lost connection.
+class StoreError : public std::runtime_error {
+ public:
+  explicit StoreError(const std::string& what) : std::runtime_error(what) {}
+};
+
+class StoreClient : public c10d::Store {
+ public:
+  // Connects (retrying refused connections until connect_timeout) and
+  // proves `key` for `role` ("manager", "worker", "worker/<id>", "client").
+  StoreClient(const std::string& host, int port, const std::string& key, const std::string& role,
+              std::chrono::milliseconds connect_timeout);
+  ~StoreClient() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+  // The nonce this connection proved its key with: a worker that registers
+  // on it derives the key of its further connections from it
+  // (store::workerKey).
+  const std::array<uint8_t, store::kNonceBytes>& sessionNonce() const { return nonce_; }
+
+ private:
+  // reply_timeout_ms: how long to wait for the reply (0: for ever).
+  store::Reply call(const store::Request& r, int64_t reply_timeout_ms);
+
+  std::string where_;  // host:port, for messages
+  int fd_ = -1;
+  std::array<uint8_t, store::kNonceBytes> nonce_{};
+  bool broken_ = false;  // a call failed mid-way: the connection is out of step
+  std::mutex mu_;
+};
+
+}  // namespace morph
