@@ -219,7 +219,7 @@ TEST_F(StoreTest, GlooProcessGroupFormsOverIt) {
       go.interface_addr = "127.0.0.1";
       auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("gen/0/pg", w), r, 2, go);
       int64_t v = r + 1;
-      comm->allreduceSum(&v, 1);
+      comm->allreduceSumAsync(&v, 1)->wait();
       got[static_cast<size_t>(r)] = v;
     });
   for (auto& t : ranks) t.join();

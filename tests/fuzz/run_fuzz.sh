@@ -10,7 +10,7 @@ src=$(cd "$here/../.." && pwd)/src
 seconds=${1:-5}
 out=${2:-$(mktemp -d)}
 mkdir -p "$out"
-command -v clang++ > /dev/null || { echo "run_fuzz: clang++ not installed; skipping"; exit 0; }
+command -v clang++ > /dev/null || { echo "run_fuzz: clang++ is not installed (bash scripts/install-deps.sh installs it)"; exit 1; }
 for target in store_protocol; do
   bin="$out/${target}_fuzz"
   clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I "$src" \
