@@ -481,7 +481,14 @@ void Manager::pollResizeRequests() {
   const int64_t seq = store_->add("ctl/resize_seq", 0);
   if (seq == resize_seq_) return;
   resize_seq_ = seq;
-  int want = std::stoi(getString(*store_, "ctl/resize_target"));
+  const std::string asked = getString(*store_, "ctl/resize_target");
+  const bool number = !asked.empty() && asked.size() <= 6 &&
+                      std::all_of(asked.begin(), asked.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!number) {
+    std::fprintf(stderr, "morph: ignoring resize to '%s' workers: not a number\n", asked.c_str());
+    return;
+  }
+  const int want = std::stoi(asked);
   if (pipelined()) {
     std::fprintf(stderr, "morph: ignoring resize to %d workers: a pipeline job does not resize yet\n", want);
     return;
@@ -682,6 +689,9 @@ int Manager::run() {
   std::filesystem::create_directories(dir_);
   hb_interval_ = o_.heartbeat_interval_s;
   hb_timeout_ = o_.heartbeat_timeout_s;
+  if (hb_interval_ >= hb_timeout_)
+    throw InputError("--heartbeat-interval " + std::to_string(hb_interval_) + " s must be shorter than --heartbeat-timeout " +
+                     std::to_string(hb_timeout_) + " s (a worker would be declared dead between two heartbeats)");
 
   hostStore();
   setString(*store_, "job/text", job_text_);
@@ -899,6 +909,16 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 
 int runResize(const std::string& join, int workers, const std::string& token_file) {
   auto store = connectToManager(join, readToken(token_file), "client", 5.0);
+  // What the manager would ignore is refused here, where the user sees it.
+  if (getString(*store, "job/stage_local") == "1")
+    throw InputError("--workers " + std::to_string(workers) + ": the job at " + join +
+                     " is a pipeline job, which does not resize yet");
+  const JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
+                               splitLines(getString(*store, "job/overrides")));
+  if (workers > job.virtual_nodes)
+    throw InputError("--workers " + std::to_string(workers) + ": the job at " + join + " has " +
+                     std::to_string(job.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
+                     std::to_string(job.virtual_nodes) + " workers");
   setString(*store, "ctl/resize_target", std::to_string(workers));
   store->add("ctl/resize_seq", 1);
   std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);

@@ -254,11 +254,13 @@ std::vector<std::string> splitLines(const std::string& s) {
 }
 
 std::pair<std::string, int> parseHostPort(const std::string& s, const std::string& flag) {
-  auto colon = s.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 || (port = std::atoi(s.c_str() + colon + 1)) <= 0 ||
-      port > 65535)
-    throw InputError(flag + " '" + s + "': expected HOST:PORT of a running manager");
+  const auto colon = s.rfind(':');
+  const std::string digits = colon == std::string::npos ? "" : s.substr(colon + 1);
+  const bool number = !digits.empty() && digits.size() <= 5 &&
+                      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int port = number ? std::stoi(digits) : 0;
+  if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
+    throw InputError(flag + " '" + s + "': expected HOST:PORT of a running manager (PORT 1..65535)");
   return {s.substr(0, colon), port};
 }
 

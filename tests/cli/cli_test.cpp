@@ -157,6 +157,9 @@ TEST_F(Cli, BadInputExitsTwoNamingTheProblem) {
       {"run " + good + " --workers 13", "--workers 13"},
       {"run " + good + " --workers x", "--workers"},
       {"worker --join nonsense", "HOST:PORT"},
+      {"worker --join 127.0.0.1:12abc", "HOST:PORT"},
+      {"worker --join 127.0.0.1:70000", "HOST:PORT"},
+      {"run " + good + " --workers 2 --heartbeat-interval 2 --heartbeat-timeout 1", "--heartbeat-interval"},
       {"worker --join 127.0.0.1:1 --connect-timeout 1", "missing job token"},
       {"worker --join 127.0.0.1:1 --connect-timeout 1 --token-file " + good, "cannot reach the manager"},
   };

@@ -182,6 +182,10 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
   // `morph resize` (the client role) reaches the manager: to the same size.
   r = run("resize --join " + join + " --workers 2 --token-file " + token_file);
   EXPECT_EQ(r.code, 0) << r.out;
+  // More workers than VNs: refused where the user sees it, exit 2.
+  r = run("resize --join " + join + " --workers 4000 --token-file " + token_file);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("batch.virtual_nodes"), std::string::npos) << r.out;
   EXPECT_THROW(connect("not-the-token", "client"), morph::StoreAuthError);
   EXPECT_THROW(connect(token, "manager"), morph::StoreAuthError);
 
