@@ -656,6 +656,13 @@ void writeCheckpointShare(const std::string& dir, const CheckpointData& data, Fi
   fs.writeFile(joinPath(tmp, shareFileName(data.first_layer)), encodeManifest(record));
 }
 
+void reportShareFailure(const std::string& dir, const CheckpointData& data, FileSystem& fs,
+                        const CheckpointShare& share, const std::string& what) {
+  char name[32];
+  std::snprintf(name, sizeof name, ".failed-%06lld", static_cast<long long>(data.first_layer));
+  fs.writeFile(joinPath(scratchDir(dir, data.step, share.attempt), name), what);
+}
+
 std::string commitCheckpoint(const std::string& dir, const CheckpointData& data, FileSystem& fs, int keep,
                              const CheckpointShare& share, const std::function<bool()>& cancelled) {
   if (keep < 1) throw InputError("checkpoint keep must be at least 1, got " + std::to_string(keep));
@@ -672,6 +679,14 @@ std::string commitCheckpoint(const std::string& dir, const CheckpointData& data,
     records.clear();
     size_t covered = 0;
     for (const std::string& name : fs.listDir(tmp)) {
+      if (name.rfind(".failed-", 0) == 0) {
+        std::string why;
+        try {
+          why = fs.readFile(joinPath(tmp, name));
+        } catch (const std::exception&) {
+        }
+        throw JobError("another writer's share failed: " + why);
+      }
       if (name.rfind(".share-", 0) != 0) continue;
       const std::string path = joinPath(tmp, name);
       nlohmann::json rec;
@@ -909,7 +924,17 @@ void CheckpointWriter::run() {
       if (!share_) {
         writeCheckpoint(dir_, *job, *fs_, keep_);
       } else {
-        writeCheckpointShare(dir_, *job, *fs_, *share_);
+        try {
+          writeCheckpointShare(dir_, *job, *fs_, *share_);
+        } catch (const std::exception& e) {
+          // Tell the committer at once rather than let it wait out its
+          // deadline (best effort: a full disk may refuse this too).
+          try {
+            reportShareFailure(dir_, *job, *fs_, *share_, e.what());
+          } catch (...) {
+          }
+          throw;
+        }
         if (share_->commit) commitCheckpoint(dir_, *job, *fs_, keep_, *share_, [this] { return cancel_.load(); });
       }
     } catch (const std::exception& e) {

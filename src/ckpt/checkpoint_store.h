@@ -139,6 +139,11 @@ std::string writeCheckpoint(const std::string& dir, const CheckpointData& data, 
 // it is complete). Throws InputError for bad `data`, JobError for I/O.
 void writeCheckpointShare(const std::string& dir, const CheckpointData& data, FileSystem& fs,
                           const CheckpointShare& share);
+// A writer whose share failed leaves `what` in the scratch directory
+// (.failed-<first layer>), so that the committer gives up at once instead of
+// waiting out its deadline. Throws what `fs` throws.
+void reportShareFailure(const std::string& dir, const CheckpointData& data, FileSystem& fs,
+                        const CheckpointShare& share, const std::string& what);
 // Phase two, by the committer after its own share: waits (polling) until
 // the share records cover layers [0, total_layers) without gaps or overlap,
 // then writes extra.bin and MANIFEST (listing every layer file), fsyncs,

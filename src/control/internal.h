@@ -132,6 +132,27 @@ void resumeFrom(const std::string& dir, Executor& tr, bool report);
 // stage's, on whatever cut the checkpoint was written with) from it.
 std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report);
 void loadHeldLayers(const std::string& checkpoint, Executor& tr);
+// Submits the due checkpoints to a writer. A failed write (the writer
+// reports it at the next submit or flush) does not stop training: it is
+// reported on stderr and in the step's metrics line (`checkpoint_error`) and
+// the next interval writes again; JobError (exit 3) once
+// job.checkpoint_max_failures intervals in a row had no checkpoint succeed.
+class CheckpointKeeper {
+ public:
+  CheckpointKeeper(CheckpointWriter* writer, const JobSpec& job) : w_(writer), max_(job.checkpoint_max_failures) {}
+  // Returns the failure reported now ("" if none).
+  std::string submit(const CheckpointData& data);
+  std::string flush();
+  const CheckpointWriter* writer() const { return w_; }
+
+ private:
+  void failed(const std::string& what);
+  CheckpointWriter* w_;
+  int64_t max_;
+  int64_t failures_ = 0;  // intervals in a row whose write failed
+  int64_t last_ok_ = -1;
+};
+
 // A writer's durable checkpoints and its mean seconds per checkpoint:
 // snapshot (in the training thread) and write (in the background; the
 // committer's includes waiting for the other stages' shares).

@@ -414,6 +414,9 @@ void Manager::markDead(int64_t id, const std::string& why) {
   if (w.pid > 0) kill(w.pid, SIGKILL);
   const bool member = std::find(members_.begin(), members_.end(), id) != members_.end();
   const bool all_steps_done = log_ && next_ >= steps_;  // nothing left to recompute
+  // A worker that found the job cannot go on said why before it exited.
+  const std::string fatal = "workers/" + std::to_string(id) + "/fatal";
+  if (store_->check({fatal})) noWorkerLeft("worker " + std::to_string(id) + ": " + getString(*store_, fatal));
   if (member && !all_steps_done) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.

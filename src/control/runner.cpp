@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "control/internal.h"
 #include "plan/resources.h"
@@ -68,13 +69,20 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& 
 std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const Dataset& test,
                       bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit) {
+  std::optional<CheckpointKeeper> keeper;
+  if (ckpt) keeper.emplace(ckpt, job);
   while (tr.core().nextStep() < steps) {
     StepStats st = tr.step();
     // The step is committed: every worker holds its result.
-    if (ckpt && (st.step + 1) % job.checkpoint_every == 0) ckpt->submit(tr.exportState());
-    if (reporter) emit(stepLine(job, steps, st, tr, test, workers, generation));
+    std::string ckerr;
+    if (keeper && (st.step + 1) % job.checkpoint_every == 0) ckerr = keeper->submit(tr.exportState());
+    if (reporter) {
+      json line = stepLine(job, steps, st, tr, test, workers, generation);
+      if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
+      emit(line);
+    }
   }
-  if (ckpt) ckpt->flush();
+  if (keeper) keeper->flush();
   return tr.hash();
 }
 
@@ -129,6 +137,43 @@ void resumeFrom(const std::string& dir, Executor& tr, bool report) {
   if (!ck) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
   tr.importState(*ck);
   if (report) std::printf("morph: resuming from %s at step %lld\n", (std::filesystem::path(dir) / checkpointDirName(ck->step)).c_str(), static_cast<long long>(ck->step));
+}
+
+void CheckpointKeeper::failed(const std::string& what) {
+  ++failures_;
+  if (failures_ >= max_)
+    throw JobError(what + "; no checkpoint succeeded for " + std::to_string(failures_) +
+                   " intervals in a row (checkpoint.max_failures = " + std::to_string(max_) + ")");
+  std::fprintf(stderr, "morph: warning: %s; training goes on, the next interval writes again (%lld of %lld failures in a row)\n",
+               what.c_str(), static_cast<long long>(failures_), static_cast<long long>(max_));
+}
+
+std::string CheckpointKeeper::submit(const CheckpointData& data) {
+  if (w_->lastDurableStep() > last_ok_) {
+    last_ok_ = w_->lastDurableStep();
+    failures_ = 0;
+  }
+  try {
+    w_->submit(data);
+    return "";
+  } catch (const JobError& e) {
+    // The previous write failed (reported once, now); this one is submitted.
+    const std::string what = e.what();
+    failed(what);
+    w_->submit(data);
+    return what;
+  }
+}
+
+std::string CheckpointKeeper::flush() {
+  try {
+    w_->flush();
+    return "";
+  } catch (const JobError& e) {
+    const std::string what = e.what();
+    failed(what);
+    return what;
+  }
 }
 
 json checkpointTiming(const CheckpointWriter& w) {

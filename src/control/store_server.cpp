@@ -104,7 +104,7 @@ std::string jobPolicyRefusal(const Role& role, Op op, const std::string& key, in
     if (p.size() == 4 && (p[2] == "ready" || p[2] == "left" || p[2] == "line") && p[3] == me) return "";
     if (p.size() >= 4 && (p[2] == "pg" || p[2] == "stage" || p[2] == "tied" || p[2] == "pipe")) return "";
   }
-  return "worker " + me + " may not write this key (only its own keys: docs/control_plane.md)";
+  return "worker " + me + " may not write this key (only its own keys: docs/store_protocol.md)";
 }
 
 struct StoreServer::Impl {

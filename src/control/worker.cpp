@@ -174,6 +174,7 @@ int runWorker(const WorkerOptions& o) {
   }
   auto fs = checkpointFileSystem();
   std::unique_ptr<CheckpointWriter> ckpt;
+  std::optional<CheckpointKeeper> keeper;  // counts failed checkpoint writes of `ckpt`
   // Data loaded and model built: from now on this worker can join a
   // generation within milliseconds.
   setString(*store, "workers/" + me + "/ready", "1");
@@ -255,6 +256,7 @@ int runWorker(const WorkerOptions& o) {
       } else if (rank == 0 && job.checkpoint_every > 0 && !ckpt) {
         ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep));
       }
+      if (ckpt && (!keeper || keeper->writer() != ckpt.get())) keeper.emplace(ckpt.get(), job);
       bool regroup = false;
       while (core.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
@@ -265,18 +267,20 @@ int runWorker(const WorkerOptions& o) {
         last_line = commitLine(job, st, world, gen);
         const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
         const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
-        if (ckpt && ckpt_due) ckpt->submit(tr.exportState());  // copied before it returns
+        std::string ckerr;
+        if (keeper && ckpt_due) ckerr = keeper->submit(tr.exportState());  // copied before it returns
         // A pipeline evaluates on every rank: the test set flows through the stages.
         std::optional<EvalStats> eval;
         if (stage_ex && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
         if (rank == 0) {
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
+          if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
         }
         const auto& ctl = core.reducedControl();
         regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
       }
-      if (ckpt) ckpt->flush();
+      if (keeper) keeper->flush();
       if (regroup) {
         if (g_leave_requested) {
           report("left");
@@ -317,6 +321,12 @@ int runWorker(const WorkerOptions& o) {
       // The step in flight did not commit; report what did and regroup.
       tr.abandonStep();
       report("ready");
+    } catch (const JobError& e) {
+      // The job cannot go on (e.g. no checkpoint for checkpoint.max_failures
+      // intervals): the manager stops every worker with this message rather
+      // than regrouping without this one.
+      setString(*store, "workers/" + me + "/fatal", e.what());
+      throw;
     }
   }
 }

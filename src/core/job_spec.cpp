@@ -321,6 +321,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.checkpoint_every = r.integer("checkpoint.every", 0, 0, INT64_MAX / 2);
   j.checkpoint_keep = r.integer("checkpoint.keep", 3, 1, 1000);
   j.checkpoint_dir = r.str("checkpoint.dir", "");
+  j.checkpoint_max_failures = r.integer("checkpoint.max_failures", 3, 1, 1000000);
 
   r.rejectUnknown();
   return j;

@@ -63,6 +63,7 @@ struct JobSpec {
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;  // steps; 0 = no checkpoints
   int64_t checkpoint_keep = 3;
+  int64_t checkpoint_max_failures = 3;  // intervals in a row without a checkpoint before the job stops
   std::string checkpoint_dir;     // "" = OUT/checkpoints (docs/job_file.md)
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }

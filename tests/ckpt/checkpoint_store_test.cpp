@@ -481,6 +481,19 @@ TEST_F(CheckpointStoreTest, SharesOfSeveralWritersMakeOneCheckpoint) {
   EXPECT_EQ(sortedEntries(dir_), (std::vector<std::string>{"step-000000000030"}));  // scratch removed
   EXPECT_EQ(*newestIntactCheckpoint(dir_, posix_, nullptr), stepDir(30).string());
 
+  // A writer whose share failed says so: the commit gives up at once.
+  const std::string dir3 = (root_ / "failed").string();
+  share.wait_seconds = 600;
+  writeCheckpointShare(dir3, shareOf(d, 0, 2), posix_, share);
+  reportShareFailure(dir3, shareOf(d, 2, 4), posix_, share, "disk full");
+  try {
+    commitCheckpoint(dir3, shareOf(d, 0, 2), posix_, 3, share, nullptr);
+    ADD_FAILURE() << "committed without a share";
+  } catch (const JobError& e) {
+    EXPECT_NE(std::string(e.what()).find("disk full"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(listCheckpointSteps(dir3, posix_).empty());
+
   // A share record naming a layer twice is refused, not published.
   const std::string dir2 = (root_ / "twice").string();
   share.wait_seconds = 5;
@@ -498,7 +511,7 @@ TEST_F(CheckpointStoreTest, CrashAtAnyPointOfASharedWriteLeavesOldOrNew) {
   const uint64_t total = faulty.bytesWritten();
   // Before, between and after the stages' files, in the share records, in
   // extra.bin and the manifest: the old checkpoint stays the newest.
-  for (uint64_t crash_at = 0; crash_at < total; crash_at += std::max<uint64_t>(1, total / 150)) {
+  for (uint64_t crash_at = 0; crash_at < total; crash_at += std::max<uint64_t>(1, total / 60)) {
     SCOPED_TRACE("crash after " + std::to_string(crash_at) + " of " + std::to_string(total) + " bytes");
     faulty.heal();
     faulty.crashAfterBytes(crash_at);
