@@ -86,44 +86,15 @@ std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const D
   return tr.hash();
 }
 
-// Test hook (MORPH_TEST_CRASH_IN_CHECKPOINT=<step>[:<name>]): the process
-// dies, as a machine losing power would, at the first write or rename in
-// that step's scratch directory of a file called <name> (default: any
-// layer file; "rename": publishing the directory). A write is left half
-// done. Each phase of the checkpoint protocol can be hit this way:
-// "layer-002.bin" (a stage's layer file), ".share-000002" (its share
-// record), "extra.bin" or "MANIFEST" (the commit), "rename" (publishing).
-class CrashingFileSystem : public PosixFileSystem {
- public:
-  explicit CrashingFileSystem(const std::string& spec) {
-    const size_t colon = spec.find(':');
-    tag_ = ".tmp-" + checkpointDirName(std::atoll(spec.substr(0, colon).c_str()));
-    name_ = colon == std::string::npos ? "layer-" : spec.substr(colon + 1);
-  }
-  void writeFile(const std::string& path, const std::string& bytes) override {
-    const std::string base = path.substr(path.rfind('/') + 1);
-    if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0) {
-      PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
-      die(path);
-    }
-    PosixFileSystem::writeFile(path, bytes);
-  }
-  void rename(const std::string& from, const std::string& to) override {
-    if (name_ == "rename" && from.find(tag_) != std::string::npos) die(from);
-    PosixFileSystem::rename(from, to);
-  }
-
- private:
-  [[noreturn]] static void die(const std::string& path) {
-    std::fprintf(stderr, "morph: test hook: crashing at %s\n", path.c_str());
-    _exit(9);
-  }
-  std::string tag_, name_;
-};
+namespace {
+FileSystemFactory& fileSystemFactory() {
+  static FileSystemFactory f;
+  return f;
+}
+}  // namespace
 
 std::unique_ptr<FileSystem> checkpointFileSystem() {
-  if (const char* s = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT"))
-    return std::make_unique<CrashingFileSystem>(s);
+  if (fileSystemFactory()) return fileSystemFactory()();
   return std::make_unique<PosixFileSystem>();
 }
 
@@ -364,6 +335,8 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
 }
 
 }  // namespace detail
+
+void setCheckpointFileSystemFactory(FileSystemFactory factory) { detail::fileSystemFactory() = std::move(factory); }
 
 int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.

@@ -8,10 +8,21 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace morph {
+
+class FileSystem;  // ckpt/checkpoint_store.h
+
+// The test seam for faults in checkpoint writes: every checkpoint writer of
+// this process (and of the workers it starts, if they install the same)
+// writes through what `factory` returns. Unset: the real file system. The
+// shipped binary never sets it; tests/cli/crashy_main.cpp does.
+using FileSystemFactory = std::function<std::unique_ptr<FileSystem>()>;
+void setCheckpointFileSystemFactory(FileSystemFactory factory);
 
 struct RunOptions {
   std::string job_path;

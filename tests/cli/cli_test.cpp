@@ -218,7 +218,7 @@ TEST_F(Cli, CrashDuringCheckpointThenResumeOnOtherWorkerCounts) {
   const std::string want = lastLineHash(ref.out);
 
   // The hook is set in the environment of this one command.
-  std::string env_cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6 " + std::string(MORPH_BINARY) + " run " + j +
+  std::string env_cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6 " + std::string(MORPH_CRASHY_BINARY) + " run " + j +
                         " --quiet --out " + out("crash") + " > /dev/null 2>&1";
   int status = std::system(env_cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status));

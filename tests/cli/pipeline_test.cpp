@@ -214,7 +214,7 @@ TEST_F(Pipeline, CrashInEveryPhaseOfTheStagesCheckpointThenResumeOnAnyCut) {
   for (const auto& [phase, layout] : cases) {
     SCOPED_TRACE(phase);
     const std::string dir = out("crash-" + phase);
-    const std::string cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6:" + phase + " " + std::string(MORPH_BINARY) +
+    const std::string cmd = "env MORPH_TEST_CRASH_IN_CHECKPOINT=6:" + phase + " " + std::string(MORPH_CRASHY_BINARY) +
                             " run " + j + " --quiet --stages 3 --workers 3 --out " + dir + " > " + dir + ".log 2>&1";
     const int status = std::system(cmd.c_str());
     ASSERT_TRUE(WIFEXITED(status));

@@ -1,0 +1,173 @@
+// The `morph` command: parses arguments and maps errors to exit codes
+// (0 success, 2 bad input, 3 the job could not go on).
+#include "cli/cli.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <cstdio>
+#include <filesystem>
+
+#include "control/runner.h"
+#include "core/error.h"
+#include "core/sys.h"
+
+namespace {
+
+std::string selfExe(const char* argv0) {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : p.string();
+}
+
+}  // namespace
+
+int morph::morphMain(int argc, char** argv) {
+  morph::tuneAllocator();
+  CLI::App app{"morph: training that decouples the model from the hardware it runs on"};
+  app.require_subcommand(1);
+
+  morph::RunOptions run;
+  run.self_exe = selfExe(argv[0]);
+  auto* run_cmd = app.add_subcommand("run", "run a job (embedded manager and local workers)");
+  run_cmd->add_option("job", run.job_path, "job file (TOML)")->required();
+  run_cmd->add_option("--workers", run.workers,
+                      "worker processes (default: train inside this process)")
+      ->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--spawn", run.spawn,
+                      "of those, how many to start here (the rest join with `morph worker`)")
+      ->check(CLI::Range(0, 4096));
+  run_cmd->add_option("--steps", run.steps, "override job.steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  run_cmd->add_option("--out", run.out_dir, "output folder (default runs/<job name>)");
+  run_cmd->add_option("--port", run.port, "port of the job's store (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  run_cmd->add_option("--host", run.host,
+                      "the address the job's store listens on and other workers reach this machine by "
+                      "(default 127.0.0.1: local workers only; 0.0.0.0 listens on every interface)");
+  run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
+  run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
+                      "where checkpoints go (default: checkpoint.dir, else OUT/checkpoints); shared by every host");
+  run_cmd->add_option("--resume", run.resume,
+                      "continue from the newest intact checkpoint in this folder (e.g. runs/NAME/checkpoints)");
+  run_cmd->add_option("--heartbeat-interval", run.heartbeat_interval_s, "seconds between worker heartbeats")
+      ->check(CLI::Range(0.001, 60.0));
+  run_cmd->add_option("--heartbeat-timeout", run.heartbeat_timeout_s,
+                      "seconds of silence after which a remote worker is declared dead")
+      ->check(CLI::Range(0.01, 3600.0));
+  run_cmd->add_option("--stages", run.stages, "pipeline depth P (data-parallel width = workers / P)")
+      ->check(CLI::Range(1, 4096));
+  run_cmd->add_option("--schedule", run.schedule, "pipeline schedule: gpipe, 1f1b (default) or varuna")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "varuna"}));
+  run_cmd->add_flag("--recompute", run.recompute,
+                    "pipeline: keep only each VN's stage input and recompute the forward before backward");
+  run_cmd->add_option("--plan", run.plan,
+                      "auto (calibrate if needed, plan for --workers, run the best plan) or a plan file (JSON); "
+                      "default: an even split");
+  run_cmd->add_option("--trace", run.trace, "write a Chrome trace (JSON) of every pipeline rank's actions");
+  run_cmd->add_option("--memory-cap", run.memory_cap_mib,
+                      "MiB a worker may use: a pipeline stage that would need more is rejected before training")
+      ->check(CLI::Range(1.0, 1e9));
+  run_cmd->add_option("--resources", run.resources,
+                      "devices per worker slot (TOML: types with memory and slowdown; docs/resources.md)");
+  run_cmd->add_flag("--quiet", run.quiet, "no progress output");
+
+  morph::WorkerOptions worker;
+  auto* worker_cmd = app.add_subcommand("worker", "join a running job as a worker");
+  worker_cmd->add_option("--join", worker.join, "HOST:PORT of the job's manager")->required();
+  worker_cmd->add_option("--token-file", worker.token_file,
+                         "the job's token (OUT/token of `morph run`; default: $MORPH_TOKEN)");
+  worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
+      ->check(CLI::Range(0.1, 3600.0));
+
+  morph::CalibrateOptions calib;
+  calib.self_exe = run.self_exe;
+  auto* calib_cmd = app.add_subcommand("calibrate", "measure the job's per-layer and communication costs once");
+  calib_cmd->add_option("job", calib.job_path, "job file (TOML)")->required();
+  calib_cmd->add_option("--out", calib.out, "profile file (default runs/<job name>/profile.json)");
+  calib_cmd->add_option("--set", calib.overrides, "override a job key");
+  calib_cmd->add_option("--budget", calib.budget_s, "seconds of measuring rounds over the layers (at least 7 rounds)")->check(CLI::Range(0.01, 60.0));
+  calib_cmd->add_option("--resources", calib.resources,
+                        "devices (checked; emulated types share this machine's profile, scaled by their slowdown)");
+  calib_cmd->add_flag("--quiet", calib.quiet, "no progress output");
+  std::string peer_join;
+  auto* peer_cmd = app.add_subcommand("calibrate-peer", "");  // started by calibrate; hidden
+  peer_cmd->group("");
+  peer_cmd->add_option("--join", peer_join)->required();
+
+  morph::SimulateOptions sim;
+  auto* sim_cmd = app.add_subcommand("simulate", "predict one plan's step time and memory from a profile");
+  sim_cmd->add_option("job", sim.job_path, "job file (TOML)")->required();
+  sim_cmd->add_option("--profile", sim.profile, "profile from morph calibrate")->required();
+  sim_cmd->add_option("--stages", sim.stages, "pipeline depth P")->check(CLI::Range(1, 4096));
+  sim_cmd->add_option("--workers", sim.workers, "workers (D = workers / P; default: one process)")
+      ->check(CLI::Range(1, 1 << 20));
+  sim_cmd->add_option("--schedule", sim.schedule, "gpipe, 1f1b or varuna")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "varuna"}));
+  sim_cmd->add_flag("--recompute", sim.recompute, "recompute activations");
+  sim_cmd->add_option("--plan", sim.plan, "a plan file (cut, and optionally replicas, schedule, VN shares)");
+  sim_cmd->add_option("--set", sim.overrides, "override a job key");
+  sim_cmd->add_option("--resources", sim.resources, "devices per worker slot (their slowdowns)");
+  sim_cmd->add_flag("--json", sim.json, "one JSON object");
+
+  morph::PlanOptions plan;
+  auto* plan_cmd = app.add_subcommand("plan", "search depth, width, schedule, recomputation and cut for N workers");
+  plan_cmd->add_option("job", plan.job_path, "job file (TOML)")->required();
+  plan_cmd->add_option("--profile", plan.profile, "profile from morph calibrate")->required();
+  auto* plan_workers = plan_cmd->add_option("--workers", plan.workers, "workers available")->check(CLI::Range(1, 1 << 20));
+  plan_cmd->add_option("--resources", plan.resources, "devices per worker slot (instead of --workers)")
+      ->excludes(plan_workers);
+  plan_cmd->add_option("--memory-cap", plan.memory_cap_mib, "MiB a worker may use")->check(CLI::Range(1.0, 1e9));
+  plan_cmd->add_option("--top", plan.top, "plans to show")->check(CLI::Range(1, 1000));
+  plan_cmd->add_option("--out", plan.out, "write the best plan here (for morph run --plan FILE)");
+  plan_cmd->add_option("--set", plan.overrides, "override a job key");
+  plan_cmd->add_flag("--json", plan.json, "one JSON object");
+
+  std::string ctl_join, ctl_token_file;
+  int resize_workers = 0;
+  auto* resize_cmd = app.add_subcommand("resize", "ask a running job to grow or shrink");
+  resize_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
+  resize_cmd->add_option("--workers", resize_workers, "the new number of workers")->required()->check(CLI::Range(1, 4096));
+  resize_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
+  auto* status_cmd = app.add_subcommand("status", "membership, generation, step and throughput of a running job");
+  status_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
+  status_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  try {
+    if (*run_cmd) {
+      if (run.workers == 0 && run.spawn >= 0) throw morph::InputError("--spawn needs --workers");
+      return morph::runJob(run);
+    }
+    if (*calib_cmd) return morph::runCalibrate(calib);
+    if (*peer_cmd) return morph::runCalibratePeer(peer_join);
+    if (*sim_cmd) return morph::runSimulate(sim);
+    if (*plan_cmd) {
+      if (plan_workers->count() == 0 && plan.resources.empty()) throw morph::InputError("morph plan needs --workers or --resources");
+      return morph::runPlan(plan);
+    }
+    if (*resize_cmd) return morph::runResize(ctl_join, resize_workers, ctl_token_file);
+    if (*status_cmd) return morph::runStatus(ctl_join, ctl_token_file);
+    return morph::runWorker(worker);
+  } catch (const morph::InputError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: error: %s\n", e.what());
+    return 2;
+  } catch (const morph::JobError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: job stopped: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "morph: job stopped: %s\n", e.what());
+    return 3;
+  }
+}

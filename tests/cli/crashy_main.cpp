@@ -1,0 +1,59 @@
+// `morph` with a fault-injecting checkpoint file system: the tests' build
+// of the command (never shipped). MORPH_TEST_CRASH_IN_CHECKPOINT =
+// <step>[:<name>] makes the process die, as a machine losing power would,
+// at the first write or rename in that step's scratch directory of a file
+// called <name> (default: any layer file; "rename": publishing the
+// directory); a write is left half done. Each phase of the checkpoint
+// protocol can be hit: "layer-002.bin" (a stage's layer file),
+// ".share-000002" (its share record), "extra.bin" or "MANIFEST" (the
+// commit), "rename" (publishing). Workers it starts run this binary too.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "ckpt/checkpoint_store.h"
+#include "cli/cli.h"
+#include "control/runner.h"
+
+namespace {
+
+class CrashingFileSystem : public morph::PosixFileSystem {
+ public:
+  explicit CrashingFileSystem(const std::string& spec) {
+    const size_t colon = spec.find(':');
+    tag_ = ".tmp-" + morph::checkpointDirName(std::atoll(spec.substr(0, colon).c_str()));
+    name_ = colon == std::string::npos ? "layer-" : spec.substr(colon + 1);
+  }
+  void writeFile(const std::string& path, const std::string& bytes) override {
+    const std::string base = path.substr(path.rfind('/') + 1);
+    if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0) {
+      PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
+      die(path);
+    }
+    PosixFileSystem::writeFile(path, bytes);
+  }
+  void rename(const std::string& from, const std::string& to) override {
+    if (name_ == "rename" && from.find(tag_) != std::string::npos) die(from);
+    PosixFileSystem::rename(from, to);
+  }
+
+ private:
+  [[noreturn]] static void die(const std::string& path) {
+    std::fprintf(stderr, "morph: test hook: crashing at %s\n", path.c_str());
+    _exit(9);
+  }
+  std::string tag_, name_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* spec = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT")) {
+    const std::string s = spec;
+    morph::setCheckpointFileSystemFactory([s] { return std::make_unique<CrashingFileSystem>(s); });
+  }
+  return morph::morphMain(argc, argv);
+}
