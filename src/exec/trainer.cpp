@@ -243,6 +243,46 @@ std::vector<std::string> StepCore::layerHashes(size_t lo, size_t hi) const {
   return out;
 }
 
+nlohmann::json StepCore::meaning() const {
+  const JobSpec& j = job_;
+  nlohmann::json m = {
+      {"job.seed", j.seed},
+      {"job.threads", j.threads},
+      {"data.dataset", j.data.dataset},
+      {"data.seq_len", j.data.seq_len},
+      {"data.train_size", j.data.train_size},
+      {"data.test_size", j.data.test_size},
+      {"model.name", j.model.name},
+      {"model.hidden", j.model.hidden},
+      {"model.channels", j.model.channels},
+      {"model.fc", j.model.fc},
+      {"model.layers", j.model.layers},
+      {"model.dim", j.model.dim},
+      {"model.heads", j.model.heads},
+      {"model.dropout", j.model.dropout},
+      {"batch.global", j.global_batch},
+      {"batch.virtual_nodes", j.virtual_nodes},
+      {"optim.name", j.optim.name},
+      {"optim.lr", j.optim.lr},
+      {"optim.momentum", j.optim.momentum},
+      {"optim.nesterov", j.optim.nesterov},
+      {"optim.weight_decay", j.optim.weight_decay},
+      {"optim.beta1", j.optim.beta1},
+      {"optim.beta2", j.optim.beta2},
+      {"optim.eps", j.optim.eps},
+      {"optim.warmup_steps", j.optim.warmup_steps},
+      {"optim.schedule", j.optim.schedule},
+      {"optim.min_lr", j.optim.min_lr},
+      {"optim.clip_norm", j.optim.clip_norm},
+      {"reduce.mode", toString(j.reduce_mode)},
+      {"reduce.headroom_bits", j.headroom_bits},
+  };
+  // The step count shapes only a cosine schedule: elsewhere a resumed job
+  // may run longer than it was first meant to.
+  if (j.optim.schedule == "cosine") m["job.steps"] = total_steps_;
+  return m;
+}
+
 std::string StepCore::jobId() const {
   return job_.name + "/" + job_.model.name + "/" + std::to_string(job_.seed);
 }
@@ -254,7 +294,8 @@ CheckpointData StepCore::exportState(size_t lo, size_t hi) const {
   d.meta = {{"format", "morph-train-state"},
             {"version", 2},
             {"step", step_},
-            {"optim_steps", opt_->stepCount()}};
+            {"optim_steps", opt_->stepCount()},
+            {"job", meaning()}};
   // The exact reduction's scale state: one exponent per segment of the
   // whole model's layout (the same on every worker).
   const std::vector<int>& scales = acc_->scales();
@@ -290,6 +331,20 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
   if (d.job_id != jobId())
     throw InputError("checkpoint of step " + std::to_string(d.step) + " belongs to job '" + d.job_id +
                      "', not to '" + jobId() + "'");
+  if (d.meta.contains("job") && d.meta.at("job").is_object()) {
+    // Every key that changes the model must be what the checkpoint was
+    // trained with; the others (evaluation, logging, checkpoints, output
+    // and data folders) may change.
+    const nlohmann::json mine = meaning(), theirs = d.meta.at("job");
+    std::string changed;
+    for (const auto& [key, value] : mine.items()) {
+      const nlohmann::json was = theirs.contains(key) ? theirs.at(key) : nlohmann::json();
+      if (was != value) changed += (changed.empty() ? "" : ", ") + key + " (checkpoint " + was.dump() + ", now " + value.dump() + ")";
+    }
+    if (!changed.empty())
+      throw InputError("checkpoint of step " + std::to_string(d.step) +
+                       " was trained with other values of keys that change the model: " + changed);
+  }
   const size_t L = model_->size();
   const size_t first = static_cast<size_t>(d.first_layer);
   if (d.first_layer < 0 || first + d.layers.size() > L)

@@ -92,6 +92,10 @@ class StepCore {
   int64_t modelBytes() const;
   int64_t peakModelBytes() const { return peak_model_bytes_; }
   std::string jobId() const;
+  // The job keys that change the model, with their values: a resume must
+  // match them all (job files may change evaluation, logging, checkpoint
+  // and folder keys).
+  nlohmann::json meaning() const;
   // Layers whose state this worker holds, in order: all of them, or a
   // stage's own plus the layer owning a weight it shares. What a resume
   // loads.

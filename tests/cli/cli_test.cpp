@@ -233,6 +233,13 @@ TEST_F(Cli, CrashDuringCheckpointThenResumeOnOtherWorkerCounts) {
     EXPECT_NE(r.out.find("resuming from"), std::string::npos) << r.out;
     EXPECT_EQ(lastLineHash(r.out), want) << "resumed with" << workers << "\n" << r.out;
   }
+  // A key that changes the model is refused, naming it; evaluation may change.
+  Result r = run("run " + j + " --quiet --resume " + ckdir + " --set optim.lr=0.2 --out " + out("changed"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("optim.lr (checkpoint 0.05, now 0.2)"), std::string::npos) << r.out;
+  r = run("run " + j + " --quiet --resume " + ckdir + " --set eval.every=1 --set log.every=1 --out " + out("evals"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(lastLineHash(r.out), want) << r.out;
 }
 
 // A flipped byte in the newest checkpoint is detected; the previous one is
