@@ -153,6 +153,15 @@ class CheckpointKeeper {
   int64_t last_ok_ = -1;
 };
 
+// What must be the same on every worker of an exact job besides the job
+// file: libtorch and BLAS, the fixed-point kernel, the MORPH_* settings that
+// change collectives, and (`data`, when given) a digest of the data this
+// worker loaded (sizes and 1024 evenly spaced samples of each split).
+json runtimeFingerprint(const DataPair* data);
+// "key: manager 'a', worker 'b'" per differing key (keys missing on one side
+// included); empty when they agree on every key `reference` has.
+std::vector<std::string> fingerprintDifferences(const json& reference, const json& worker);
+
 // A writer's durable checkpoints and its mean seconds per checkpoint:
 // snapshot (in the training thread) and write (in the background; the
 // committer's includes waiting for the other stages' shares).

@@ -51,6 +51,7 @@ class Manager {
   void hostStore();
   void spawn(int count);
   void pollRegistrations();
+  void admit(int64_t id, WorkerInfo& w);
   void pollChildren();
   void pollHeartbeats();
   void pollResizeRequests();
@@ -105,6 +106,7 @@ class Manager {
   double pending_since_ = 0, last_hb_poll_ = 0, last_status_ = 0, last_sps_ = 0;
   // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
   json pipeline_;
+  json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
   // Data parallelism from a plan file: VNs per worker while the job runs
   // on exactly that many (a resize falls back to even shares).
   std::vector<int64_t> dp_shares_;
@@ -403,8 +405,35 @@ void Manager::pollRegistrations() {
     w.hb_time = nowSeconds();
     workers_[id] = w;
   }
-  for (auto& [id, w] : workers_)
-    if (w.alive && !w.placeable) w.placeable = store_->check({"workers/" + std::to_string(id) + "/ready"});
+  for (auto& [id, w] : workers_) {
+    if (!w.alive || w.placeable) continue;
+    w.placeable = store_->check({"workers/" + std::to_string(id) + "/ready"});
+    if (w.placeable) admit(id, w);
+  }
+}
+
+// A worker that loaded its data posts its fingerprint: in an exact job it
+// must match this build, these settings and the first worker's data, or it
+// is refused (it exits 2 with the reason); the job goes on without it.
+void Manager::admit(int64_t id, WorkerInfo& w) {
+  const std::string me = "workers/" + std::to_string(id);
+  const json got = store_->check({me + "/fingerprint"}) ? json::parse(getString(*store_, me + "/fingerprint"), nullptr, false)
+                                                        : json();
+  if (!fingerprint_.contains("data") && got.is_object() && got.contains("data")) fingerprint_["data"] = got.at("data");
+  const std::vector<std::string> diff = fingerprintDifferences(fingerprint_, got.is_object() ? got : json::object());
+  if (diff.empty()) return;
+  std::string why;
+  for (const auto& d : diff) why += (why.empty() ? "" : "; ") + d;
+  if (job_.reduce_mode != ReduceMode::kExact) {
+    std::fprintf(stderr, "morph: warning: worker %lld differs from this job's (float mode, admitted): %s\n",
+                 static_cast<long long>(id), why.c_str());
+    return;
+  }
+  std::fprintf(stderr, "morph: refusing worker %lld: it differs from this job's: %s\n", static_cast<long long>(id),
+               why.c_str());
+  setString(*store_, me + "/refused", "this worker differs from the job's (exact mode needs the same on every worker): " + why);
+  w.placeable = false;
+  w.alive = false;
 }
 
 void Manager::markDead(int64_t id, const std::string& why) {
@@ -690,6 +719,7 @@ int Manager::run() {
   if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
   std::filesystem::create_directories(dir_);
+  fingerprint_ = runtimeFingerprint(nullptr);  // the data's: from the first worker
   hb_interval_ = o_.heartbeat_interval_s;
   hb_timeout_ = o_.heartbeat_timeout_s;
   if (hb_interval_ >= hb_timeout_)

@@ -8,7 +8,11 @@
 #include <cstring>
 #include <optional>
 
+#include <torch/version.h>
+#include <xxhash.h>
+
 #include "control/internal.h"
+#include "exec/fixed_point.h"
 #include "plan/resources.h"
 
 namespace morph {
@@ -145,6 +149,48 @@ std::string CheckpointKeeper::flush() {
     failed(what);
     return what;
   }
+}
+
+namespace {
+// xxh64 over the sizes and an evenly spaced sample of a split's examples.
+std::string datasetDigest(const Dataset& d) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  const int64_t n = d.size();
+  XXH64_update(st, &n, sizeof n);
+  const int64_t stride = std::max<int64_t>(1, n / 1024);
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < n; i += stride) idx.push_back(i);
+  if (!idx.empty()) {
+    Batch b = d.gather(idx);
+    for (const torch::Tensor& t : {b.x.contiguous(), b.y.contiguous()})
+      XXH64_update(st, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  }
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+}  // namespace
+
+json runtimeFingerprint(const DataPair* data) {
+  const char* bucket = std::getenv("MORPH_BUCKET_BYTES");
+  json f = {{"torch", TORCH_VERSION},
+            {"blas", checkBlas(false)},
+            {"fixed_point", kFixedPointKernel},
+            {"MORPH_BUCKET_BYTES", bucket ? bucket : ""}};
+  if (data) f["data"] = datasetDigest(*data->train) + "/" + datasetDigest(*data->test);
+  return f;
+}
+
+std::vector<std::string> fingerprintDifferences(const json& reference, const json& worker) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : reference.items()) {
+    const json got = worker.contains(key) ? worker.at(key) : json();
+    if (got != value) out.push_back(key + ": manager " + value.dump() + ", worker " + got.dump());
+  }
+  return out;
 }
 
 json checkpointTiming(const CheckpointWriter& w) {

@@ -175,6 +175,9 @@ int runWorker(const WorkerOptions& o) {
   auto fs = checkpointFileSystem();
   std::unique_ptr<CheckpointWriter> ckpt;
   std::optional<CheckpointKeeper> keeper;  // counts failed checkpoint writes of `ckpt`
+  // What the manager checks this worker against (same build, settings and
+  // data as the job's other workers).
+  setString(*store, "workers/" + me + "/fingerprint", runtimeFingerprint(&data).dump());
   // Data loaded and model built: from now on this worker can join a
   // generation within milliseconds.
   setString(*store, "workers/" + me + "/ready", "1");
@@ -205,6 +208,7 @@ int runWorker(const WorkerOptions& o) {
         }
       }
       if (g_leave_requested) return 0;  // not in a generation: nothing to hand over
+      if (store->check({"workers/" + me + "/refused"})) throw InputError(getString(*store, "workers/" + me + "/refused"));
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     const auto& members = plan.at("members");

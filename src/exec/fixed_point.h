@@ -11,6 +11,9 @@
 namespace morph {
 
 constexpr double kFixedBound = 2251799813685248.0;  // 2^51
+// Names the fixed-point format and rounding above; workers of one exact job
+// must agree on it (their fingerprints carry it). Change it with them.
+constexpr const char* kFixedPointKernel = "int64 q=round_half_even(g*2^s) |g*2^s|<2^51 v1";
 
 struct QuantizeResult {
   double max_abs = 0.0;    // max |g| over the finite inputs (unscaled)
