@@ -3,8 +3,8 @@
 # in a build folder of its own and runs ctest there, optionally only the tests
 # matching FILTER (a ctest -R regex). A sanitizer report aborts the test that
 # triggered it (halt_on_error), so it shows as a failed test. Not part of
-# ctest: the build alone takes about 20 minutes on 2 cores, and the whole
-# suite runs several times slower than in a Release build.
+# ctest: the build alone took 42 minutes on 2 shared cores, and the suite
+# runs several times slower than in a Release build.
 #   scripts/sanitize_tests.sh [FILTER] [BUILD_DIR]      (default BUILD_DIR: build-sanitize)
 #   scripts/sanitize_tests.sh "CheckpointStore|Trainer|Store|JobSpec"
 set -euo pipefail
