@@ -51,7 +51,7 @@ Batch ImageDataset::gather(const int64_t* idx, int64_t n) const {
 namespace {
 
 // Fashion-MNIST's largest file holds 47 MB; the bound keeps the product of
-// the dimensions from overflowing (found by tests/fuzz/idx_fuzz.cpp).
+// the dimensions from overflowing (UBSan report in tests/fuzz/idx_fuzz.cpp).
 constexpr int64_t kMaxIdxBytes = int64_t(1) << 32;
 
 uint32_t bigEndian32(const unsigned char* b) {

@@ -47,7 +47,7 @@ TEST(Dataset, ReadsAnIdxFile) {
   EXPECT_EQ(t[1][0][2].item<uint8_t>(), 6);
 }
 
-// Found by tests/fuzz/idx_fuzz.cpp (corpus/idx/regress-*): three dimensions of
+// A UBSan report in tests/fuzz/idx_fuzz.cpp (corpus/idx/regress-*): three dimensions of
 // 2^26 overflowed their int64 product, and a header alone made the reader
 // allocate what it claimed before reading a byte.
 TEST(Dataset, RejectsIdxHeadersThatClaimTooMuch) {

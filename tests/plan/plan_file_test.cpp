@@ -37,7 +37,7 @@ TEST(PlanFile, ReadsEveryKey) {
   EXPECT_EQ(p.workers, (std::vector<int>{0, 1, 3, 2}));
 }
 
-// Found by tests/fuzz/plan_file_fuzz.cpp (corpus/plan_file/regress-vn-shares-*):
+// A UBSan report in tests/fuzz/plan_file_fuzz.cpp (corpus/plan_file/regress-vn-shares-*):
 // huge shares overflowed the sum (undefined behaviour), and four of 2^62
 // plus 8 wrapped to exactly the job's 8 VNs and were accepted.
 TEST(PlanFile, RejectsSharesLargerThanTheJobsVns) {
