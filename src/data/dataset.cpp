@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <vector>
 
 #include "core/error.h"
 #include "data/sampler.h"
@@ -49,6 +50,10 @@ Batch ImageDataset::gather(const int64_t* idx, int64_t n) const {
 
 namespace {
 
+// Fashion-MNIST's largest file holds 47 MB; the bound keeps the product of
+// the dimensions from overflowing (UBSan report in tests/fuzz/idx_fuzz.cpp).
+constexpr int64_t kMaxIdxBytes = int64_t(1) << 32;
+
 uint32_t bigEndian32(const unsigned char* b) {
   return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
 }
@@ -61,7 +66,9 @@ struct GzFile {
   }
 };
 
-void readExactly(GzFile& gz, void* dst, size_t n, const std::string& path, const char* what) {
+// Reads n bytes of `what`; `offset` of its `whole` bytes came before (messages).
+void readExactly(GzFile& gz, void* dst, size_t n, const std::string& path, const char* what, size_t offset = 0,
+                 size_t whole = 0) {
   auto* out = static_cast<unsigned char*>(dst);
   size_t done = 0;
   while (done < n) {
@@ -74,8 +81,8 @@ void readExactly(GzFile& gz, void* dst, size_t n, const std::string& path, const
                        "); reinstall the dataset (apt-get install --reinstall dataset-fashion-mnist)");
     }
     if (got == 0)
-      throw InputError(path + ": file is truncated: ended after " + std::to_string(done) + " of " +
-                       std::to_string(n) + " bytes of " + what);
+      throw InputError(path + ": file is truncated: ended after " + std::to_string(offset + done) + " of " +
+                       std::to_string(whole ? whole : n) + " bytes of " + what);
     done += static_cast<size_t>(got);
   }
 }
@@ -97,11 +104,22 @@ torch::Tensor readIdxGz(const std::string& path, int expected_dims) {
     readExactly(gz, b, 4, path, "the IDX header");
     uint32_t v = bigEndian32(b);
     if (v == 0 || v > (1u << 26)) throw InputError(path + ": implausible IDX dimension " + std::to_string(v));
+    if (total > kMaxIdxBytes / v)
+      throw InputError(path + ": implausible IDX size (more than " + std::to_string(kMaxIdxBytes >> 30) + " GiB)");
     dims.push_back(v);
     total *= v;
   }
+  // Read before the tensor is allocated, growing as the bytes come: the
+  // header's claim alone allocates nothing (tests/fuzz/idx_fuzz.cpp).
+  std::vector<uint8_t> payload;
+  const size_t want = static_cast<size_t>(total);
+  while (payload.size() < want) {
+    const size_t at = payload.size(), chunk = std::min<size_t>(want - at, size_t(16) << 20);
+    payload.resize(at + chunk);
+    readExactly(gz, payload.data() + at, chunk, path, "the IDX payload", at, want);
+  }
   torch::Tensor t = torch::empty(dims, torch::kUInt8);
-  readExactly(gz, t.data_ptr<uint8_t>(), static_cast<size_t>(total), path, "the IDX payload");
+  std::memcpy(t.data_ptr<uint8_t>(), payload.data(), want);
   unsigned char extra;
   if (gzread(gz.f, &extra, 1) != 0)
     throw InputError(path + ": trailing data after the IDX payload (or corrupt file)");

@@ -73,8 +73,11 @@ PlanFile readPlanFile(const std::string& path, const std::vector<std::string>& n
     if (!v.is_array() || v.empty()) throw InputError(path + ": key 'vn_shares': expected a list of VN counts");
     int64_t sum = 0;
     for (const json& s : v) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 1)
-        throw InputError(path + ": key 'vn_shares': every share must be an integer >= 1");
+      // Bounded by the job's VNs so that the sum cannot overflow (a wrapped
+      // sum could equal virtual_nodes; UBSan report in tests/fuzz/plan_file_fuzz.cpp).
+      if (!s.is_number_integer() || s.get<int64_t>() < 1 || s.get<int64_t>() > virtual_nodes)
+        throw InputError(path + ": key 'vn_shares': every share must be an integer from 1 to " +
+                         std::to_string(virtual_nodes) + " (batch.virtual_nodes)");
       pf.vn_shares.push_back(s.get<int64_t>());
       sum += s.get<int64_t>();
     }
