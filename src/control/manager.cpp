@@ -107,6 +107,7 @@ class Manager {
   // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
   json pipeline_;
   json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
+  int spawned_ = 0;   // local workers started at the beginning
   // Data parallelism from a plan file: VNs per worker while the job runs
   // on exactly that many (a resize falls back to even shares).
   std::vector<int64_t> dp_shares_;
@@ -407,8 +408,12 @@ void Manager::pollRegistrations() {
   }
   for (auto& [id, w] : workers_) {
     if (!w.alive || w.placeable) continue;
-    w.placeable = store_->check({"workers/" + std::to_string(id) + "/ready"});
-    if (w.placeable) admit(id, w);
+    if (!store_->check({"workers/" + std::to_string(id) + "/ready"})) continue;
+    // The data every worker must match is a local worker's (it reads this
+    // host's files) when there are any: a remote worker waits for it.
+    if (!fingerprint_.contains("data") && spawned_ > 0 && w.pid <= 0) continue;
+    w.placeable = true;
+    admit(id, w);
   }
 }
 
@@ -764,6 +769,7 @@ int Manager::run() {
   sigemptyset(&block);
   sigaddset(&block, SIGCHLD);
   sigprocmask(SIG_BLOCK, &block, nullptr);
+  spawned_ = spawn_count;
   spawn(spawn_count);
 
   const double start = nowSeconds();
