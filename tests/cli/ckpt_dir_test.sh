@@ -6,34 +6,9 @@
 # shared folder) exits 2 naming it. Needs root and util-linux's unshare.
 set -euo pipefail
 MORPH=$1
-work=$(mktemp -d)
-cleanup() {
-  [[ -n "${mpid:-}" ]] && kill -9 "$mpid" 2>/dev/null || true
-  pkill -9 -f "$work/" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-cat > "$work/job.toml" <<'TOML'
-[job]
-name = "ckdir"
-seed = 11
-steps = 6
-[data]
-dataset = "synthetic"
-train_size = 200
-test_size = 20
-[model]
-name = "mlp"
-hidden = [16]
-[batch]
-global = 20
-virtual_nodes = 4
-[optim]
-lr = 0.05
-[checkpoint]
-every = 2
-TOML
+source "$(dirname "$0")/shell_util.sh"
+make_work
+mlp_job "$work/job.toml" ckdir 11 $'[checkpoint]\nevery = 2'
 
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 # Checkpoints in the folder named, none in the run folder.
@@ -49,14 +24,7 @@ got=$("$MORPH" run "$work/job.toml" --quiet --resume "$work/shared/ck" --out "$w
 # A worker that does not see the folder.
 "$MORPH" run "$work/job.toml" --quiet --workers 1 --spawn 0 --checkpoint-dir "$work/shared/ck2" \
   --out "$work/blind" > "$work/manager.log" 2>&1 &
-mpid=$!
-port=""
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager.log")
-  [[ -n "$port" ]] && break
-  sleep 0.05
-done
-[[ -n "$port" ]] || { echo "FAIL: manager did not start"; cat "$work/manager.log"; exit 1; }
+port=$(manager_port "$work/manager.log")
 set +e
 unshare -m sh -c "mount -t tmpfs tmpfs '$work/shared' && exec '$MORPH' worker --join 127.0.0.1:$port --token-file '$work/blind/token'" \
   > "$work/worker.log" 2>&1

@@ -8,29 +8,9 @@
 # worker is left). Needs root and util-linux's unshare.
 set -euo pipefail
 MORPH=$1
-work=$(mktemp -d)
-trap 'pkill -9 -f "$work/" 2>/dev/null || true; rm -rf "$work"' EXIT
-
-cat > "$work/job.toml" <<'TOML'
-[job]
-name = "ckfull"
-seed = 5
-steps = 8
-[data]
-dataset = "synthetic"
-train_size = 200
-test_size = 20
-[model]
-name = "mlp"
-hidden = [16]
-[batch]
-global = 20
-virtual_nodes = 4
-[optim]
-lr = 0.05
-[checkpoint]
-every = 2
-TOML
+source "$(dirname "$0")/shell_util.sh"
+make_work
+STEPS=8 mlp_job "$work/job.toml" ckfull 5 $'[checkpoint]\nevery = 2'
 
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 [[ "$ref" == model_hash:* ]] || { echo "FAIL: no reference hash: $ref"; exit 1; }

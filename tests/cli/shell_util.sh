@@ -1,0 +1,44 @@
+# Helpers of the shell tests (source it): a scratch folder removed on exit
+# with every process started from it, a small MLP job, and the port of a
+# manager from its log.
+
+# Sets $work to a fresh folder; on exit kills what runs from it and removes it.
+make_work() {
+  work=$(mktemp -d)
+  trap 'pkill -9 -f "$work/" 2>/dev/null || true; rm -rf "$work"' EXIT
+}
+
+# mlp_job FILE NAME SEED [EXTRA TOML]: a 200-sample synthetic MLP job, 4 VNs.
+mlp_job() {
+  cat > "$1" <<TOML
+[job]
+name = "$2"
+seed = $3
+steps = ${STEPS:-6}
+[data]
+dataset = "synthetic"
+train_size = 200
+test_size = 20
+[model]
+name = "mlp"
+hidden = [16]
+[batch]
+global = 20
+virtual_nodes = 4
+[optim]
+lr = 0.05
+${4:-}
+TOML
+}
+
+# manager_port LOG: waits (10 s at most) for "manager on port N" in LOG; prints N.
+manager_port() {
+  local p=""
+  for _ in $(seq 1 200); do
+    p=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$1")
+    [[ -n "$p" ]] && break
+    sleep 0.05
+  done
+  [[ -n "$p" ]] || { echo "FAIL: the manager did not start" >&2; cat "$1" >&2; return 1; }
+  echo "$p"
+}
