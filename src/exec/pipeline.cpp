@@ -335,30 +335,7 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->wait();
     }
   }
-  freeOtherStages();
   core_.notePeak();
-}
-
-// Empties the parameters (and their optimiser state) this stage does not
-// update, and the buffers of layers it does not run. A layer held only for
-// a shared weight keeps that weight.
-void StageExecutor::freeOtherStages() {
-  std::vector<char> keep(core_.params_.size(), 0);
-  for (size_t i : core_.own_params_) keep[i] = 1;
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < core_.params_.size(); ++i) {
-    if (keep[i] || core_.params_[i].numel() == 0) continue;
-    core_.params_[i].set_data(torch::empty({0}));
-    core_.opt_->dropState(i);
-  }
-  const size_t lo = pipe_.cuts[static_cast<size_t>(pipe_.stage)], hi = pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1];
-  for (size_t l = 0; l < core_.model_->size(); ++l) {
-    if (l >= lo && l < hi) continue;
-    for (auto& b : core_.model_->layer(l).buffers()) b.set_data(torch::empty({0}, b.options()));
-    bool any = false;
-    for (const auto& p : core_.model_->layer(l).parameters()) any = any || p.numel() > 0;
-    if (!any) core_.model_->hollow(l);
-  }
 }
 
 EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {

@@ -97,7 +97,6 @@ class StageExecutor : public Executor {
   // the background), flags and control values (MAX) and loss statistics
   // (SUM) over every rank.
   void reduce(std::vector<double>& flags);
-  void freeOtherStages();  // parameters, buffers and optimiser state this stage does not use
 
   PipelinePlacement pipe_;
   PipelineComms pcomm_;

@@ -20,13 +20,17 @@ set -euo pipefail
 MORPH=$1 work=$2 ref=$3
 mkdir -p "$work/full"
 mount -t tmpfs -o size=32k tmpfs "$work/full"
-for workers in "" "--workers 2"; do
-  tag=w${workers##* }
+# run_full OUT MAX_FAILURES [--workers N]: the job into the full folder; sets rc.
+run_full() {
   set +e
-  "$MORPH" run "$work/job.toml" --quiet $workers --checkpoint-dir "$work/full/ck" \
-    --set checkpoint.max_failures=100 --out "$work/$tag" > "$work/$tag.out" 2> "$work/$tag.err"
+  "$MORPH" run "$work/job.toml" --quiet ${3:+$3 $4} --checkpoint-dir "$work/full/ck" \
+    --set checkpoint.max_failures=$2 --out "$work/$1" > "$work/$1.out" 2> "$work/$1.err"
   rc=$?
   set -e
+}
+for workers in "" "--workers 2"; do
+  tag=w${workers##* }
+  run_full "$tag" 100 $workers
   [[ $rc == 0 ]] || { echo "FAIL ($tag): exit $rc"; cat "$work/$tag.err"; exit 1; }
   got=$(tail -n 1 "$work/$tag.out")
   [[ "$got" == "$ref" ]] || { echo "FAIL ($tag): $got vs $ref"; exit 1; }
@@ -34,11 +38,7 @@ for workers in "" "--workers 2"; do
   grep -q '"checkpoint_error"' "$work/$tag/metrics.jsonl" || { echo "FAIL ($tag): no checkpoint_error in metrics"; exit 1; }
   ! ls -d "$work/full/ck"/step-* > /dev/null 2>&1 || { echo "FAIL ($tag): a checkpoint fitted in 32 KiB?"; exit 1; }
 
-  set +e
-  "$MORPH" run "$work/job.toml" --quiet $workers --checkpoint-dir "$work/full/ck" \
-    --set checkpoint.max_failures=2 --out "$work/$tag-stop" > "$work/$tag-stop.out" 2> "$work/$tag-stop.err"
-  rc=$?
-  set -e
+  run_full "$tag-stop" 2 $workers
   [[ $rc == 3 ]] || { echo "FAIL ($tag): max_failures = 2 gave exit $rc"; cat "$work/$tag-stop.err"; exit 1; }
   grep -q "checkpoint.max_failures = 2" "$work/$tag-stop.err" || { echo "FAIL ($tag): cause not named"; cat "$work/$tag-stop.err"; exit 1; }
   if [[ -n "$workers" ]]; then
