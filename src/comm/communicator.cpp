@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -74,6 +76,37 @@ class GlooCommunicator : public Communicator {
       }
       while (!waitOrThrow(comm->poll_))
         if (comm->should_abort_()) throw CommFailure("collective abandoned: the generation was aborted");
+    }
+    void waitAbortable() override {
+      if (!p2p || !comm->should_abort_) return wait();
+      // A send or receive completes only inside wait() (which cannot be
+      // given a timeout without poisoning the context): a thread of its own
+      // waits, and this one polls the abort flag. Given up, the thread ends
+      // with Gloo's own timeout; the work and its group stay alive till then.
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      c10::intrusive_ptr<c10d::Work> w = work;
+      std::thread([w, done] {
+        try {
+          w->wait();
+        } catch (const std::exception&) {
+        }
+        done->store(true);
+      }).detach();
+      auto next_check = std::chrono::steady_clock::now();
+      while (!done->load()) {
+        if (std::chrono::steady_clock::now() >= next_check) {
+          if (comm->should_abort_()) throw CommFailure("transfer abandoned: the generation was aborted");
+          next_check = std::chrono::steady_clock::now() + comm->poll_;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (std::exception_ptr ex = work->exception()) {
+        try {
+          std::rethrow_exception(ex);
+        } catch (const std::exception& e) {
+          throw CommFailure(std::string("transfer failed: ") + e.what());
+        }
+      }
     }
     // True once complete; throws CommFailure if the collective failed. A
     // timed-out wait(timeout) throws too, so completion and failure are read

@@ -32,6 +32,12 @@ class PendingWork {
  public:
   virtual ~PendingWork() = default;
   virtual void wait() = 0;
+  // wait(), but a send or receive also gives up (CommFailure) once the
+  // generation is aborted (GlooOptions::should_abort), by polling for
+  // completion: for transfers outside the training step, where a peer that
+  // died before connecting may leave a point-to-point operation pending
+  // until Gloo's own timeout.
+  virtual void waitAbortable() { wait(); }
 };
 
 class Communicator {

@@ -132,6 +132,9 @@ void resumeFrom(const std::string& dir, Executor& tr, bool report);
 // stage's, on whatever cut the checkpoint was written with) from it.
 std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report);
 void loadHeldLayers(const std::string& checkpoint, Executor& tr);
+// The first half alone, from one checkpoint folder: its step and scale
+// state. Returns the step.
+int64_t loadStepFrom(const std::string& checkpoint, Executor& tr);
 // Submits the due checkpoints to a writer. A failed write (the writer
 // reports it at the next submit or flush) does not stop training: it is
 // reported on stderr and in the step's metrics line (`checkpoint_error`) and

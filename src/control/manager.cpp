@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "control/internal.h"
+#include "control/morph_plan.h"
 #include "control/store_server.h"
 #include "core/model_hash.h"
 #include "exec/pipeline.h"
@@ -60,6 +61,13 @@ class Manager {
   void startTransition(const std::string& cause);
   bool transitionComplete();
   void publish();
+  // A pipeline job's next generation after a membership change: its shape,
+  // placement and the layers that move (control/morph_plan.h). Fills
+  // `plan` and returns the members.
+  std::vector<int64_t> publishMorph(json& plan, const std::vector<int64_t>& survivors,
+                                    const std::map<int64_t, int64_t>& committed, std::vector<int64_t>& released);
+  // The pipeline's shape with `workers` workers (the documented rule).
+  MorphShape morphShape(int workers) const;
   [[noreturn]] void noWorkerLeft(const std::string& why);
   void markDead(int64_t id, const std::string& why);
   void setUpPipeline();
@@ -115,6 +123,8 @@ class Manager {
   // the first generation. Devices of a resources file, by worker slot.
   std::vector<int> plan_workers_;
   std::vector<std::string> layer_names_;  // pipeline jobs: the model's layers, for its hash
+  std::vector<int64_t> layer_bytes_;      // per layer: parameters, buffers and optimiser state
+  std::vector<std::pair<size_t, size_t>> tied_layers_;  // (user, owner) of shared weights
   std::optional<Resources> res_;
   json vn_shares_ = json::array();  // VNs per member of the current generation
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
@@ -124,7 +134,7 @@ class Manager {
 // Validates the plan before any worker starts: the cut (even or from the
 // plan file), its replicas, VN shares and worker slots, the worker count,
 // each replica's schedule, the memory cap and each device's memory
-// (resources file). Pipeline jobs run on a fixed set of workers for now.
+// (resources file).
 void Manager::setUpPipeline() {
   const bool plan_file = !o_.plan.empty() && o_.plan != "auto";
   if (!o_.resources.empty()) res_ = readResources(o_.resources);
@@ -133,6 +143,21 @@ void Manager::setUpPipeline() {
   std::vector<std::string> names;
   for (size_t l = 0; l < model->size(); ++l) names.push_back(model->layerName(l));
   layer_names_ = names;
+  {
+    // What moving a layer costs when a pipeline morphs: its tensors and
+    // their optimiser state (SGD momentum: one copy; AdamW: two).
+    const int64_t copies = job_.optim.name == "adamw" ? 3 : job_.optim.momentum > 0 ? 2 : 1;
+    for (size_t l = 0; l < model->size(); ++l) {
+      int64_t b = 0;
+      for (const auto& p : model->layer(l).parameters()) b += copies * p.numel() * p.element_size();
+      for (const auto& t : model->layer(l).buffers()) b += t.numel() * t.element_size();
+      layer_bytes_.push_back(b);
+      for (auto& [alias, owner] : model->layer(l).tiedLeaves())
+        for (size_t o = 0; o < model->size(); ++o)
+          for (const auto& p : model->layer(o).parameters())
+            if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) tied_layers_.push_back({l, o});
+    }
+  }
   PlanFile pf;
   if (plan_file) {
     pf = readPlanFile(o_.plan, names, job_.virtual_nodes);
@@ -455,9 +480,6 @@ void Manager::markDead(int64_t id, const std::string& why) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
     setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
-    if (pipelined())
-      noWorkerLeft("worker " + std::to_string(id) + " " + why +
-                   "; a pipeline job does not regroup yet (resume it with --resume)");
     if (!in_transition_) startTransition("failure");
   }
 }
@@ -526,10 +548,6 @@ void Manager::pollResizeRequests() {
     return;
   }
   const int want = std::stoi(asked);
-  if (pipelined()) {
-    std::fprintf(stderr, "morph: ignoring resize to %d workers: a pipeline job does not resize yet\n", want);
-    return;
-  }
   if (want < 1 || want > job_.virtual_nodes) {
     std::fprintf(stderr, "morph: ignoring resize to %d workers (1..%lld)\n", want,
                  static_cast<long long>(job_.virtual_nodes));
@@ -557,6 +575,27 @@ void Manager::pollMetrics() {
     committed_ = next_++;
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
       pending_resize_["seconds"] = nowSeconds() - pending_since_;
+      if (pending_resize_.contains("to_shape")) {
+        // What the members measured entering the generation: the slowest
+        // member's rendezvous, state movement and checkpoint load, and every
+        // byte received.
+        double rdv = 0, move = 0, load = 0;
+        int64_t bytes = 0;
+        for (int64_t id : members_) {
+          const std::string k = key(pending_gen_, "morph", id);
+          if (!store_->check({k})) continue;
+          const json m = json::parse(getString(*store_, k), nullptr, false);
+          if (!m.is_object()) continue;
+          rdv = std::max(rdv, m.value("rendezvous_seconds", 0.0));
+          move = std::max(move, m.value("move_seconds", 0.0));
+          load = std::max(load, m.value("load_seconds", 0.0));
+          bytes += m.value("bytes_in", int64_t{0});
+        }
+        pending_resize_["rendezvous_seconds"] = rdv;
+        pending_resize_["move_seconds"] = move;
+        pending_resize_["load_seconds"] = load;
+        pending_resize_["bytes_moved"] = bytes;
+      }
       resizes_.push_back(pending_resize_);
       std::printf("morph: generation %lld: %s, %d -> %d workers, first step committed after %.3f s\n",
                     static_cast<long long>(pending_gen_), pending_resize_["cause"].get<std::string>().c_str(),
@@ -643,9 +682,12 @@ void Manager::publish() {
   for (auto& [id, w] : workers_)
     if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
       candidates.push_back(id);
-  const size_t size = pipelined() ? static_cast<size_t>(target_)
-                                  : std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
-                                                      static_cast<size_t>(job_.virtual_nodes)});
+  // The first generation of a pipeline runs exactly its plan's workers;
+  // later ones are placed by publishMorph().
+  const size_t size = pipelined() && gen_ < 0
+                          ? static_cast<size_t>(target_)
+                          : std::min<size_t>({candidates.size(), static_cast<size_t>(target_),
+                                              static_cast<size_t>(job_.virtual_nodes)});
   if (gen_ < 0 && !plan_workers_.empty()) {
     // The first generation runs the plan's devices: world rank r on worker
     // slot plan_workers_[r]; the others are released.
@@ -657,6 +699,8 @@ void Manager::publish() {
   }
   std::vector<int64_t> next(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
   std::vector<int64_t> released(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
+  json morph_plan;
+  if (pipelined() && gen_ >= 0) next = publishMorph(morph_plan, survivors, committed, released);
   int source = 0;
   for (size_t r = 0; r < next.size(); ++r)
     if (committed.count(next[r]) && committed[next[r]] == best) {
@@ -665,6 +709,7 @@ void Manager::publish() {
     }
   json plan = {{"generation", g}, {"members", next}, {"released", released}, {"source", source},
                {"vn_ranges", json::array()}};
+  if (!morph_plan.is_null()) plan["morph"] = morph_plan;
   if (pipelined()) {
     plan["pipeline"] = pipeline_;
     const int P = pipeline_.at("stages").get<int>();
@@ -706,6 +751,13 @@ void Manager::publish() {
                        {"to", static_cast<int>(next.size())},
                        {"cause", cause},
                        {"detected_unix_time", transition_unix_}};
+    if (!morph_plan.is_null()) {
+      pending_resize_["from_shape"] = morph_plan.at("from_shape");
+      pending_resize_["to_shape"] = morph_plan.at("to_shape");
+      pending_resize_["live"] = morph_plan.at("live");
+      pending_resize_["steps_redone"] = morph_plan.value("steps_redone", 0);
+      pending_resize_["planning_seconds"] = morph_plan.at("planning_seconds");
+    }
     pending_gen_ = g;
     pending_since_ = transition_start_;
   }
@@ -715,6 +767,88 @@ void Manager::publish() {
   gen_ = g;
   in_transition_ = false;
   transition_cause_.clear();
+}
+
+MorphShape Manager::morphShape(int workers) const {
+  return chooseMorphShape(workers, pipeline_.at("stages").get<int>(), target_, job_.virtual_nodes,
+                          layer_names_.size(), nullptr);
+}
+
+std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t>& survivors,
+                                           const std::map<int64_t, int64_t>& committed,
+                                           std::vector<int64_t>& released) {
+  const double t0 = nowSeconds();
+  MorphInput in;
+  in.stages = pipeline_.at("stages").get<int>();
+  in.cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
+  in.target = target_;
+  in.virtual_nodes = job_.virtual_nodes;
+  in.layer_bytes = layer_bytes_;
+  in.tied = tied_layers_;
+  for (int64_t id : survivors) {
+    MorphCandidate c;
+    c.id = id;
+    c.step = committed.at(id);
+    // The layers it holds at that step ("lo,hi"; absent or malformed: none).
+    const std::string hk = key(gen_, "held", id);
+    if (store_->check({hk})) {
+      const std::string v = getString(*store_, hk);
+      size_t lo = 0, hi = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%zu,%zu%c", &lo, &hi, &tail) == 2 && lo <= hi && hi <= layer_names_.size())
+        c.held_lo = lo, c.held_hi = hi;
+    }
+    in.candidates.push_back(c);
+  }
+  for (auto& [id, w] : workers_)
+    if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
+      in.candidates.push_back({id, -1, 0, 0});
+  const MorphShape shape = morphShape(static_cast<int>(in.candidates.size()));
+  if (shape.workers() == 0) noWorkerLeft("no pipeline shape fits the " + std::to_string(in.candidates.size()) + " workers left");
+  const std::vector<size_t> cuts = shape.stages == in.stages ? in.cuts : evenCuts(layer_names_.size(), shape.stages);
+  const MorphPlan mp = planMorph(in, shape, cuts);
+  // Spares beyond --workers leave; the others wait for the next change.
+  released.clear();
+  const size_t keep_spares = static_cast<size_t>(std::max(0, target_ - shape.workers()));
+  for (size_t i = keep_spares; i < mp.spares.size(); ++i) released.push_back(mp.spares[i]);
+  const MorphShape was{in.stages, pipeline_.at("replicas").get<int>()};
+  plan = {{"live", mp.live},
+          {"step", mp.step},
+          {"from_shape", {was.stages, was.replicas}},
+          {"to_shape", {shape.stages, shape.replicas}}};
+  std::string how;
+  if (mp.live) {
+    json tr = json::array();
+    for (const MorphTransfer& t : mp.transfers) tr.push_back({t.layer, t.src, t.dst});
+    plan["meta_source"] = mp.meta_source;
+    plan["transfers"] = tr;
+    plan["expected_bytes"] = mp.bytes_moved;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%zu layers move between workers (about %.1f MiB)", mp.transfers.size(),
+                  static_cast<double>(mp.bytes_moved) / 1048576.0);
+    how = buf;
+  } else {
+    // Some layer has no holder at the newest step: every member reloads
+    // from the newest checkpoint and the steps since are done again.
+    const std::string cdir = checkpointDir(o_, job_);
+    const int64_t ck = job_.checkpoint_every > 0 ? newestGoodCheckpoint(cdir) : -1;
+    if (ck < 0)
+      noWorkerLeft("pipeline cannot morph: " + mp.why_not_live + ", and there is no checkpoint to restore it from");
+    plan["checkpoint"] = cdir + "/" + checkpointDirName(ck);
+    plan["steps_redone"] = std::max<int64_t>(0, mp.step - ck);
+    how = mp.why_not_live + ": every stage reloads the checkpoint of step " + std::to_string(ck) + " and " +
+          std::to_string(std::max<int64_t>(0, mp.step - ck)) + " steps are done again";
+  }
+  json vr = json::array();
+  for (auto& [b, e] : assignVns(job_.virtual_nodes, shape.replicas)) vr.push_back({b, e});
+  pipeline_["stages"] = shape.stages;
+  pipeline_["replicas"] = shape.replicas;
+  pipeline_["cuts"] = cuts;
+  pipeline_["replica_ranges"] = vr;
+  plan["planning_seconds"] = nowSeconds() - t0;
+  std::printf("morph: pipeline morphs from %d stages x %d replicas to %d x %d (cut: %s); %s\n", was.stages,
+              was.replicas, shape.stages, shape.replicas, describeCuts(layer_names_, cuts).c_str(), how.c_str());
+  return mp.members;
 }
 
 int Manager::run() {
@@ -818,13 +952,20 @@ int Manager::run() {
       for (auto& [id, w] : workers_)
         joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
       const int size = static_cast<int>(members_.size());
-      if (posted && pipelined()) {
-        noWorkerLeft("a pipeline member left or lost a peer; a pipeline job does not regroup yet "
-                     "(resume it with --resume)");
-      } else if (posted) {
+      if (posted) {
         startTransition("");  // a leave, or a failure a survivor saw first
       } else if (pipelined()) {
-        // Fixed membership: extra workers wait until the job ends.
+        // Grow when the workers at hand make a bigger shape (joiners, or a
+        // larger --workers target); extra workers wait as spares.
+        const MorphShape now{pipeline_.at("stages").get<int>(), pipeline_.at("replicas").get<int>()};
+        const MorphShape could = morphShape(size + joiners);
+        if (joiners > 0 && could.workers() > now.workers()) {
+          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          startTransition(resize_seq_ > 0 ? "request" : "join");
+        } else if (size > target_) {
+          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          startTransition("request");
+        }
       } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
         setString(*store_, "gen/want", std::to_string(gen_ + 1));
         startTransition(resize_seq_ > 0 ? "request" : "join");
@@ -949,9 +1090,6 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 int runResize(const std::string& join, int workers, const std::string& token_file) {
   auto store = connectToManager(join, readToken(token_file), "client", 5.0);
   // What the manager would ignore is refused here, where the user sees it.
-  if (getString(*store, "job/stage_local") == "1")
-    throw InputError("--workers " + std::to_string(workers) + ": the job at " + join +
-                     " is a pipeline job, which does not resize yet");
   const JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
                                splitLines(getString(*store, "job/overrides")));
   if (workers > job.virtual_nodes)

@@ -206,10 +206,16 @@ std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report) {
   if (report)
     for (const auto& p : problems) std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", p.c_str());
   if (!path) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
-  const CheckpointData meta = loadLayers(*path, fs, 0, -1);
-  tr.importState(meta, /*partial=*/true);
-  if (report) std::printf("morph: resuming from %s at step %lld\n", path->c_str(), static_cast<long long>(meta.step));
+  const int64_t step = loadStepFrom(*path, tr);
+  if (report) std::printf("morph: resuming from %s at step %lld\n", path->c_str(), static_cast<long long>(step));
   return *path;
+}
+
+int64_t loadStepFrom(const std::string& checkpoint, Executor& tr) {
+  PosixFileSystem fs;
+  const CheckpointData meta = loadLayers(checkpoint, fs, 0, -1);
+  tr.importState(meta, /*partial=*/true);
+  return meta.step;
 }
 
 void loadHeldLayers(const std::string& checkpoint, Executor& tr) {

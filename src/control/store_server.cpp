@@ -101,7 +101,9 @@ std::string jobPolicyRefusal(const Role& role, Op op, const std::string& key, in
   if (role.worker == 0 && (key == "job/steps" || key == "job/start_step") && op == Op::kSet) return "";
   if (p.size() >= 3 && p[0] == "gen" && isDigits(p[1])) {
     // Its own reports of a generation, and Gloo's rendezvous of its groups.
-    if (p.size() == 4 && (p[2] == "ready" || p[2] == "left" || p[2] == "line") && p[3] == me) return "";
+    if (p.size() == 4 && (p[2] == "ready" || p[2] == "left" || p[2] == "line" || p[2] == "held" || p[2] == "morph") &&
+        p[3] == me)
+      return "";
     if (p.size() >= 4 && (p[2] == "pg" || p[2] == "stage" || p[2] == "tied" || p[2] == "pipe")) return "";
   }
   return "worker " + me + " may not write this key (only its own keys: docs/store_protocol.md)";

@@ -53,6 +53,48 @@ class Heartbeat {
   std::thread thread_;
 };
 
+// The store as a generation's process groups see it: a wait for keys
+// (Gloo's rendezvous waits for every member's address) also ends, with
+// CommFailure, once the manager aborts the generation. A member that died
+// before publishing its address would otherwise hold the others for the
+// store's whole timeout.
+class GenerationStore : public c10d::Store {
+ public:
+  GenerationStore(c10::intrusive_ptr<StoreClient> inner, std::string abort_key)
+      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)), abort_(std::move(abort_key)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return inner_->compareSet(key, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    waitFor({key}, timeout_);
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { waitFor(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    waitFor(keys, timeout);
+  }
+
+ private:
+  void waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!inner_->check(keys)) {
+      if (inner_->check({abort_})) throw CommFailure("the generation was aborted while its members met");
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
+        throw CommFailure("a member of the generation did not show up within " +
+                          std::to_string(timeout.count() / 1000) + " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  c10::intrusive_ptr<StoreClient> inner_;
+  std::string abort_;
+};
+
 // Every member of a new generation receives the state of `source` (the
 // member with the newest committed step): parameters, buffers, optimiser
 // state, scale state and the step counter.
@@ -85,7 +127,7 @@ void syncState(StepCore& tr, Communicator& comm, int source) {
 // order: world, stage, tied, pipe) and hands the trainer its place.
 void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range,
                    std::vector<std::unique_ptr<Communicator>>& comms,
-                   const c10::intrusive_ptr<StoreClient>& store, const std::string& gkey,
+                   const c10::intrusive_ptr<c10d::Store>& store, const std::string& gkey,
                    const GlooOptions& go) {
   PipelinePlacement pl;
   pl.stages = p.at("stages").get<int>();
@@ -98,16 +140,92 @@ void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range
   PipelineComms pc;
   pc.world = comms.back().get();
   auto group = [&](const std::string& name, int r, int size) {
-    comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/" + name, store), r,
-                                         size, go));
+    try {
+      comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/" + name, store), r,
+                                           size, go));
+    } catch (const CommFailure&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommFailure("cannot form the " + name + " group of generation " + gkey + ": " + e.what());
+    }
     return comms.back().get();
   };
   if (pl.replicas > 1) pc.stage = group("stage/" + std::to_string(pl.stage), pl.replica, pl.replicas);
-  if (tr.sharesWeights() && (pl.stage == 0 || pl.stage == pl.stages - 1))
+  if (pl.stages > 1 && tr.sharesWeights() && (pl.stage == 0 || pl.stage == pl.stages - 1))
     pc.tied = group("tied", pl.stage == 0 ? pl.replica : pl.replicas + pl.replica, 2 * pl.replicas);
   pc.pipe = group("pipe/" + std::to_string(pl.replica), pl.stage, pl.stages);
   tr.setTracing(p.value("trace", false));
   tr.place(pl, range.at(0).get<int64_t>(), range.at(1).get<int64_t>(), pc);
+}
+
+// The layers a pipeline worker holds with the state of its committed step,
+// [lo, hi): what the manager may move from it when the pipeline morphs.
+struct HeldRange {
+  size_t lo = 0, hi = 0;
+};
+
+// Joins a pipeline generation as world rank `rank`: places the stage and
+// gives its layers their state, from the job seed or the resume checkpoint
+// (the first generation), from the workers that hold them (a live morph:
+// step counter and scale state broadcast from one member, then layers
+// point to point), or from the checkpoint the manager names. Keeps `held`
+// true at every point (a failure midway reports only what is still good)
+// and returns what it measured for the manager's record of the morph.
+json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std::vector<std::unique_ptr<Communicator>>& comms,
+                             const c10::intrusive_ptr<c10d::Store>& store, const std::string& gkey,
+                             const GlooOptions& go, HeldRange& held, std::string& resume_ckpt, double rendezvous_s) {
+  const json& p = plan.at("pipeline");
+  Communicator& world = *comms.back();
+  const json& range = plan.at("vn_ranges").at(rank);
+  const json morph = plan.value("morph", json());
+  json out = {{"rendezvous_seconds", rendezvous_s}, {"move_seconds", 0.0}, {"load_seconds", 0.0}, {"bytes_in", 0}};
+  const int P = p.at("stages").get<int>();
+  const std::vector<size_t> cuts = p.at("cuts").get<std::vector<size_t>>();
+  const HeldRange next{cuts[static_cast<size_t>(rank % P)], cuts[static_cast<size_t>(rank % P) + 1]};
+  auto place = [&] {
+    // Layers outside the new range are freed, those inside kept.
+    held = {std::max(held.lo, next.lo), std::min(held.hi, next.hi)};
+    if (held.lo >= held.hi) held = {};
+    const double t0 = nowSeconds();
+    setUpPipeline(ex, p, rank, range, comms, store, gkey, go);
+    out["rendezvous_seconds"] = out["rendezvous_seconds"].get<double>() + (nowSeconds() - t0);
+  };
+  if (morph.is_null()) {  // the first generation: every member starts from the same state
+    place();
+    if (!resume_ckpt.empty()) {
+      const double t0 = nowSeconds();
+      loadHeldLayers(resume_ckpt, ex);
+      out["load_seconds"] = nowSeconds() - t0;
+    }
+  } else if (morph.at("live").get<bool>()) {
+    const int64_t step = morph.at("step").get<int64_t>();
+    if (ex.core().nextStep() != step) held = {};  // what it holds is of another step
+    const double t0 = nowSeconds();
+    StepCore& core = ex.core();
+    torch::Tensor m = torch::tensor(core.stateMeta(), torch::kInt64);
+    world.broadcast(m, morph.at("meta_source").get<int>());
+    core.setStateMeta(std::vector<int64_t>(m.data_ptr<int64_t>(), m.data_ptr<int64_t>() + m.numel()));
+    std::vector<LayerTransfer> transfers;
+    for (const auto& t : morph.at("transfers"))
+      transfers.push_back({t.at(0).get<size_t>(), t.at(1).get<int>(), t.at(2).get<int>()});
+    int64_t bytes = 0;
+    std::map<size_t, NamedTensors> got = moveLayers(core, world, transfers, &bytes);
+    out["move_seconds"] = nowSeconds() - t0;
+    out["bytes_in"] = bytes;
+    place();
+    ex.importLayers(got);
+  } else {
+    held = {};  // every layer goes back to the checkpoint's step
+    const double t0 = nowSeconds();
+    const std::string ck = morph.at("checkpoint").get<std::string>();
+    loadStepFrom(ck, ex);
+    place();
+    loadHeldLayers(ck, ex);
+    out["load_seconds"] = nowSeconds() - t0;
+  }
+  resume_ckpt.clear();
+  held = next;
+  return out;
 }
 
 }  // namespace
@@ -187,10 +305,12 @@ int runWorker(const WorkerOptions& o) {
 
   int64_t gen = -1;
   json last_line;  // metrics of the last step this worker committed
+  HeldRange held;  // pipeline: the layers this worker holds at its committed step
   // Reports the committed step when leaving a generation (ready or left).
   auto report = [&](const std::string& what) {
     const std::string gk = "gen/" + std::to_string(gen) + "/";
     if (!last_line.is_null()) setString(*store, gk + "line/" + me, last_line.dump());
+    if (stage_ex) setString(*store, gk + "held/" + me, std::to_string(held.lo) + "," + std::to_string(held.hi));
     setString(*store, gk + what + "/" + me, std::to_string(core.nextStep()));
     store->add("events", 1);  // wakes the manager's membership check
   };
@@ -226,9 +346,11 @@ int runWorker(const WorkerOptions& o) {
     go.interface_addr = iface;
     go.timeout = std::chrono::seconds(30);
     go.should_abort = [&store, gkey] { return store->check({gkey + "/abort"}); };
+    const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<GenerationStore>(store, gkey + "/abort");
     try {
+      const double rdv0 = nowSeconds();
       try {
-        comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", store),
+        comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", gstore),
                                              rank, world, go));
       } catch (const std::exception& e) {
         throw CommFailure(std::string("cannot form generation ") + std::to_string(gen) + ": " + e.what());
@@ -237,17 +359,17 @@ int runWorker(const WorkerOptions& o) {
       auto range = plan.at("vn_ranges").at(rank);
       core.setSlowdown(plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0);
       if (plan.contains("pipeline")) {
-        // Every member starts from the same state (the job seed or the
-        // checkpoint it loaded), so there is nothing to broadcast.
-        setUpPipeline(*stage_ex, plan.at("pipeline"), rank, range, comms, store, gkey, go);
-        if (!resume_ckpt.empty()) {
-          loadHeldLayers(resume_ckpt, tr);
-          resume_ckpt.clear();
-        }
+        const json m = enterPipelineGeneration(*stage_ex, plan, rank, comms, gstore, gkey, go, held, resume_ckpt,
+                                               nowSeconds() - rdv0);
+        setString(*store, gkey + "/morph/" + me, m.dump());
       } else {
         vn_ex->setCommunicator(&comm);
         syncState(core, comm, plan.at("source").get<int>());
         vn_ex->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+      }
+      if (stage_ex && stage_ex->placement().replica != 0) {
+        keeper.reset();  // a morph moved this worker off a writing replica
+        ckpt.reset();
       }
       if (job.checkpoint_every > 0 && stage_ex && stage_ex->placement().replica == 0) {
         // Each stage's first replica writes its layers; world rank 0 also
@@ -260,7 +382,10 @@ int runWorker(const WorkerOptions& o) {
       } else if (rank == 0 && job.checkpoint_every > 0 && !ckpt) {
         ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep));
       }
-      if (ckpt && (!keeper || keeper->writer() != ckpt.get())) keeper.emplace(ckpt.get(), job);
+      if (ckpt && (!keeper || keeper->writer() != ckpt.get())) {
+        keeper.reset();
+        keeper.emplace(ckpt.get(), job);
+      }
       bool regroup = false;
       while (core.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <random>
 #include <map>
@@ -224,7 +225,7 @@ bool StageExecutor::sharesWeights() {
 
 void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end, const PipelineComms& comms) {
   const size_t L = core_.model_->size();
-  MORPH_CHECK(pl.stages > 1 && 0 <= pl.stage && pl.stage < pl.stages, "bad pipeline placement");
+  MORPH_CHECK(pl.stages >= 1 && 0 <= pl.stage && pl.stage < pl.stages, "bad pipeline placement");
   MORPH_CHECK(pl.replicas >= 1 && 0 <= pl.replica && pl.replica < pl.replicas, "bad replica");
   MORPH_CHECK(pl.cuts.size() == static_cast<size_t>(pl.stages) + 1 && pl.cuts.front() == 0 && pl.cuts.back() == L,
               "cuts must cover the model");
@@ -233,6 +234,9 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   MORPH_CHECK(comms.world && comms.pipe, "a pipeline needs world and pipe communicators");
   pipe_ = pl;
   pcomm_ = comms;
+  // Channels of a previous placement send on its generation's groups.
+  if (act_out_) old_channels_.push_back(std::move(act_out_));
+  if (grad_out_) old_channels_.push_back(std::move(grad_out_));
   vn_begin_ = vn_begin;
   vn_end_ = vn_end;
   ScheduleOptions so{pl.schedule, pl.stages, vn_end - vn_begin, pl.recompute};
@@ -269,11 +273,13 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       if (pl.stage == us || pl.stage == os) tied_segs_.push_back(core_.segOf(i));
       if (pl.stage == us) core_.own_params_.push_back(i);  // the copy this stage updates
     }
-  // Build what this stage holds if it was created holding nothing: its
-  // layers, and the weight it shares with another stage.
+  // Free what a previous placement held and this one does not; build what
+  // this stage holds if it was created holding nothing: its layers, and the
+  // weight it shares with another stage.
   {
     std::vector<char> held(L, 0);
     for (size_t l = lo; l < hi; ++l) held[l] = 1;
+    core_.releaseLayers(held, core_.own_params_);
     core_.holdLayers(held, core_.own_params_);
     core_.notePeak();
   }
@@ -319,7 +325,7 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     const size_t k = static_cast<size_t>(pl.stage);
     if (k > 0) {
       torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
-      pcomm_.pipe->recv(msg, pl.stage - 1, kShapeTag)->wait();
+      pcomm_.pipe->recv(msg, pl.stage - 1, kShapeTag)->waitAbortable();
       auto* m = msg.data_ptr<int64_t>();
       cut_shapes_[k - 1].assign(m + 1, m + 1 + m[0]);
       x = torch::zeros(cut_shapes_[k - 1], torch::kFloat32);
@@ -332,10 +338,64 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
       msg[0] = x.dim();
       for (int64_t d = 0; d < x.dim(); ++d) msg[d + 1] = x.size(d);
-      pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->wait();
+      pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->waitAbortable();
     }
   }
   core_.notePeak();
+}
+
+std::pair<size_t, size_t> StageExecutor::layerRange() const {
+  return {pipe_.cuts[static_cast<size_t>(pipe_.stage)], pipe_.cuts[static_cast<size_t>(pipe_.stage) + 1]};
+}
+
+void StageExecutor::importLayers(const std::map<size_t, NamedTensors>& layers) {
+  for (const auto& [l, state] : layers) {
+    const auto [lo, hi] = layerRange();
+    bool held = lo <= l && l < hi;  // its own (perhaps without any tensor)
+    for (const auto& p : core_.model_->layer(l).parameters()) held = held || p.numel() > 0;
+    MORPH_CHECK(held, "received layer " + std::to_string(l) + ", which this stage does not hold");
+    core_.importLayer(l, state);
+  }
+  core_.notePeak();
+}
+
+std::map<size_t, NamedTensors> moveLayers(const StepCore& core, Communicator& world,
+                                          const std::vector<LayerTransfer>& transfers, int64_t* bytes_in) {
+  // Tags 2i (length) and 2i + 1 (bytes) for transfer i; every send is
+  // posted before the first receive, so no order of the list can deadlock.
+  constexpr int kMoveTagBase = 64;
+  std::vector<std::unique_ptr<PendingWork>> sends;
+  std::vector<torch::Tensor> keep;  // alive until their sends complete
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const LayerTransfer& t = transfers[i];
+    if (t.src != world.rank()) continue;
+    MORPH_CHECK(t.dst != t.src, "a layer moves to its own holder");
+    const std::string bytes = encodeTensorFile(core.layerState(t.layer));
+    torch::Tensor len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+    torch::Tensor body = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+    std::memcpy(body.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    sends.push_back(world.send(len, t.dst, kMoveTagBase + 2 * static_cast<int>(i)));
+    sends.push_back(world.send(body, t.dst, kMoveTagBase + 2 * static_cast<int>(i) + 1));
+    keep.push_back(len);
+    keep.push_back(body);
+  }
+  std::map<size_t, NamedTensors> got;
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const LayerTransfer& t = transfers[i];
+    if (t.dst != world.rank()) continue;
+    torch::Tensor len = torch::zeros({1}, torch::kInt64);
+    world.recv(len, t.src, kMoveTagBase + 2 * static_cast<int>(i))->waitAbortable();
+    const int64_t n = len.item<int64_t>();
+    MORPH_CHECK(n > 0 && n < (int64_t{1} << 40), "layer message of " + std::to_string(n) + " bytes");
+    torch::Tensor body = torch::empty({n}, torch::kUInt8);
+    world.recv(body, t.src, kMoveTagBase + 2 * static_cast<int>(i) + 1)->waitAbortable();
+    got[t.layer] = decodeTensorFile(std::string(reinterpret_cast<const char*>(body.data_ptr<uint8_t>()),
+                                                static_cast<size_t>(n)),
+                                    "layer " + std::to_string(t.layer) + " from world rank " + std::to_string(t.src));
+    if (bytes_in) *bytes_in += n;
+  }
+  for (auto& w : sends) w->waitAbortable();
+  return got;
 }
 
 EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {

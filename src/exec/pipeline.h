@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,8 +76,18 @@ class StageExecutor : public Executor {
   // layers (and the copy of a weight it shares with another stage) from the
   // job seed, nothing else; learns its input's shape from the previous
   // stage. Every rank of the pipeline calls it at the same time.
+  // Called again (a morph: a new generation with another placement), it
+  // frees the layers the worker no longer runs and keeps the state of
+  // those it still runs; layers new to it start from the seed until
+  // importLayers() gives them their state.
   void place(const PipelinePlacement& placement, int64_t vn_begin, int64_t vn_end, const PipelineComms& comms);
   const PipelinePlacement& placement() const { return pipe_; }
+  // The layers this stage runs, [first, second).
+  std::pair<size_t, size_t> layerRange() const;
+  // Layers (parameters, buffers, optimiser state) received from other
+  // workers; each must be one this placement holds, in whole or in part
+  // (a stage's copy of a tied weight takes only that tensor).
+  void importLayers(const std::map<size_t, NamedTensors>& layers);
   // Per-action trace and per-step timing.
   void setTracing(bool on) { tracing_ = on; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
@@ -109,7 +120,26 @@ class StageExecutor : public Executor {
   std::vector<TraceEvent> trace_;
   std::vector<StageTiming> timings_;
   std::unique_ptr<SendChannel, SendChannelDeleter> act_out_, grad_out_;
+  // Of past placements: a sender may still be blocked on a peer of a failed
+  // generation, so it is never destroyed while the process runs.
+  std::vector<std::unique_ptr<SendChannel, SendChannelDeleter>> old_channels_;
 };
+
+// One layer's state moving from world rank `src` to world rank `dst` when a
+// pipeline morphs (docs/pipeline.md, "Morphing").
+struct LayerTransfer {
+  size_t layer;
+  int src, dst;
+};
+
+// Every rank of `world` calls it with the same list, before it is placed
+// anew: it sends the layers it is the source of (from the state it holds
+// now: StepCore::layerState) and receives those it is the destination of,
+// point to point, encoded as checkpoint tensor files (checksummed). Returns
+// the layers received; adds the bytes received to `*bytes_in`. Throws
+// CommFailure when a peer fails, InputError on a damaged message.
+std::map<size_t, NamedTensors> moveLayers(const StepCore& core, Communicator& world,
+                                          const std::vector<LayerTransfer>& transfers, int64_t* bytes_in);
 
 // stages + 1 layer boundaries giving each stage floor or ceil of
 // layers / stages consecutive layers. InputError when stages > layers.

@@ -169,6 +169,27 @@ void StepCore::holdLayers(const std::vector<char>& layers, const std::vector<siz
       if (alias.numel() != owner.numel()) alias.set_data(owner.detach());
 }
 
+void StepCore::releaseLayers(const std::vector<char>& layers, const std::vector<size_t>& params) {
+  torch::NoGradGuard no_grad;
+  for (size_t l = 0; l < model_->size(); ++l) {
+    if (layers[l]) continue;
+    Layer& m = model_->layer(l);
+    for (auto& p : m.parameters()) {
+      const size_t i = indexOf(params_, p);
+      if (std::find(params.begin(), params.end(), i) != params.end()) continue;
+      if (p.numel() > 0) params_[i].set_data(torch::empty({0}, p.options()));
+      params_[i].mutable_grad() = torch::Tensor();
+      opt_->dropState(i);
+    }
+    for (auto& b : m.buffers()) b.set_data(torch::empty({0}, b.options()));
+    for (auto& [alias, owner] : m.tiedLeaves()) {
+      alias.set_data(torch::empty({0}, alias.options()));
+      alias.mutable_grad() = torch::Tensor();
+    }
+    model_->markHollow(l);
+  }
+}
+
 StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
                             const std::function<void(std::vector<double>& flags)>& reduce,
                             Communicator* norm_world) {
@@ -353,26 +374,16 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
                      std::to_string(L));
   if (!partial && (first != 0 || d.layers.size() != L))
     throw InputError("checkpoint has " + std::to_string(d.layers.size()) + " layers, the model " + std::to_string(L));
-  torch::NoGradGuard no_grad;
   for (size_t k = 0; k < d.layers.size(); ++k) {
     const size_t l = first + k;
-    const std::string& name = model_->layerName(l);
-    const NamedTensors want = layerState(l);
     const auto& [got_name, got] = d.layers[k];
-    if (got_name != name || got.size() != want.size())
-      throw InputError("checkpoint layer " + std::to_string(l) + " is '" + got_name + "' with " +
-                       std::to_string(got.size()) + " tensors; the model's is '" + name + "' with " +
-                       std::to_string(want.size()));
-    for (size_t t = 0; t < want.size(); ++t) {
-      const torch::Tensor& live = want[t].second;
-      if (got[t].first != want[t].first || got[t].second.scalar_type() != live.scalar_type())
-        throw InputError("checkpoint tensor " + name + "/" + got[t].first + " does not match the model's " +
-                         name + "/" + want[t].first);
-      if (live.numel() == 0 && got[t].second.numel() != 0) continue;  // a tensor this worker does not hold
-      if (!got[t].second.sizes().equals(live.sizes()))
-        throw InputError("checkpoint tensor " + name + "/" + got[t].first + " has shape " +
-                         c10::str(got[t].second.sizes()) + ", the model's " + c10::str(live.sizes()));
-      live.copy_(got[t].second);
+    if (got_name != model_->layerName(l))
+      throw InputError("checkpoint layer " + std::to_string(l) + " is '" + got_name + "'; the model's is '" +
+                       model_->layerName(l) + "'");
+    try {
+      importLayer(l, got);
+    } catch (const InputError& e) {
+      throw InputError(std::string("checkpoint ") + e.what());
     }
   }
   std::vector<int> scales;
@@ -390,6 +401,26 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
   opt_->setStepCount(d.meta.at("optim_steps").get<int64_t>());
   acc_->setScales(scales);
   notePeak();
+}
+
+void StepCore::importLayer(size_t l, const NamedTensors& got) {
+  const std::string& name = model_->layerName(l);
+  const NamedTensors want = layerState(l);
+  if (got.size() != want.size())
+    throw InputError("layer " + std::to_string(l) + " ('" + name + "') comes with " + std::to_string(got.size()) +
+                     " tensors; the model's has " + std::to_string(want.size()));
+  torch::NoGradGuard no_grad;
+  for (size_t t = 0; t < want.size(); ++t) {
+    const torch::Tensor& live = want[t].second;
+    if (got[t].first != want[t].first || got[t].second.scalar_type() != live.scalar_type())
+      throw InputError("tensor " + name + "/" + got[t].first + " does not match the model's " + name + "/" +
+                       want[t].first);
+    if (live.numel() == 0 && got[t].second.numel() != 0) continue;  // a tensor this worker does not hold
+    if (!got[t].second.sizes().equals(live.sizes()))
+      throw InputError("tensor " + name + "/" + got[t].first + " has shape " + c10::str(got[t].second.sizes()) +
+                       ", the model's " + c10::str(live.sizes()));
+    live.copy_(got[t].second);
+  }
 }
 
 std::vector<torch::Tensor> StepCore::stateTensors() const {

@@ -119,6 +119,11 @@ class StepCore {
   std::vector<torch::Tensor> stateTensors() const;
   std::vector<int64_t> stateMeta() const;  // step, optimiser steps, scales...
   void setStateMeta(const std::vector<int64_t>& meta);
+  // Copies one layer's state (as layerState() names it, e.g. received from
+  // another worker) into the tensors this worker holds of that layer;
+  // tensors it does not hold are skipped. InputError naming the tensor
+  // when names, types or shapes differ.
+  void importLayer(size_t layer, const NamedTensors& state);
   // The hash of layers [lo, hi) (core/model_hash.h): per layer, in order.
   std::vector<std::string> layerHashes(size_t lo, size_t hi) const;
 
@@ -148,6 +153,10 @@ class StepCore {
   // `layers` and to the parameters `params` of other layers, and points
   // shared-weight aliases at their owners.
   void holdLayers(const std::vector<char>& layers, const std::vector<size_t>& params);
+  // The converse, when a pipeline stage moves (a morph): frees every layer
+  // not in `layers` (parameters, gradients, buffers, optimiser state),
+  // except the parameters `params` of other layers.
+  void releaseLayers(const std::vector<char>& layers, const std::vector<size_t>& params);
   uint64_t vnSeed(int64_t vn) const;
   void emulateSlowdown(double compute_seconds) const;
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }

@@ -65,6 +65,7 @@ class LayerList : public torch::nn::Module {
   void hollow(size_t i);
   bool isHollow(size_t i) const { return hollow_[i] != 0; }
   void markHeld(size_t i) { hollow_[i] = 0; }  // its tensors were given storage again
+  void markHollow(size_t i) { hollow_[i] = 1; }  // its tensors were freed by the caller
   // The shape of every parameter of parameters(), as built (also of
   // hollow layers).
   std::vector<std::vector<int64_t>> parameterShapes() const;

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Spot-instance trace replay (Varuna's Fig. 8, in small): a pipeline job of
+gpt-mini on fortunes (2 stages, up to 4 workers, checkpoints every 50 steps)
+under a scripted sequence of SIGKILLs and joins, one event every
+`--every` seconds. Prints samples/s and workers per 10-second window, every
+morph (shape, live or from the checkpoint, steps redone, seconds), and the
+final model hash against the single-process run of the same job.
+
+  python3 bench/spot_trace.py [--morph build/morph] [--steps 3000] [--every 20]
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = """[job]
+name = "spot"
+seed = 3
+steps = {steps}
+[data]
+dataset = "fortunes-char"
+seq_len = 64
+[model]
+name = "gpt-mini"
+layers = 2
+dim = 64
+heads = 4
+[batch]
+global = 32
+virtual_nodes = 8
+[optim]
+name = "adamw"
+lr = 0.001
+[checkpoint]
+every = 50
+[eval]
+every = 100000
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--every", type=float, default=20.0, help="seconds between events")
+    ap.add_argument("--seed", type=int, default=7, help="which worker each kill picks")
+    a = ap.parse_args()
+    binary = os.path.abspath(a.morph)
+    rng = random.Random(a.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "job.toml")
+        with open(job, "w") as f:
+            f.write(JOB.format(steps=a.steps))
+        ref = subprocess.run([binary, "run", job, "--quiet", "--out", os.path.join(tmp, "ref")], capture_output=True,
+                             text=True).stdout.strip().splitlines()[-1]
+        out = os.path.join(tmp, "spot")
+        log = open(os.path.join(tmp, "spot.log"), "w+")
+        t0 = time.time()
+        mgr = subprocess.Popen([binary, "run", job, "--workers", "4", "--stages", "2", "--quiet", "--out", out],
+                               stdout=log, stderr=subprocess.STDOUT)
+        token = os.path.join(out, "token")
+        port = None
+        while port is None and mgr.poll() is None:
+            log.seek(0)
+            m = re.search(r"manager on port (\d+)", log.read())
+            port = m.group(1) if m else None
+            time.sleep(0.05)
+        events = []
+        joiners = []
+        next_event = time.time() + a.every
+        kill_next = True
+        while mgr.poll() is None:
+            time.sleep(0.1)
+            if time.time() < next_event:
+                continue
+            next_event += a.every
+            pids = subprocess.run(["pgrep", "-f", f"^{binary} worker --join 127.0.0.1:{port}"], capture_output=True,
+                                  text=True).stdout.split()
+            if kill_next and len(pids) > 1:
+                victim = rng.choice(pids)
+                os.kill(int(victim), signal.SIGKILL)
+                events.append((time.time() - t0, "kill", len(pids) - 1))
+            else:
+                joiners.append(subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{port}", "--token-file", token],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                events.append((time.time() - t0, "join", len(pids) + 1))
+            kill_next = not kill_next
+        log.seek(0)
+        text = log.read()
+        got = text.strip().splitlines()[-1] if text.strip() else ""
+        lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+        summary = json.load(open(os.path.join(out, "summary.json"))) if os.path.exists(
+            os.path.join(out, "summary.json")) else {}
+        for p in joiners:
+            p.kill()
+        # Samples/s per 10-second window of the steps' own clocks.
+        print(f"{'t (s)':>6} {'workers':>7} {'samples/s':>9}")
+        window, acc_s, acc_n, workers = 10.0, 0.0, 0, 0
+        t = 0.0
+        for x in lines:
+            acc_s += x["step_seconds"]
+            acc_n += 1
+            workers = x["workers"]
+            t += x["step_seconds"]
+            if acc_s >= window:
+                print(f"{t:6.0f} {workers:7d} {acc_n * 32 / acc_s:9.0f}")
+                acc_s, acc_n = 0.0, 0
+        print("events (wall s, kind, workers after):", ", ".join(f"{t:.0f} {k} {n}" for t, k, n in events))
+        for r in summary.get("resizes", []):
+            print(f"morph at step {r['step']}: {r['cause']} {r.get('from_shape')} -> {r.get('to_shape')} "
+                  f"live={r.get('live')} redone={r.get('steps_redone')} {r['seconds'] * 1e3:.0f} ms "
+                  f"{r.get('bytes_moved', 0) / 2**20:.2f} MiB")
+        redone = sum(r.get("steps_redone", 0) for r in summary.get("resizes", []))
+        print(f"morphs {len(summary.get('resizes', []))}, steps redone {redone}, wall {time.time() - t0:.0f} s")
+        print(f"reference {ref}\nspot      {got}\n{'SAME' if got == ref else 'DIFFERENT'}")
+        return 0 if got == ref else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
