@@ -25,6 +25,7 @@ reductions (`reduce_seconds` of the long run's metrics, after the first 5
 steps) and the all-reduce payload one worker hands to Gloo per step.
 
   /usr/bin/python3 bench/vs_ddp.py [--morph build/morph] [--rounds 5] [--models mlp,cnn] [--workers 1,2]
+        [--exact-buckets BYTES,...]   (extra exact rows with MORPH_BUCKET_BYTES=BYTES)
 """
 import argparse
 import json
@@ -105,8 +106,13 @@ def marginal(system, a, model, workers, tmp, long_first):
         if system == "ddp":
             times[steps] = timed(ddp_cmd(model, workers, steps))
         else:
-            cmd, out = morph_cmd(a.morph, model, workers, system, steps, tmp)
-            times[steps] = timed(cmd)
+            mode, _, bucket = system.partition("@")
+            env = dict(os.environ)
+            env.pop("MORPH_BUCKET_BYTES", None)
+            if bucket:
+                env["MORPH_BUCKET_BYTES"] = bucket
+            cmd, out = morph_cmd(a.morph, model, workers, mode, steps, tmp)
+            times[steps] = timed(cmd, env)
             if steps == s + e:
                 stats = morph_reduce_stats(out)
     return (times[s + e] - times[s]) / e, stats
@@ -122,8 +128,11 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--exact-buckets", default="",
+                   help="comma-separated MORPH_BUCKET_BYTES values: extra exact systems (rows 'exact@BYTES')")
     a = p.parse_args()
     systems = ["ddp", "exact", "float"]
+    extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
     print("samples/s by wall clock (marginal time of E extra steps), medians over rounds; "
           "ratio = Morph/DDP per round, min/median/max")
     print(f"{'model':5} {'W':>2} {'ddp':>7} {'exact':>7} {'float':>7} {'exact/ddp':>17} {'float/ddp':>17} "
@@ -131,15 +140,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for model in a.models.split(","):
             for workers in (int(w) for w in a.workers.split(",")):
-                sps = {k: [] for k in systems}
+                sps = {k: [] for k in systems + extra}
                 red = {"exact": [], "float": []}
                 payload = {"exact": 0, "float": 0}
                 for r in range(a.rounds):
-                    order = systems[r % 3:] + systems[:r % 3]
+                    every = systems + extra
+                    order = every[r % len(every):] + every[:r % len(every)]
                     for system in order:
                         sec, (rs, pb) = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1)
                         sps[system].append(256 / sec)
-                        if system != "ddp":
+                        if system in red:
                             red[system].append(rs)
                             payload[system] = pb
                 ex = [e / d for e, d in zip(sps["exact"], sps["ddp"])]
@@ -149,6 +159,11 @@ def main():
                       f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
                       f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f}",
                       flush=True)
+                for x in extra:
+                    ratio = [e / d for e, d in zip(sps[x], sps["ddp"])]
+                    print(f"{'':5} {'':>2} {x + ':':>15} {statistics.median(sps[x]):7.0f} samples/s, "
+                          f"{x}/ddp {spread(ratio)}, {x}/exact "
+                          f"{spread([e / b for e, b in zip(sps[x], sps['exact'])])}", flush=True)
 
 
 if __name__ == "__main__":
