@@ -15,7 +15,7 @@ cat > "$work/job.toml" <<TOML
 [job]
 name = "straggler"
 seed = 5
-steps = 240
+steps = 200
 [data]
 dataset = "synthetic"
 train_size = 960
@@ -43,6 +43,8 @@ lines() { [[ -f "$work/st/metrics.jsonl" ]] && (( $(wc -l < "$work/st/metrics.js
 for _ in $(seq 1 600); do lines 30 && break; sleep 0.05; done
 lines 30 || { echo "FAIL: training did not start"; cat "$work/manager.log"; exit 1; }
 
+"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/st/token"
+
 # Bad input: exit 2, and nothing changes.
 set +e
 "$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 0.5 --token-file "$work/st/token" 2> "$work/bad1.log"
@@ -54,7 +56,6 @@ set -e
 grep -q -- "--factor" "$work/bad1.log" && grep -q "no such worker" "$work/bad2.log" \
   || { echo "FAIL: messages"; cat "$work/bad1.log" "$work/bad2.log"; exit 1; }
 
-"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/st/token"
 wait "$mpid"
 got=$(tail -n 1 "$work/manager.log")
 echo "single process: $ref"
@@ -83,25 +84,33 @@ if early:
 st = [r for r in summ["resizes"] if r["cause"] == "straggler" and r["detected_step"] >= onset]
 assert st, "FAIL: no straggler entry in resizes after step %d: %s" % (onset, summ["resizes"])
 r = st[0]
-assert r["worker"] == 1, "FAIL: flagged worker %s, expected 1" % r["worker"]
 assert {"step", "from", "to", "cause", "seconds"} <= set(r), r
+# The first re-plan after the slowdown must shift work off worker 1, within
+# the window. It is normally worker 1's own; on shared, overloaded cores
+# another worker's timing noise may trigger it first, and that re-plan
+# already uses worker 1's measured speed.
+if r["worker"] != 1:
+    print("note: the first re-plan after the slowdown was for worker %d (noise); it still counts" % r["worker"])
 # Flagged at the line of the window's last slow step; the workers regroup at
 # the next step boundary that sees the request (r["step"]: steps committed).
 seen = r["detected_step"] - onset + 1
+new_gen = next(l["generation"] for l in lines if l["step"] == r["step"])
+members = ranks[new_gen]
 print("slowdown from step %d, flagged at step %d (slow steps seen: %d, window %d), re-planned after step %d; "
-      "%s -> %s workers, VN shares %s; re-plan took %.3f s"
-      % (onset, r["detected_step"], seen, window, r["step"] - 1, r["from"], r["to"], r["vn_shares"], r["seconds"]))
+      "%s -> %s workers, generation %d: members %s, VN shares %s; re-plan took %.3f s"
+      % (onset, r["detected_step"], seen, window, r["step"] - 1, r["from"], r["to"], new_gen, members,
+         r["vn_shares"], r["seconds"]))
 # The window counts steps whose own figure is off by the factor; on shared,
 # overloaded cores a step of worker 1 can fall short of it (or another
 # worker's can spike), restarting the count, so allow one restart here
 # (tests/control/straggler_test.cpp checks the window exactly).
 assert seen <= 2 * window, "FAIL: flagged after %d slow steps, window %d" % (seen, window)
 assert r["step"] - 1 - r["detected_step"] <= 4, "FAIL: the re-plan took effect late"
-if r["dropped"]:
-    assert r["to"] == 2, r
+if 1 in members:
+    shares = dict(zip(members, r["vn_shares"]))
+    assert all(shares[1] < n for i, n in shares.items() if i != 1), "FAIL: the slow worker kept %s" % shares
 else:
-    shares = r["vn_shares"]
-    assert shares[1] < min(shares[0], shares[2]), "FAIL: the slow worker kept %s" % shares
+    assert r["to"] == r["from"] - 1, r
 before = [l["step_seconds"] for l in lines if onset + 1 <= l["step"] < r["step"]]
 after = [l["step_seconds"] for l in lines if l["generation"] > 0][5:]
 print("step seconds: while slow %.4f, after the re-plan %.4f" % (sum(before) / len(before), sum(after) / len(after)))
