@@ -132,6 +132,13 @@ int morph::morphMain(int argc, char** argv) {
   auto* status_cmd = app.add_subcommand("status", "membership, generation, step and throughput of a running job");
   status_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
   status_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
+  int64_t slow_worker = -1;
+  double slow_factor = 1.0;
+  auto* slow_cmd = app.add_subcommand("slow", "emulate a worker that became F times slower (F = 1 restores it)");
+  slow_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
+  slow_cmd->add_option("--worker", slow_worker, "the worker's id (morph status: members)")->required();
+  slow_cmd->add_option("--factor", slow_factor, "slowdown factor, 1 to 1000")->required();
+  slow_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
 
   try {
     app.parse(argc, argv);
@@ -156,6 +163,7 @@ int morph::morphMain(int argc, char** argv) {
     }
     if (*resize_cmd) return morph::runResize(ctl_join, resize_workers, ctl_token_file);
     if (*status_cmd) return morph::runStatus(ctl_join, ctl_token_file);
+    if (*slow_cmd) return morph::runSlow(ctl_join, slow_worker, slow_factor, ctl_token_file);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

@@ -18,6 +18,7 @@
 #include "control/internal.h"
 #include "control/morph_plan.h"
 #include "control/store_server.h"
+#include "control/straggler.h"
 #include "core/model_hash.h"
 #include "exec/pipeline.h"
 #include "plan/plan_file.h"
@@ -45,7 +46,8 @@ struct WorkerInfo {
 class Manager {
  public:
   Manager(const RunOptions& o, const JobSpec& job, const std::string& job_text)
-      : o_(o), job_(job), job_text_(job_text), target_(o.workers) {}
+      : o_(o), job_(job), job_text_(job_text), target_(o.workers),
+        straggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}) {}
   int run();
 
  private:
@@ -57,6 +59,7 @@ class Manager {
   void pollHeartbeats();
   void pollResizeRequests();
   void pollMetrics();
+  void watchStragglers(const json& line);
   void updateStatus();
   void startTransition(const std::string& cause);
   bool transitionComplete();
@@ -127,6 +130,8 @@ class Manager {
   std::vector<std::pair<size_t, size_t>> tied_layers_;  // (user, owner) of shared weights
   std::optional<Resources> res_;
   json vn_shares_ = json::array();  // VNs per member of the current generation
+  StragglerWatch straggler_;        // data parallelism: seconds per VN per worker (straggler.h)
+  json straggler_note_;             // the straggler re-plan under way, for its resizes entry
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
                          const std::vector<std::string>& names);
 };
@@ -571,6 +576,7 @@ void Manager::pollMetrics() {
   while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
     json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
     log_->record(line);
+    watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
     committed_ = next_++;
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
@@ -605,6 +611,35 @@ void Manager::pollMetrics() {
     }
     std::fflush(stdout);
   }
+}
+
+// Stragglers (straggler.h): rank 0's line carries every member's seconds
+// per VN; a worker off its expected speed by elastic.straggler_factor for
+// elastic.straggler_steps steps in a row is re-planned around at the next
+// step boundary: VN shares by measured speed, or released when the step is
+// predicted faster without it. Data-parallel jobs only.
+void Manager::watchStragglers(const json& line) {
+  if (pipelined() || in_transition_ || gen_ < 0 || !line.contains("vn_seconds") ||
+      line.at("generation").get<int64_t>() != gen_)
+    return;
+  const auto e = straggler_.observe(line.at("vn_seconds").get<std::vector<double>>());
+  if (!e) return;
+  straggler_.accept(*e);
+  const bool act = job_.straggler_replan && e->changes;
+  std::printf("morph: straggler at step %lld: %s%s\n", static_cast<long long>(line.at("step").get<int64_t>()),
+              e->describe().c_str(),
+              !job_.straggler_replan ? " (not re-planning: elastic.straggler_replan = false)"
+                                     : (e->changes ? "" : " (the plan stays)"));
+  std::fflush(stdout);
+  if (!act) return;
+  straggler_.engage();
+  if (e->drop) {
+    straggler_.drop(e->worker);
+    target_ = static_cast<int>(members_.size()) - 1;
+  }
+  straggler_note_ = {{"worker", e->worker}, {"ratio", e->ratio}, {"dropped", e->drop}, {"detected_step", line.at("step")}};
+  setString(*store_, "gen/want", std::to_string(gen_ + 1));
+  startTransition("straggler");
 }
 
 void Manager::updateStatus() {
@@ -682,6 +717,7 @@ void Manager::publish() {
   for (auto& [id, w] : workers_)
     if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
       candidates.push_back(id);
+  straggler_.orderForDrop(candidates);  // a straggler being dropped is released
   // The first generation of a pipeline runs exactly its plan's workers;
   // later ones are placed by publishMorph().
   const size_t size = pipelined() && gen_ < 0
@@ -714,6 +750,12 @@ void Manager::publish() {
     plan["pipeline"] = pipeline_;
     const int P = pipeline_.at("stages").get<int>();
     for (size_t r = 0; r < next.size(); ++r) plan["vn_ranges"].push_back(pipeline_["replica_ranges"][r / P]);
+  } else if (auto measured = straggler_.shares(next, job_.virtual_nodes)) {
+    int64_t b = 0;  // shares by measured speed, once a straggler was re-planned around
+    for (int64_t n : *measured) {
+      plan["vn_ranges"].push_back({b, b + n});
+      b += n;
+    }
   } else if (dp_shares_.size() == next.size()) {
     int64_t b = 0;
     for (int64_t n : dp_shares_) {
@@ -733,6 +775,8 @@ void Manager::publish() {
       slow.push_back(static_cast<size_t>(id) < res_->devices.size() ? res_->typeOf(static_cast<size_t>(id)).slowdown : 1.0);
     plan["slowdown"] = slow;
   }
+  straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
+                           plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
   setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
   setString(*store_, "gen/current", std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
@@ -757,6 +801,10 @@ void Manager::publish() {
       pending_resize_["live"] = morph_plan.at("live");
       pending_resize_["steps_redone"] = morph_plan.value("steps_redone", 0);
       pending_resize_["planning_seconds"] = morph_plan.at("planning_seconds");
+    }
+    if (cause == "straggler") {
+      pending_resize_.update(straggler_note_);
+      pending_resize_["vn_shares"] = vn_shares_;
     }
     pending_gen_ = g;
     pending_since_ = transition_start_;

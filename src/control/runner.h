@@ -65,6 +65,9 @@ int runWorker(const WorkerOptions& opts);
 int runResize(const std::string& join, int workers, const std::string& token_file);
 // `morph status`: prints the manager's status record.
 int runStatus(const std::string& join, const std::string& token_file);
+// `morph slow`: asks worker `worker` of the job at join to run `factor`
+// times slower (1 restores it); control/straggler.cpp.
+int runSlow(const std::string& join, int64_t worker, double factor, const std::string& token_file);
 
 // `morph calibrate`: measures the job's profile (docs/profile_format.md)
 // with this process and one peer process, and writes it.

@@ -86,7 +86,9 @@ std::string jobPolicyRefusal(const Role& role, Op op, const std::string& key, in
   if (role.kind == Role::kManager) return "";
   if (role.kind == Role::kClient) {
     if ((key == "ctl/resize_target" && op == Op::kSet) || (key == "ctl/resize_seq" && op == Op::kAdd)) return "";
-    return "a client may write only ctl/resize_target and ctl/resize_seq";
+    const auto p = splitKey(key);  // morph slow
+    if (p.size() == 3 && p[0] == "ctl" && p[1] == "slow" && isDigits(p[2]) && op == Op::kSet) return "";
+    return "a client may write only ctl/resize_target, ctl/resize_seq and ctl/slow/<id>";
   }
   if (role.worker < 0) {
     if (key == "workers/next_id" && op == Op::kAdd && delta == 1) return "";

@@ -13,6 +13,7 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
+#include "control/straggler.h"
 #include "exec/pipeline.h"
 
 namespace morph {
@@ -248,6 +249,10 @@ int runWorker(const WorkerOptions& o) {
   Heartbeat heartbeat(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
                                        o.connect_timeout_s),
                       id, hb.at("interval").get<double>());
+  // `morph slow` (straggler.h): polled on a connection of its own.
+  SlowdownKnob knob(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
+                                     o.connect_timeout_s),
+                    id);
   struct sigaction sa {};
   sa.sa_handler = onTerm;
   sigaction(SIGTERM, &sa, nullptr);
@@ -357,7 +362,8 @@ int runWorker(const WorkerOptions& o) {
       }
       Communicator& comm = *comms.back();
       auto range = plan.at("vn_ranges").at(rank);
-      core.setSlowdown(plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0);
+      const double device_slowdown = plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0;
+      knob.apply(core, device_slowdown);
       if (plan.contains("pipeline")) {
         const json m = enterPipelineGeneration(*stage_ex, plan, rank, comms, gstore, gkey, go, held, resume_ckpt,
                                                nowSeconds() - rdv0);
@@ -366,6 +372,7 @@ int runWorker(const WorkerOptions& o) {
         vn_ex->setCommunicator(&comm);
         syncState(core, comm, plan.at("source").get<int>());
         vn_ex->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+        vn_ex->setSpeedSlot(2 + rank);  // after the two control values below (straggler.h)
       }
       if (stage_ex && stage_ex->placement().replica != 0) {
         keeper.reset();  // a morph moved this worker off a writing replica
@@ -389,7 +396,10 @@ int runWorker(const WorkerOptions& o) {
       bool regroup = false;
       while (core.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
-        core.setControl({want, g_leave_requested ? 1.0 : 0.0});
+        std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
+        if (vn_ex) control.resize(2 + static_cast<size_t>(world), 0.0);  // + every member's seconds per VN
+        core.setControl(std::move(control));
+        knob.apply(core, device_slowdown);
         StepStats st = tr.step();
         // Committed on every member of this generation: all hold the same
         // reduced loss, so any member can stand in for rank 0's line.
@@ -404,6 +414,10 @@ int runWorker(const WorkerOptions& o) {
         if (rank == 0) {
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
+          if (vn_ex) {  // the members' seconds per VN, rank order (the manager watches for stragglers)
+            const auto& ctl = core.reducedControl();
+            line["vn_seconds"] = std::vector<double>(ctl.begin() + 2, ctl.end());
+          }
           setString(*store, "metrics/" + std::to_string(st.step), line.dump());
         }
         const auto& ctl = core.reducedControl();

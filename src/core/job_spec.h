@@ -65,6 +65,13 @@ struct JobSpec {
   int64_t checkpoint_keep = 3;
   int64_t checkpoint_max_failures = 3;  // intervals in a row without a checkpoint before the job stops
   std::string checkpoint_dir;     // "" = OUT/checkpoints (docs/job_file.md)
+  // Stragglers of data-parallel jobs (docs/distributed.md, "Stragglers"):
+  // a worker whose seconds per VN stay over factor x (or under 1/factor x)
+  // what its peers or its device type predict for `steps` committed steps
+  // in a row is re-planned around (when replan).
+  double straggler_factor = 2.0;
+  int64_t straggler_steps = 10;
+  bool straggler_replan = true;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Loss terms per sample: 1 for classification, seq_len for a language

@@ -546,7 +546,9 @@ StepStats VnExecutor::step() {
     std::sort(check.begin(), check.end());
     MORPH_CHECK(check == sorted, "a VN order must permute the worker's VN range");
   }
+  double run_start = 0;
   auto run = [&](int) {
+    run_start = nowSeconds();
     next_bucket_ = 0;
     for (size_t k = 0; k < order.size(); ++k) {
       if (k + 1 < order.size()) core_.prefetch_.request(core_.step_, order[k + 1]);
@@ -556,6 +558,8 @@ StepStats VnExecutor::step() {
   // The buffer's buckets are in flight (started during the last VN's
   // backward). The flags and maxima decide whether their sum is usable.
   auto reduce = [&](std::vector<double>& flags) {
+    if (speed_slot_ >= 0 && !order.empty())
+      core_.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start) / static_cast<double>(order.size());
     core_.reduceFlags(*comm_, flags);
     for (auto& w : inflight_) w->wait();
     inflight_.clear();

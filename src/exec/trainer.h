@@ -234,6 +234,12 @@ class VnExecutor : public Executor {
   void setCommunicator(Communicator* comm) { comm_ = comm; }
   // VNs [begin, end) of every step are this worker's.
   void setVnRange(int64_t begin, int64_t end);
+  // Each step, this worker's compute seconds per VN (its VNs' forward and
+  // backward and the emulated slowdown; the last attempt) go into control
+  // value `index` (StepCore::setControl) just before the flags' MAX
+  // all-reduce: each member writes its own slot and leaves the others 0, so
+  // every member learns every member's speed (control/straggler.h). -1: off.
+  void setSpeedSlot(int index) { speed_slot_ = index; }
 
   StepStats step() override;
   void abandonStep() override;
@@ -259,6 +265,7 @@ class VnExecutor : public Executor {
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<std::unique_ptr<PendingWork>> graveyard_work_;  // of abandoned steps
   int64_t vn_begin_ = 0, vn_end_ = 0;
+  int speed_slot_ = -1;
 };
 
 }  // namespace morph

@@ -165,10 +165,13 @@ TEST_F(StoreTest, RolesWriteOnlyTheirKeys) {
   auto c = client("client");
   c->set("ctl/resize_target", bytes("3"));
   c->add("ctl/resize_seq", 1);
+  c->set("ctl/slow/1", bytes("4"));  // morph slow
   EXPECT_THROW(c->set("gen/current", bytes("5")), StoreError);
   EXPECT_THROW(c->add("workers/next_id", 1), StoreError);
+  EXPECT_THROW(c->set("ctl/slow/x", bytes("4")), StoreError);
+  EXPECT_THROW(w->set("ctl/slow/0", bytes("4")), StoreError);  // a client's knob, not a worker's
   EXPECT_EQ(text(m->get("gen/current")), "0");
-  EXPECT_EQ(server_->deniedWrites(), 20);
+  EXPECT_EQ(server_->deniedWrites(), 22);
 }
 
 TEST_F(StoreTest, MalformedFramesCloseOnlyTheirConnection) {

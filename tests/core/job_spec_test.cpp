@@ -52,6 +52,22 @@ TEST(JobSpec, ParsesValidJobWithDefaults) {
   EXPECT_EQ(j.threads, 1);
 }
 
+TEST(JobSpec, StragglerKeysHaveDefaultsAndBounds) {
+  JobSpec j = parseJob(kValid, "job.toml");
+  EXPECT_DOUBLE_EQ(j.straggler_factor, 2.0);
+  EXPECT_EQ(j.straggler_steps, 10);
+  EXPECT_TRUE(j.straggler_replan);
+  j = parseJob(kValid, "job.toml",
+               {"elastic.straggler_factor=3", "elastic.straggler_steps=2", "elastic.straggler_replan=false"});
+  EXPECT_DOUBLE_EQ(j.straggler_factor, 3.0);
+  EXPECT_EQ(j.straggler_steps, 2);
+  EXPECT_FALSE(j.straggler_replan);
+  expectInputError(kValid, {"elastic.straggler_factor", "> 1"}, {"elastic.straggler_factor=1"});
+  expectInputError(kValid, {"elastic.straggler_factor", "got 0.5"}, {"elastic.straggler_factor=0.5"});
+  expectInputError(kValid, {"elastic.straggler_steps", "got 0"}, {"elastic.straggler_steps=0"});
+  expectInputError(kValid, {"elastic.straggler_replan", "expected a boolean"}, {"elastic.straggler_replan=2"});
+}
+
 TEST(JobSpec, RejectsUnknownKeyNamingFileAndKey) {
   expectInputError(std::string(kValid) + "[reduce]\nmodee = \"exact\"\n", {"job.toml", "reduce.modee", "unknown key"});
 }

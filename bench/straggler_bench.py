@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Straggler: step time before a worker slows down, while it is slow, and
+after the manager re-planned around it, against doing nothing
+(elastic.straggler_replan = false) in the same run of this script.
+
+Three workers train an MLP (synthetic data, 12 VNs); after --slow-at steps
+worker 1 is made --factor times slower with `morph slow`. Each phase's
+figure is the median of the metrics lines' step_seconds:
+  before:  steps [10, slowdown)
+  during:  from the slowdown to the re-plan (replan run), and to the end (do-nothing run)
+  after:   from 5 steps after the re-plan to the end (replan run); the same
+           steps in the do-nothing run
+Re-plans before the slowdown (timing noise: 3 workers on a shared 2-core
+machine) are counted and reported, not hidden.
+
+  python3 bench/straggler_bench.py [--morph build/morph] [--factor 4] [--steps 600] [--json out.json]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = """[job]
+name = "straggler-bench"
+seed = 3
+steps = {steps}
+[data]
+dataset = "synthetic"
+train_size = 1920
+test_size = 64
+[model]
+name = "mlp"
+hidden = {hidden}
+[batch]
+global = 192
+virtual_nodes = 12
+[optim]
+lr = 0.02
+momentum = 0.9
+[elastic]
+straggler_factor = 1.5
+straggler_steps = 5
+straggler_replan = {replan}
+"""
+
+
+def lines_of(path):
+    try:
+        with open(path) as f:
+            return [json.loads(l) for l in f if l.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def run(morph, work, tag, replan, a):
+    job = os.path.join(work, tag + ".toml")
+    with open(job, "w") as f:
+        f.write(JOB.format(steps=a.steps, hidden=a.hidden, replan="true" if replan else "false"))
+    out = os.path.join(work, tag)
+    log = open(os.path.join(work, tag + ".log"), "w")
+    p = subprocess.Popen([morph, "run", job, "--workers", "3", "--out", out], stdout=log, stderr=subprocess.STDOUT)
+    metrics = os.path.join(out, "metrics.jsonl")
+    port = None
+    end = time.time() + 120
+    while time.time() < end and (port is None or len(lines_of(metrics)) < a.slow_at):
+        if port is None:
+            for l in open(log.name):
+                if "manager on port" in l:
+                    port = l.split("manager on port")[1].split()[0].rstrip(",")
+        time.sleep(0.02)
+    subprocess.run([morph, "slow", "--join", "127.0.0.1:" + port, "--worker", "1", "--factor", str(a.factor),
+                    "--token-file", os.path.join(out, "token")], check=True, stdout=subprocess.DEVNULL)
+    if p.wait() != 0:
+        sys.exit("morph run failed: see " + log.name)
+    lines = lines_of(metrics)
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    with open(log.name) as f:
+        text = f.read()
+    # Each generation's members in rank order, from the manager's VN plans.
+    ranks = {int(m.group(1)): [int(w) for w in re.findall(r" w(\d+)=", m.group(2))]
+             for m in re.finditer(r"generation (\d+), \d+ workers, VN plan:(.*)", text)}
+    return lines, summary, text.strip().splitlines()[-1], ranks
+
+
+def onset_of(lines, ranks):
+    """First of 3 steps in a row where worker 1's seconds per VN are over 2x every other member's."""
+    def slow(l):
+        ids = ranks.get(l["generation"], [])
+        if 1 not in ids or "vn_seconds" not in l:
+            return False
+        s = dict(zip(ids, l["vn_seconds"]))
+        return all(s[1] > 2 * v for i, v in s.items() if i != 1)
+    for i, l in enumerate(lines):
+        if all(slow(x) for x in lines[i:i + 3]):
+            return l["step"]
+    return None
+
+
+def med(lines, lo, hi):
+    v = [l["step_seconds"] for l in lines if lo <= l["step"] < hi]
+    return (statistics.median(v), len(v)) if v else (float("nan"), 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
+    ap.add_argument("--factor", type=float, default=4.0)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--slow-at", type=int, default=150)
+    ap.add_argument("--hidden", default="[512, 256]")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="straggler-bench-")
+    on, on_sum, on_hash, on_ranks = run(a.morph, work, "replan", True, a)
+    off, off_sum, off_hash, off_ranks = run(a.morph, work, "nothing", False, a)
+    o_on, o_off = onset_of(on, on_ranks), onset_of(off, off_ranks)
+    if o_on is None or o_off is None:
+        sys.exit("the slowdown does not show in the metrics (%s, %s); see %s" % (o_on, o_off, work))
+    early = [r for r in on_sum["resizes"] if r["cause"] == "straggler" and r["detected_step"] < o_on]
+    st = [r for r in on_sum["resizes"] if r["cause"] == "straggler" and r["detected_step"] >= o_on and r["worker"] == 1]
+    if not st:
+        sys.exit("no straggler re-plan for worker 1 in %s" % on_sum["resizes"])
+    r = st[0]
+    replan_step = r["step"]
+    res = {
+        "factor": a.factor, "hidden": a.hidden, "steps": a.steps,
+        "replan": {
+            "before": med(on, 10, o_on)[0], "during": med(on, o_on, replan_step)[0],
+            "after": med(on, replan_step + 5, a.steps)[0], "slow_from_step": o_on,
+            "flagged_at_step": r["detected_step"], "replanned_after_step": replan_step - 1,
+            "replan_seconds": r["seconds"], "vn_shares": r["vn_shares"], "dropped": r["dropped"],
+            "model_hash": on_hash, "replans_before_slowdown": len(early),
+            "replans_after": len([x for x in on_sum["resizes"] if x["cause"] == "straggler"]) - len(early) - 1,
+        },
+        "nothing": {
+            "before": med(off, 10, o_off)[0], "during": med(off, o_off, replan_step + 5)[0],
+            "after": med(off, replan_step + 5, a.steps)[0], "slow_from_step": o_off, "model_hash": off_hash,
+        },
+    }
+    # Ideal after the re-plan: the new shares at the speeds measured then.
+    print("straggler bench: 3 workers, MLP %s, 12 VNs, worker 1 made %gx slower at step ~%d (%s)"
+          % (a.hidden, a.factor, a.slow_at, a.morph))
+    print("%-22s %10s %10s %10s" % ("ms per step (median)", "before", "slow", "after"))
+    for k, name in (("nothing", "do nothing"), ("replan", "re-plan")):
+        x = res[k]
+        print("%-22s %10.2f %10.2f %10.2f" % (name, x["before"] * 1e3, x["during"] * 1e3, x["after"] * 1e3))
+    x = res["replan"]
+    print("slow from step %d, flagged at step %d, re-planned after step %d (%.3f s to the first step of the new "
+          "generation); new VN shares %s%s" % (x["slow_from_step"], x["flagged_at_step"], x["replanned_after_step"],
+                                               x["replan_seconds"], x["vn_shares"], ", worker dropped" if x["dropped"] else ""))
+    print("after / before: re-plan %.2f, do nothing %.2f; re-plans before the slowdown (noise) %d, after the first %d"
+          % (x["after"] / x["before"], res["nothing"]["after"] / res["nothing"]["before"],
+             x["replans_before_slowdown"], x["replans_after"]))
+    print("model_hash equal: %s (%s); runs in %s" % (on_hash == off_hash, on_hash, work))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Stragglers: on 3 workers, worker 1 is made 4x slower mid-run (`morph
+# slow`). The manager must flag it within elastic.straggler_steps steps of
+# the slowdown showing in the metrics, re-plan (a "straggler" entry in
+# summary.json's resizes; worker 1 gets fewer VNs or is dropped), and the
+# final model must equal the single-process run's. Also: `morph slow`
+# exits 2 for a bad factor or an unknown worker.
+set -euo pipefail
+MORPH=$1
+source "$(dirname "$0")/shell_util.sh"
+make_work
+WINDOW=4
+
+cat > "$work/job.toml" <<TOML
+[job]
+name = "straggler"
+seed = 5
+steps = 200
+[data]
+dataset = "synthetic"
+train_size = 960
+test_size = 60
+[model]
+name = "mlp"
+hidden = [256, 128]
+[batch]
+global = 192
+virtual_nodes = 12
+[optim]
+lr = 0.02
+momentum = 0.9
+[elastic]
+straggler_factor = 2.0
+straggler_steps = $WINDOW
+TOML
+
+ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
+
+"$MORPH" run "$work/job.toml" --workers 3 --out "$work/st" > "$work/manager.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/manager.log")
+lines() { [[ -f "$work/st/metrics.jsonl" ]] && (( $(wc -l < "$work/st/metrics.jsonl") >= $1 )); }
+for _ in $(seq 1 600); do lines 30 && break; sleep 0.05; done
+lines 30 || { echo "FAIL: training did not start"; cat "$work/manager.log"; exit 1; }
+
+"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/st/token"
+
+# Bad input: exit 2, and nothing changes.
+set +e
+"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 0.5 --token-file "$work/st/token" 2> "$work/bad1.log"
+rc1=$?
+"$MORPH" slow --join "127.0.0.1:$port" --worker 99 --factor 4 --token-file "$work/st/token" 2> "$work/bad2.log"
+rc2=$?
+set -e
+(( rc1 == 2 && rc2 == 2 )) || { echo "FAIL: morph slow with bad input: exit $rc1 and $rc2, expected 2"; exit 1; }
+grep -q -- "--factor" "$work/bad1.log" && grep -q "no such worker" "$work/bad2.log" \
+  || { echo "FAIL: messages"; cat "$work/bad1.log" "$work/bad2.log"; exit 1; }
+
+wait "$mpid"
+got=$(tail -n 1 "$work/manager.log")
+echo "single process: $ref"
+echo "straggler:      $got"
+[[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ"; cat "$work/manager.log"; exit 1; }
+grep "straggler" "$work/manager.log" || true
+
+python3 - "$work/st" "$WINDOW" "$work/manager.log" <<'PY'
+import json, re, sys
+out, window, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+summ = json.load(open(out + "/summary.json"))
+# Each generation's members in rank order, from the manager's VN plans.
+ranks = {int(m.group(1)): [int(w) for w in re.findall(r" w(\d+)=", m.group(2))]
+         for m in re.finditer(r"generation (\d+), \d+ workers, VN plan:(.*)", open(log).read())}
+def slow1(l):  # worker 1's figure at least 2x every other member's
+    ids = ranks[l["generation"]]
+    if 1 not in ids or "vn_seconds" not in l: return False
+    s = dict(zip(ids, l["vn_seconds"]))
+    return all(s[1] > 2 * v for i, v in s.items() if i != 1)
+# The first step of the slowdown: worker 1 slow there and at the next 2.
+onset = next(l["step"] for i, l in enumerate(lines) if all(slow1(x) for x in lines[i:i + 3]))
+early = [r for r in summ["resizes"] if r["cause"] == "straggler" and r["detected_step"] < onset]
+if early:
+    print("note: re-plans before the slowdown (timing noise on shared cores): %s" % early)
+st = [r for r in summ["resizes"] if r["cause"] == "straggler" and r["detected_step"] >= onset]
+assert st, "FAIL: no straggler entry in resizes after step %d: %s" % (onset, summ["resizes"])
+r = st[0]
+assert {"step", "from", "to", "cause", "seconds"} <= set(r), r
+# The first re-plan after the slowdown must shift work off worker 1, within
+# the window. It is normally worker 1's own; on shared, overloaded cores
+# another worker's timing noise may trigger it first, and that re-plan
+# already uses worker 1's measured speed.
+if r["worker"] != 1:
+    print("note: the first re-plan after the slowdown was for worker %d (noise); it still counts" % r["worker"])
+# Flagged at the line of the window's last slow step; the workers regroup at
+# the next step boundary that sees the request (r["step"]: steps committed).
+seen = r["detected_step"] - onset + 1
+new_gen = next(l["generation"] for l in lines if l["step"] == r["step"])
+members = ranks[new_gen]
+print("slowdown from step %d, flagged at step %d (slow steps seen: %d, window %d), re-planned after step %d; "
+      "%s -> %s workers, generation %d: members %s, VN shares %s; re-plan took %.3f s"
+      % (onset, r["detected_step"], seen, window, r["step"] - 1, r["from"], r["to"], new_gen, members,
+         r["vn_shares"], r["seconds"]))
+# The window counts steps whose own figure is off by the factor; on shared,
+# overloaded cores a step of worker 1 can fall short of it (or another
+# worker's can spike), restarting the count, so allow one restart here
+# (tests/control/straggler_test.cpp checks the window exactly).
+assert seen <= 2 * window, "FAIL: flagged after %d slow steps, window %d" % (seen, window)
+assert r["step"] - 1 - r["detected_step"] <= 4, "FAIL: the re-plan took effect late"
+if 1 in members:
+    shares = dict(zip(members, r["vn_shares"]))
+    assert all(shares[1] < n for i, n in shares.items() if i != 1), "FAIL: the slow worker kept %s" % shares
+else:
+    assert r["to"] == r["from"] - 1, r
+before = [l["step_seconds"] for l in lines if onset + 1 <= l["step"] < r["step"]]
+after = [l["step_seconds"] for l in lines if l["generation"] > 0][5:]
+print("step seconds: while slow %.4f, after the re-plan %.4f" % (sum(before) / len(before), sum(after) / len(after)))
+PY
+echo "straggler test passed"
