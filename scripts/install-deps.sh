@@ -5,9 +5,10 @@ packages=(
   build-essential cmake pkg-config
   libtorch-dev libgloo-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev libssl-dev
-  libgtest-dev
+  libgtest-dev libcpp-httplib-dev
   dataset-fashion-mnist fortunes
   iproute2 procps
+  python3 curl chromium
   clang libclang-rt-14-dev
 )
 missing=()

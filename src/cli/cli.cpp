@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "control/runner.h"
+#include "control/status_server.h"
 #include "core/error.h"
 #include "core/sys.h"
 
@@ -45,6 +46,9 @@ int morph::morphMain(int argc, char** argv) {
   run_cmd->add_option("--host", run.host,
                       "the address the job's store listens on and other workers reach this machine by "
                       "(default 127.0.0.1: local workers only; 0.0.0.0 listens on every interface)");
+  run_cmd->add_option("--status", run.status,
+                      "ADDR:PORT of the live status page, /metrics and /api/status (default 127.0.0.1:0: "
+                      "loopback, a free port; printed at start; \"off\": none)");
   run_cmd->add_option("--set", run.overrides, "override a job key: --set batch.global=128");
   run_cmd->add_option("--checkpoint-dir", run.checkpoint_dir,
                       "where checkpoints go (default: checkpoint.dir, else OUT/checkpoints); shared by every host");
@@ -139,6 +143,10 @@ int morph::morphMain(int argc, char** argv) {
   slow_cmd->add_option("--worker", slow_worker, "the worker's id (morph status: members)")->required();
   slow_cmd->add_option("--factor", slow_factor, "slowdown factor, 1 to 1000")->required();
   slow_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
+  auto* view_cmd = app.add_subcommand("view", "serve the status page of a finished run (its --out folder)");
+  std::string view_dir, view_status;
+  view_cmd->add_option("DIR", view_dir, "the run's output folder, e.g. runs/NAME")->required();
+  view_cmd->add_option("--status", view_status, "ADDR:PORT to serve on (default 127.0.0.1:0, printed)");
 
   try {
     app.parse(argc, argv);
@@ -164,6 +172,7 @@ int morph::morphMain(int argc, char** argv) {
     if (*resize_cmd) return morph::runResize(ctl_join, resize_workers, ctl_token_file);
     if (*status_cmd) return morph::runStatus(ctl_join, ctl_token_file);
     if (*slow_cmd) return morph::runSlow(ctl_join, slow_worker, slow_factor, ctl_token_file);
+    if (*view_cmd) return morph::runView(view_dir, view_status);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

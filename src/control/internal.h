@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint_store.h"
 #include "control/runner.h"
+#include "control/status_server.h"
 #include "control/store_client.h"
 #include "core/error.h"
 #include "core/job_spec.h"
@@ -45,9 +46,13 @@ class RunLog {
     start_ = nowSeconds();
   }
 
+  // Called with every line record() writes (the status page).
+  void setObserver(std::function<void(const json&)> f) { observer_ = std::move(f); }
+
   void record(const json& line) {
     metrics_ << line.dump() << '\n';
     metrics_.flush();
+    if (observer_) observer_(line);
     const int64_t step = line.at("step").get<int64_t>();
     const bool eval = line.contains("test_accuracy");
     if (first_step_ < 0) first_step_ = step;
@@ -104,6 +109,7 @@ class RunLog {
   double start_ = 0, steady_seconds_ = 0, final_loss_ = NAN, test_accuracy_ = NAN, test_loss_ = NAN;
   int64_t steady_samples_ = 0;
   int64_t first_step_ = -1;
+  std::function<void(const json&)> observer_;
 };
 
 // Runs steps until `steps`; the reporter (rank 0) evaluates and emits one

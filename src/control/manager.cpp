@@ -134,6 +134,7 @@ class Manager {
   json straggler_note_;             // the straggler re-plan under way, for its resizes entry
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
                          const std::vector<std::string>& names);
+  std::unique_ptr<StatusServer> status_page_;  // --status (docs/status_page.md)
 };
 
 // Validates the plan before any worker starts: the cut (even or from the
@@ -572,6 +573,10 @@ void Manager::pollMetrics() {
     steps_ = std::stoll(getString(*store_, "job/steps"));
     next_ = first_step_ = std::stoll(getString(*store_, "job/start_step"));
     log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
+    if (status_page_) {
+      status_page_->setSteps(steps_);
+      log_->setObserver([s = status_page_.get()](const json& l) { s->record(l); });
+    }
   }
   while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
     json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
@@ -651,8 +656,9 @@ void Manager::updateStatus() {
   json s = {{"generation", gen_},     {"members", members_},          {"workers", members_.size()},
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
-            {"resizes", resizes_}};
+            {"resizes", resizes_},    {"vn_shares", vn_shares_}};
   setString(*store_, "status", s.dump());
+  if (status_page_) status_page_->setStatus(s);
 }
 
 void Manager::startTransition(const std::string& cause) {
@@ -942,6 +948,8 @@ int Manager::run() {
   setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   setString(*store_, "gen/want", "0");
+  status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
+                                             job_.checkpoint_every > 0 ? checkpointDir(o_, job_) : "", false});
   std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
   if (spawn_count < o_.workers)
     std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawn_count,

@@ -277,6 +277,9 @@ std::string checkpointDir(const RunOptions& o, const JobSpec& job) {
 }
 
 int runInProcess(const RunOptions& o, const JobSpec& job) {
+  // Before any work: a status port in use is bad input (exit 2).
+  const auto status = startStatusPage(o.status, {"", 0, "", job.name, 0,
+                                                 job.checkpoint_every > 0 ? checkpointDir(o, job) : "", false});
   pinThreads(job.threads);
   checkBlas(true);
   DataPair data = loadDatasets(job.data, job.seed);
@@ -286,6 +289,10 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   VnExecutor tr(job, steps, *data.train, comm);
   if (!o.resume.empty()) resumeFrom(o.resume, tr, true);
   RunLog log(dir, job, steps, o.quiet, !o.resume.empty());
+  if (status) {
+    status->setSteps(steps);
+    log.setObserver([s = status.get()](const json& l) { s->record(l); });
+  }
   auto fs = checkpointFileSystem();
   std::unique_ptr<CheckpointWriter> ckpt;
   if (job.checkpoint_every > 0)

@@ -49,6 +49,7 @@ struct RunOptions {
   std::string trace;              // Chrome trace file of every rank's actions ("" = none)
   double memory_cap_mib = 0;      // per worker; 0 = no check
   std::string resources;          // resources file (devices per worker slot; docs/resources.md)
+  std::string status = "127.0.0.1:0";  // --status ADDR:PORT of the status page ("off": none)
 };
 
 struct WorkerOptions {

@@ -5,9 +5,11 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/npy.h"
 
 namespace morph {
 namespace {
@@ -183,6 +185,55 @@ void applyOverride(toml::table& root, const std::string& spec, const std::string
   if (key == "job.epochs") t->erase("steps");
 }
 
+// dataset = "npy": reads the four headers and the labels, checks that they
+// fit together, and fills the model's input shape and class count.
+void readNpyData(Reader& r, JobSpec& j) {
+  DataSpec& d = j.data;
+  d.train_x = r.str("data.train_x", "", true);
+  d.train_y = r.str("data.train_y", "", true);
+  d.test_x = r.str("data.test_x", "", true);
+  d.test_y = r.str("data.test_y", "", true);
+  d.mean = r.number("data.mean", 0.0, -1e30, 1e30);
+  d.std = r.number("data.std", 1.0, 1e-30, 1e30);
+  auto header = [&](const char* key, const std::string& path) {
+    if (!std::filesystem::is_regular_file(path)) r.fail(key, "expected a .npy file, but " + path + " is missing");
+    return readNpyHeader(path);
+  };
+  const NpyHeader tx = header("data.train_x", d.train_x), ty = header("data.train_y", d.train_y);
+  const NpyHeader vx = header("data.test_x", d.test_x), vy = header("data.test_y", d.test_y);
+  for (const auto* x : {&tx, &vx}) {
+    const std::string& p = x == &tx ? d.train_x : d.test_x;
+    if (x->kind == 'i') throw InputError(p + ": inputs are int64; expected uint8 or float32");
+    if (x->shape.size() < 2)
+      throw InputError(p + ": inputs have shape " + x->describe() + "; expected (samples, ...) with at least two axes");
+  }
+  if (std::vector<int64_t>(tx.shape.begin() + 1, tx.shape.end()) != std::vector<int64_t>(vx.shape.begin() + 1, vx.shape.end()))
+    throw InputError(d.test_x + ": samples of shape " + vx.describe() + " do not match " + d.train_x + "'s " +
+                     tx.describe());
+  for (const auto& [x, y, px, py] : {std::tuple(&tx, &ty, d.train_x, d.train_y), std::tuple(&vx, &vy, d.test_x, d.test_y)}) {
+    if (y->kind != 'i' || y->shape.size() != 1)
+      throw InputError(py + ": labels are " + y->describe() + "; expected a one-axis int64 array");
+    if (y->shape[0] != x->shape[0])
+      throw InputError(py + ": holds " + std::to_string(y->shape[0]) + " labels but " + px + " holds " +
+                       std::to_string(x->shape[0]) + " samples");
+  }
+  const auto train_range = npyIntRange(NpyMap(d.train_y));
+  const auto test_range = npyIntRange(NpyMap(d.test_y));
+  if (train_range.first < 0) throw InputError(d.train_y + ": negative label " + std::to_string(train_range.first));
+  if (train_range.second > 1000000)
+    throw InputError(d.train_y + ": label " + std::to_string(train_range.second) + " is implausibly large (at most 1000000 classes)");
+  j.model.classes = train_range.second + 1;
+  if (test_range.first < 0 || test_range.second >= j.model.classes)
+    throw InputError(d.test_y + ": label " +
+                     std::to_string(test_range.first < 0 ? test_range.first : test_range.second) +
+                     " is outside the training labels' range [0, " + std::to_string(j.model.classes - 1) + "]");
+  if (j.model.classes < 2) throw InputError(d.train_y + ": every label is 0; expected at least two classes");
+  j.model.input.assign(tx.shape.begin() + 1, tx.shape.end());
+  if (j.model.input.size() == 2) j.model.input.insert(j.model.input.begin(), 1);  // (H, W): one channel
+  j.data.train_size = tx.shape[0];
+  j.data.test_size = vx.shape[0];
+}
+
 }  // namespace
 
 const char* toString(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "float"; }
@@ -224,7 +275,10 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   if (has_epochs) j.epochs = r.number("job.epochs", 0, 1e-9, 1e6);
   j.threads = static_cast<int>(r.integer("job.threads", 1, 1, 256));
 
-  j.data.dataset = r.choice("data.dataset", "", {"fashion-mnist", "synthetic", "fortunes-char"}, true);
+  j.data.dataset = r.choice("data.dataset", "", {"fashion-mnist", "synthetic", "fortunes-char", "npy"}, true);
+  if (j.data.dataset != "npy")
+    for (const char* k : {"data.train_x", "data.train_y", "data.test_x", "data.test_y", "data.mean", "data.std"})
+      if (r.has(k)) r.fail(k, "applies only to data.dataset = \"npy\"");
   if (j.data.dataset != "fortunes-char" && r.has("data.seq_len"))
     r.fail("data.seq_len", "applies only to data.dataset = \"fortunes-char\"");
   if (j.data.dataset == "fashion-mnist") {
@@ -247,6 +301,10 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
                               " is missing (apt-get install fortunes)");
     for (const char* k : {"data.train_size", "data.test_size"})
       if (r.has(k)) r.fail(k, "applies only to data.dataset = \"synthetic\"");
+  } else if (j.data.dataset == "npy") {
+    for (const char* k : {"data.path", "data.train_size", "data.test_size"})
+      if (r.has(k)) r.fail(k, "does not apply to data.dataset = \"npy\" (give data.train_x and the other files)");
+    readNpyData(r, j);
   } else {
     j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
     j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);
@@ -282,6 +340,13 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     j.model.channels = r.intList("model.channels", {32, 64}, 1, 4096);
     if (j.model.channels.size() != 2) r.fail("model.channels", "expected two integers, e.g. [32, 64]");
     j.model.fc = r.integer("model.fc", 128, 1, 1 << 20);
+    const auto& in = j.model.input;
+    if (in.size() != 3 || in[1] % 4 != 0 || in[2] % 4 != 0) {
+      std::string shape;
+      for (int64_t v : in) shape += (shape.empty() ? "" : ", ") + std::to_string(v);
+      r.fail("model.name", "\"cnn\" needs image samples (C, H, W) or (H, W) with H and W multiples of 4; the data's samples are (" +
+                               shape + ")");
+    }
   }
 
   j.global_batch = r.integer("batch.global", 0, 1, 1 << 24, true);

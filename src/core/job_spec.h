@@ -13,8 +13,12 @@ namespace morph {
 enum class ReduceMode { kExact, kFloat };
 
 struct DataSpec {
-  std::string dataset;  // "fashion-mnist" | "synthetic" | "fortunes-char"
+  std::string dataset;  // "fashion-mnist" | "synthetic" | "fortunes-char" | "npy"
   std::string path;     // folder with the dataset's files
+  // npy only: the four .npy files, and the normalisation of inputs,
+  // x' = (x * scale - mean) / std, scale = 1/255 for uint8 and 1 for float32.
+  std::string train_x, train_y, test_x, test_y;
+  double mean = 0.0, std = 1.0;
   int64_t seq_len = 0;     // fortunes-char: characters per sample
   int64_t train_size = 0;  // synthetic only
   int64_t test_size = 0;   // synthetic only
@@ -27,6 +31,10 @@ struct ModelSpec {
   int64_t fc = 0;                // cnn fully connected width
   int64_t layers = 0, dim = 0, heads = 0;  // gpt-mini
   int64_t seq_len = 0;           // gpt-mini: context length (= data.seq_len)
+  // mlp, cnn: one sample's shape as the model sees it, (C, H, W) for
+  // images, and the number of classes. From the data (npy); else 1x28x28, 10.
+  std::vector<int64_t> input = {1, 28, 28};
+  int64_t classes = 10;
   double dropout = 0.0;
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/npy.h"
 #include "data/sampler.h"
 
 namespace morph {
@@ -44,6 +45,46 @@ Batch ImageDataset::gather(const int64_t* idx, int64_t n) const {
     float* d = dst + i * px;
     for (int64_t k = 0; k < px; ++k) d[k] = (static_cast<float>(s[k]) * (1.0f / 255.0f) - mean_) * inv_std_;
     ydst[i] = lab[idx[i]];
+  }
+  return {x, y};
+}
+
+NpyDataset::NpyDataset(std::shared_ptr<const NpyMap> x, std::shared_ptr<const NpyMap> y, double mean,
+                       double stddev)
+    : x_(std::move(x)),
+      y_(std::move(y)),
+      n_(x_->header().shape[0]),
+      per_sample_(x_->header().count() / n_),
+      mean_(static_cast<float>(mean)),
+      inv_std_(static_cast<float>(1.0 / stddev)) {
+  const auto& xs = x_->header().shape;
+  MORPH_CHECK_EQ(y_->header().shape[0], n_);
+  if (xs.size() == 3) sample_shape_.push_back(1);
+  sample_shape_.insert(sample_shape_.end(), xs.begin() + 1, xs.end());
+}
+
+Batch NpyDataset::gather(const int64_t* idx, int64_t n) const {
+  std::vector<int64_t> shape{n};
+  shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
+  torch::Tensor x = torch::empty(shape, torch::kFloat32);
+  torch::Tensor y = torch::empty({n}, torch::kInt64);
+  float* dst = x.data_ptr<float>();
+  int64_t* ydst = y.data_ptr<int64_t>();
+  const auto* ysrc = static_cast<const unsigned char*>(y_->data());
+  const int64_t px = per_sample_;
+  const bool u8 = x_->header().kind == 'u';
+  for (int64_t i = 0; i < n; ++i) {
+    MORPH_CHECK(idx[i] >= 0 && idx[i] < n_, "sample index out of range");
+    float* d = dst + i * px;
+    if (u8) {
+      const uint8_t* s = static_cast<const uint8_t*>(x_->data()) + idx[i] * px;
+      for (int64_t k = 0; k < px; ++k) d[k] = (static_cast<float>(s[k]) * (1.0f / 255.0f) - mean_) * inv_std_;
+    } else {
+      // The payload is 4-byte aligned only if the header length says so: copy bytes.
+      std::memcpy(d, static_cast<const unsigned char*>(x_->data()) + idx[i] * px * 4, static_cast<size_t>(px) * 4);
+      for (int64_t k = 0; k < px; ++k) d[k] = (d[k] - mean_) * inv_std_;
+    }
+    std::memcpy(ydst + i, ysrc + idx[i] * 8, 8);
   }
   return {x, y};
 }
@@ -226,6 +267,11 @@ DataPair loadDatasets(const DataSpec& spec, uint64_t seed) {
     p.test = loadFashionSplit(spec.path, "t10k");
   } else if (spec.dataset == "fortunes-char") {
     p = loadFortunes(spec.path, spec.seq_len);
+  } else if (spec.dataset == "npy") {
+    // The job spec checked shapes, dtypes and label ranges (core/job_spec.cpp).
+    auto map = [](const std::string& path) { return std::make_shared<const NpyMap>(path); };
+    p.train = std::make_unique<NpyDataset>(map(spec.train_x), map(spec.train_y), spec.mean, spec.std);
+    p.test = std::make_unique<NpyDataset>(map(spec.test_x), map(spec.test_y), spec.mean, spec.std);
   } else if (spec.dataset == "synthetic") {
     p.train = makeSynthetic(spec.train_size, seed, 1);
     p.test = makeSynthetic(spec.test_size, seed, 2);

@@ -46,6 +46,26 @@ class ImageDataset : public Dataset {
   float mean_, inv_std_;
 };
 
+class NpyMap;
+
+// Samples memory-mapped from .npy files (dataset = "npy"): inputs uint8 or
+// float32 of shape (N, ...), labels int64 (N). A batch's x is float32,
+// (b, C, H, W) when a sample is (H, W) (then C = 1), else (b, sample
+// shape...), normalised as x' = (x * scale - mean) / std with scale 1/255
+// for uint8 (the same arithmetic as ImageDataset) and 1 for float32.
+class NpyDataset : public Dataset {
+ public:
+  NpyDataset(std::shared_ptr<const NpyMap> x, std::shared_ptr<const NpyMap> y, double mean, double stddev);
+  int64_t size() const override { return n_; }
+  Batch gather(const int64_t* idx, int64_t n) const override;
+
+ private:
+  std::shared_ptr<const NpyMap> x_, y_;  // the mappings live as long as the dataset
+  std::vector<int64_t> sample_shape_;    // as the model sees it
+  int64_t n_, per_sample_;
+  float mean_, inv_std_;
+};
+
 struct DataPair {
   std::unique_ptr<Dataset> train, test;
 };

@@ -298,6 +298,14 @@ nlohmann::json StepCore::meaning() const {
       {"reduce.mode", toString(j.reduce_mode)},
       {"reduce.headroom_bits", j.headroom_bits},
   };
+  // Only npy jobs carry these, so checkpoints of the built-in datasets
+  // written before they existed still resume.
+  if (j.data.dataset == "npy") {
+    m["data.mean"] = j.data.mean;
+    m["data.std"] = j.data.std;
+    m["model.input"] = j.model.input;
+    m["model.classes"] = j.model.classes;
+  }
   // The step count shapes only a cosine schedule: elsewhere a resumed job
   // may run longer than it was first meant to.
   if (j.optim.schedule == "cosine") m["job.steps"] = total_steps_;

@@ -225,7 +225,10 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed, cons
     if (held && (m->size() > held->size() || !(*held)[m->size() - 1])) m->hollow(m->size() - 1);
     return layer;
   };
-  const int64_t in = 28 * 28, classes = 10;
+  // One sample's shape is spec.input, (C, H, W) for images (docs/job_file.md).
+  int64_t in = 1;
+  for (int64_t v : spec.input) in *= v;
+  const int64_t classes = spec.classes;
   if (spec.name == "mlp") {
     add("flatten", [] { return std::make_shared<Flatten>(); });
     int64_t prev = in;
@@ -235,10 +238,10 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed, cons
     }
     add("head", [&] { return std::make_shared<Dense>(prev, classes, false, 0.0); });
   } else if (spec.name == "cnn") {
-    add("conv1", [&] { return std::make_shared<ConvBlock>(1, spec.channels[0]); });
+    add("conv1", [&] { return std::make_shared<ConvBlock>(spec.input[0], spec.channels[0]); });
     add("conv2", [&] { return std::make_shared<ConvBlock>(spec.channels[0], spec.channels[1]); });
     add("flatten", [] { return std::make_shared<Flatten>(); });
-    add("fc", [&] { return std::make_shared<Dense>(spec.channels[1] * 7 * 7, spec.fc, true, spec.dropout); });
+    add("fc", [&] { return std::make_shared<Dense>(spec.channels[1] * (spec.input[1] / 4) * (spec.input[2] / 4), spec.fc, true, spec.dropout); });
     add("head", [&] { return std::make_shared<Dense>(spec.fc, classes, false, 0.0); });
   } else if (spec.name == "gpt-mini") {
     const int64_t vocab = 256;  // bytes

@@ -90,6 +90,8 @@ std::string modelText(const ModelSpec& m) {
   if (m.fc) os << " fc=" << m.fc;
   if (m.layers) os << " layers=" << m.layers << " dim=" << m.dim << " heads=" << m.heads;
   if (m.seq_len) os << " seq_len=" << m.seq_len;
+  if (m.input != std::vector<int64_t>{1, 28, 28}) list("input", m.input);
+  if (m.classes != 10) os << " classes=" << m.classes;
   os << " dropout=" << m.dropout;
   return os.str();
 }

@@ -16,7 +16,7 @@ seconds=${1:-5}
 out=${2:-$(mktemp -d)}
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol job_file resources profile plan_file checkpoint idx)
+[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol job_file resources profile plan_file checkpoint idx npy)
 mkdir -p "$out/obj"
 command -v clang++ > /dev/null || { echo "run_fuzz: clang++ is not installed (bash scripts/install-deps.sh installs it)"; exit 1; }
 torch_inc="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI=1"
@@ -27,12 +27,13 @@ flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,addre
 # Sources of the code under test (besides the target), extra compile flags and libraries, per target.
 declare -A sources=(
   [store_protocol]="control/store_protocol.cpp"
-  [job_file]="core/job_spec.cpp"
+  [job_file]="core/job_spec.cpp core/npy.cpp"
   [resources]="plan/resources.cpp"
-  [profile]="plan/profile.cpp core/job_spec.cpp core/sys.cpp"
+  [profile]="plan/profile.cpp core/job_spec.cpp core/npy.cpp core/sys.cpp"
   [plan_file]="plan/plan_file.cpp exec/schedule.cpp"
   [checkpoint]="ckpt/checkpoint_store.cpp"
-  [idx]="data/dataset.cpp data/sampler.cpp"
+  [idx]="data/dataset.cpp data/sampler.cpp core/npy.cpp"
+  [npy]="core/npy.cpp"
 )
 declare -A libs=(
   [store_protocol]="-lcrypto"
@@ -42,6 +43,7 @@ declare -A libs=(
   [plan_file]=""
   [checkpoint]="-ltorch -ltorch_cpu -lc10 -lxxhash"
   [idx]="-ltorch -ltorch_cpu -lc10 -lz"
+  [npy]=""
 )
 # Files that rely on src/pch.h (torch/torch.h) in the CMake build get it with -include.
 pch_sources=" core/sys.cpp data/dataset.cpp data/sampler.cpp ckpt/checkpoint_store.cpp "
