@@ -478,7 +478,10 @@ void Manager::markDead(int64_t id, const std::string& why) {
   w.alive = false;
   if (w.pid > 0) kill(w.pid, SIGKILL);
   const bool member = std::find(members_.begin(), members_.end(), id) != members_.end();
-  const bool all_steps_done = log_ && next_ >= steps_;  // nothing left to recompute
+  // Nothing left to recompute: the last step is committed (perhaps not yet
+  // read by pollMetrics), and the members are past their training loop.
+  const bool all_steps_done =
+      log_ && (next_ >= steps_ || store_->check({"metrics/" + std::to_string(steps_ - 1)}));
   // A worker that found the job cannot go on said why before it exited.
   const std::string fatal = "workers/" + std::to_string(id) + "/fatal";
   if (store_->check({fatal})) noWorkerLeft("worker " + std::to_string(id) + ": " + getString(*store_, fatal));
@@ -1040,7 +1043,14 @@ int Manager::run() {
         if (workers_[id].alive) keys.push_back(k);
         posted += store_->check({k});
       }
-      if (posted > 0 && store_->check(keys)) break;
+      // Only results of this generation count (a member posts one when its
+      // training loop ends; one of an earlier generation is stale).
+      bool current = posted > 0 && store_->check(keys);
+      for (size_t i = 0; current && i < keys.size(); ++i) {
+        const json r = json::parse(getString(*store_, keys[i]), nullptr, false);
+        current = r.is_object() && r.value("generation", int64_t{-1}) == gen_;
+      }
+      if (current) break;
     }
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;

@@ -402,6 +402,12 @@ EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {
   const double t0 = nowSeconds();
   torch::NoGradGuard no_grad;
   core_.model_->eval();
+  // Back to training mode however evaluation ends: a peer lost mid-way
+  // (CommFailure) must not leave dropout off for the steps after a morph.
+  struct TrainAgain {
+    LayerList& m;
+    ~TrainAgain() { m.train(); }
+  } train_again{*core_.model_};
   const int P = pipe_.stages, k = pipe_.stage, D = pipe_.replicas, d = pipe_.replica;
   const size_t lo = pipe_.cuts[static_cast<size_t>(k)], hi = pipe_.cuts[static_cast<size_t>(k) + 1];
   const int64_t n = test.size(), batches = (n + batch - 1) / batch;
@@ -417,16 +423,15 @@ EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {
       std::vector<int64_t> shape = cut_shapes_[static_cast<size_t>(k) - 1];
       shape[0] = e - i;
       x = torch::empty(shape, torch::kFloat32);
-      pcomm_.pipe->recv(x, k - 1, kEvalTag)->wait();
+      pcomm_.pipe->recv(x, k - 1, kEvalTag)->waitAbortable();
     }
     x = core_.model_->forwardRange(x, lo, hi);
     if (k + 1 < P) {
-      pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->wait();
+      pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->waitAbortable();
       continue;
     }
     core_.scoreBatch(x, b.y, loss, correct);
   }
-  core_.model_->train();
   // Each replica's last stage fills its own slots; MAX over the world (the
   // others hold 0, and both sums are >= 0) gives every rank all of them,
   // added in replica order.

@@ -7,6 +7,8 @@
 // protocol can be hit: "layer-002.bin" (a stage's layer file),
 // ".share-000002" (its share record), "extra.bin" or "MANIFEST" (the
 // commit), "rename" (publishing). Workers it starts run this binary too.
+// It strikes once per checkpoint folder (a marker file there remembers),
+// so a job that survives the crash (a pipeline morphs) writes on.
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,8 +32,11 @@ class CrashingFileSystem : public morph::PosixFileSystem {
   void writeFile(const std::string& path, const std::string& bytes) override {
     const std::string base = path.substr(path.rfind('/') + 1);
     if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0) {
-      PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
-      die(path);
+      const std::string marker = path.substr(0, path.rfind("/.tmp-")) + "/.test-crashed";
+      if (access(marker.c_str(), F_OK) != 0) {
+        PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
+        die(path);
+      }
     }
     PosixFileSystem::writeFile(path, bytes);
   }
@@ -41,7 +46,12 @@ class CrashingFileSystem : public morph::PosixFileSystem {
   }
 
  private:
-  [[noreturn]] static void die(const std::string& path) {
+  // Dies unless this checkpoint folder saw the crash already.
+  static void die(const std::string& path) {
+    const std::string scratch = path.substr(0, path.find('/', path.find("/.tmp-") + 1));
+    const std::string marker = scratch.substr(0, scratch.rfind('/')) + "/.test-crashed";
+    if (access(marker.c_str(), F_OK) == 0) return;
+    if (FILE* f = std::fopen(marker.c_str(), "w")) std::fclose(f);
     std::fprintf(stderr, "morph: test hook: crashing at %s\n", path.c_str());
     _exit(9);
   }

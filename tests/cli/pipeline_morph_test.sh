@@ -18,7 +18,7 @@ cat > "$work/job.toml" <<'TOML'
 [job]
 name = "pmorph"
 seed = 11
-steps = 1500
+steps = 900
 [data]
 dataset = "synthetic"
 train_size = 400
@@ -66,7 +66,7 @@ kill -9 "${pids[3]}"
 wait_for "the pipeline to morph after the failure" "$work/a.log" generation "$work/a" 1
 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/a/token" > "$work/joiner.log" 2>&1 &
 wait_for "the joiner to be placed" "$work/a.log" generation "$work/a" 2
-(( $(wc -l < "$work/a/metrics.jsonl") < 1500 )) || { echo "FAIL: the job ended before the join"; exit 1; }
+(( $(wc -l < "$work/a/metrics.jsonl") < 900 )) || { echo "FAIL: the job ended before the join"; exit 1; }
 wait "$mpid" || { echo "FAIL: exit $?"; cat "$work/a.log"; exit 1; }
 got=$(tail -n 1 "$work/a.log")
 echo "2x2, kill, join: $got"
@@ -77,7 +77,7 @@ echo "resizes: $shapes"
 [[ $(field "$work/a/summary.json" "all(r['live'] for r in s['resizes'])") == True ]] || { echo "FAIL: a morph was not live"; exit 1; }
 moved=$(field "$work/a/summary.json" "s['resizes'][1]['bytes_moved']")
 (( moved > 0 )) || { echo "FAIL: the joiner received no bytes"; exit 1; }
-(( $(wc -l < "$work/a/metrics.jsonl") == 1500 )) || { echo "FAIL: metrics lines"; exit 1; }
+(( $(wc -l < "$work/a/metrics.jsonl") == 900 )) || { echo "FAIL: metrics lines"; exit 1; }
 
 # B. 3 x 1: the middle stage dies; back to 2 stages from the checkpoint.
 "$MORPH" run "$work/job.toml" --quiet --steps 400 --workers 3 --stages 3 --out "$work/b" --set checkpoint.every=50 \
