@@ -31,27 +31,27 @@ class CrashingFileSystem : public morph::PosixFileSystem {
   }
   void writeFile(const std::string& path, const std::string& bytes) override {
     const std::string base = path.substr(path.rfind('/') + 1);
-    if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0) {
-      const std::string marker = path.substr(0, path.rfind("/.tmp-")) + "/.test-crashed";
-      if (access(marker.c_str(), F_OK) != 0) {
-        PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
-        die(path);
-      }
+    if (path.find(tag_) != std::string::npos && base.rfind(name_, 0) == 0 && strikes(path)) {
+      PosixFileSystem::writeFile(path, bytes.substr(0, bytes.size() / 2));
+      die(path);
     }
     PosixFileSystem::writeFile(path, bytes);
   }
   void rename(const std::string& from, const std::string& to) override {
-    if (name_ == "rename" && from.find(tag_) != std::string::npos) die(from);
+    if (name_ == "rename" && from.find(tag_) != std::string::npos && strikes(from)) die(from);
     PosixFileSystem::rename(from, to);
   }
 
  private:
-  // Dies unless this checkpoint folder saw the crash already.
-  static void die(const std::string& path) {
-    const std::string scratch = path.substr(0, path.find('/', path.find("/.tmp-") + 1));
-    const std::string marker = scratch.substr(0, scratch.rfind('/')) + "/.test-crashed";
-    if (access(marker.c_str(), F_OK) == 0) return;
+  // True the first time for a checkpoint folder (`path` lies in one of its
+  // scratch directories): a marker file there remembers the crash.
+  static bool strikes(const std::string& path) {
+    const std::string marker = path.substr(0, path.rfind("/.tmp-")) + "/.test-crashed";
+    if (access(marker.c_str(), F_OK) == 0) return false;
     if (FILE* f = std::fopen(marker.c_str(), "w")) std::fclose(f);
+    return true;
+  }
+  [[noreturn]] static void die(const std::string& path) {
     std::fprintf(stderr, "morph: test hook: crashing at %s\n", path.c_str());
     _exit(9);
   }
