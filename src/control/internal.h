@@ -24,6 +24,7 @@
 #include "core/sys.h"
 #include "data/dataset.h"
 #include "exec/trainer.h"
+#include "plan/simulator.h"
 
 namespace morph {
 namespace detail {
@@ -214,5 +215,8 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 // and returns the options that run the chosen plan (a plan file in the run
 // folder). plan_commands.cpp.
 RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job);
+// What the executor will do that a profile does not know: bucket size and
+// emulated link delay (environment), clipping and checkpoints (the job).
+SimOptions simOptionsFor(const JobSpec& job, bool in_process);
 
 }  // namespace morph

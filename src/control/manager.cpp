@@ -22,6 +22,7 @@
 #include "core/model_hash.h"
 #include "exec/pipeline.h"
 #include "plan/plan_file.h"
+#include "plan/planner.h"
 #include "plan/resources.h"
 
 namespace morph {
@@ -69,8 +70,23 @@ class Manager {
   // `plan` and returns the members.
   std::vector<int64_t> publishMorph(json& plan, const std::vector<int64_t>& survivors,
                                     const std::map<int64_t, int64_t>& committed, std::vector<int64_t>& released);
-  // The pipeline's shape with `workers` workers (the documented rule).
-  MorphShape morphShape(int workers) const;
+  // How a pipeline job runs on `workers` workers: the planner's best plan
+  // when the job has a profile (--plan auto), else the documented rule.
+  struct MorphTarget {
+    MorphShape shape;             // {0, 0}: nothing fits
+    std::vector<size_t> cuts;
+    std::string schedule;
+    bool recompute = false;
+    std::vector<int64_t> vn_shares;  // per replica; empty: even
+    double predicted_s = 0;          // the planner's step time
+    std::string by;                  // "planner" or "rule"
+  };
+  MorphTarget morphTarget(int workers);
+  // The memory cap a morph's shape must fit (--memory-cap, or the smallest
+  // device of a resources file); 0: none.
+  int64_t morphMemoryCap() const;
+  // Whether the pipeline should grow onto `joiners` waiting workers.
+  bool shouldGrow(int size, int joiners);
   [[noreturn]] void noWorkerLeft(const std::string& why);
   void markDead(int64_t id, const std::string& why);
   void setUpPipeline();
@@ -135,6 +151,16 @@ class Manager {
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
                          const std::vector<std::string>& names);
   std::unique_ptr<StatusServer> status_page_;  // --status (docs/status_page.md)
+  // Pipeline morphs: the profile of --plan auto, the planner's choice by
+  // worker count, the rule's memory verdicts by (stages, replicas), and
+  // when spares were last considered for growth.
+  std::optional<Profile> profile_;
+  std::map<int, MorphTarget> planned_;
+  std::map<std::pair<int, int>, bool> fits_;
+  std::unique_ptr<Dataset> mem_train_;
+  int grow_joiners_ = -1;
+  double grow_checked_ = 0;
+  std::string grow_said_;
 };
 
 // Validates the plan before any worker starts: the cut (even or from the
@@ -257,6 +283,9 @@ void Manager::setUpPipeline() {
   for (auto& [b, e] : ranges) vr.push_back({b, e});
   pipeline_ = {{"stages", P},         {"replicas", D},       {"cuts", cuts},       {"schedule", toString(kind)},
                {"recompute", recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
+  // Morphs re-plan with the profile --plan auto chose by; devices of a
+  // resources file use the rule (its slots change meaning as workers go).
+  if (!o_.profile.empty() && !res_) profile_ = readProfile(o_.profile);
 }
 
 // Morph's own accounting of each device's memory (resources file): the
@@ -810,6 +839,8 @@ void Manager::publish() {
       pending_resize_["live"] = morph_plan.at("live");
       pending_resize_["steps_redone"] = morph_plan.value("steps_redone", 0);
       pending_resize_["planning_seconds"] = morph_plan.at("planning_seconds");
+      pending_resize_["chosen_by"] = morph_plan.at("chosen_by");
+      pending_resize_["to_cuts"] = morph_plan.at("to_cuts");
     }
     if (cause == "straggler") {
       pending_resize_.update(straggler_note_);
@@ -826,9 +857,111 @@ void Manager::publish() {
   transition_cause_.clear();
 }
 
-MorphShape Manager::morphShape(int workers) const {
-  return chooseMorphShape(workers, pipeline_.at("stages").get<int>(), target_, job_.virtual_nodes,
-                          layer_names_.size(), nullptr);
+int64_t Manager::morphMemoryCap() const {
+  int64_t cap = o_.memory_cap_mib > 0 ? static_cast<int64_t>(o_.memory_cap_mib * 1048576.0) : 0;
+  if (res_)
+    for (size_t slot = 0; slot < res_->devices.size(); ++slot) {
+      const int64_t m = res_->typeOf(slot).memory_bytes;
+      if (m > 0) cap = cap > 0 ? std::min(cap, m) : m;
+    }
+  return cap;
+}
+
+Manager::MorphTarget Manager::morphTarget(int workers) {
+  workers = std::min(workers, target_);
+  const size_t L = layer_names_.size();
+  const int P = pipeline_.at("stages").get<int>();
+  const auto cur_cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
+  const int64_t cap = morphMemoryCap();
+  MorphTarget t;
+  if (profile_) {
+    auto it = planned_.find(workers);
+    if (it != planned_.end()) return it->second;
+    t.by = "planner";
+    if (workers > 0) {
+      PlanRequest rq;
+      rq.workers = workers;
+      rq.virtual_nodes = job_.virtual_nodes;
+      rq.memory_cap_bytes = cap;
+      rq.top_k = 1;
+      rq.sim = simOptionsFor(job_, false);
+      try {
+        const PlanOutcome out = planJob(*profile_, rq);
+        const PlanChoice& best = out.plans.front();
+        t.shape = {best.plan.stages, best.plan.replicas};
+        t.cuts = best.plan.cuts.empty() ? evenCuts(L, 1) : best.plan.cuts;
+        t.schedule = toString(best.plan.schedule);
+        t.recompute = best.plan.recompute;
+        t.vn_shares = best.plan.vn_shares;
+        t.predicted_s = best.sim.step_seconds;
+      } catch (const InputError& e) {  // no plan fits the memory cap
+        std::printf("morph: the planner finds no plan for %d workers: %s\n", workers, e.what());
+      }
+    }
+    planned_[workers] = t;
+    return t;
+  }
+  // The rule: stages cut evenly unless the depth stays; each stage's
+  // estimate (pipeline.h) must fit the cap.
+  t.by = "rule";
+  auto cutsFor = [&](int p) { return p == P ? cur_cuts : evenCuts(L, p); };
+  const ScheduleKind kind = parseScheduleKind(pipeline_.at("schedule").get<std::string>());
+  const bool recompute = pipeline_.at("recompute").get<bool>();
+  std::function<bool(int, int)> fits;
+  if (cap > 0)
+    fits = [&](int p, int d) {
+      auto it = fits_.find({p, d});
+      if (it != fits_.end()) return it->second;
+      if (!mem_train_) mem_train_ = std::move(loadDatasets(job_.data, job_.seed).train);
+      const int64_t M = (job_.virtual_nodes + d - 1) / d;  // the largest replica share
+      bool ok = true;
+      for (const StageMemory& m : estimateStageMemory(job_, cutsFor(p), {kind, p, M, recompute}, *mem_train_))
+        ok = ok && m.total() <= cap;
+      return fits_[{p, d}] = ok;
+    };
+  t.shape = chooseMorphShape(workers, P, target_, job_.virtual_nodes, L, fits);
+  if (t.shape.workers() > 0) t.cuts = cutsFor(t.shape.stages);
+  t.schedule = toString(kind);
+  t.recompute = recompute;
+  return t;
+}
+
+// Growth: the rule grows whenever the workers at hand make a bigger shape;
+// the planner when its plan for them is predicted faster than the current
+// one by kGrowGain. Checked when the number of waiting workers changes and
+// every elastic.grow_interval seconds while some wait.
+bool Manager::shouldGrow(int size, int joiners) {
+  constexpr double kGrowGain = 0.97;
+  if (joiners == 0) {
+    grow_joiners_ = 0;
+    return false;
+  }
+  const double now = nowSeconds();
+  if (joiners == grow_joiners_ && now - grow_checked_ < job_.grow_interval) return false;
+  grow_joiners_ = joiners;
+  grow_checked_ = now;
+  const MorphShape cur{pipeline_.at("stages").get<int>(), pipeline_.at("replicas").get<int>()};
+  const MorphTarget could = morphTarget(size + joiners);
+  if (could.shape.workers() == 0) return false;
+  if (!profile_) return could.shape.workers() > cur.workers();
+  PlanSpec now_plan;
+  now_plan.stages = cur.stages;
+  now_plan.replicas = cur.replicas;
+  now_plan.cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
+  now_plan.schedule = parseScheduleKind(pipeline_.at("schedule").get<std::string>());
+  now_plan.recompute = pipeline_.at("recompute").get<bool>();
+  for (const auto& r : pipeline_.at("replica_ranges")) now_plan.vn_shares.push_back(r.at(1).get<int64_t>() - r.at(0).get<int64_t>());
+  const double now_s = simulate(*profile_, now_plan, simOptionsFor(job_, false)).step_seconds;
+  const bool faster = could.predicted_s < kGrowGain * now_s;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%d x %d predicted %.2f ms per step against %.2f ms now", could.shape.stages,
+                could.shape.replicas, could.predicted_s * 1e3, now_s * 1e3);
+  if (!faster && grow_said_ != buf) {
+    std::printf("morph: %d workers at hand, %d waiting: the planner keeps %d x %d (%s)\n", size + joiners, joiners,
+                cur.stages, cur.replicas, buf);
+    grow_said_ = buf;
+  }
+  return faster;
 }
 
 std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t>& survivors,
@@ -860,9 +993,12 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
   for (auto& [id, w] : workers_)
     if (w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end())
       in.candidates.push_back({id, -1, 0, 0});
-  const MorphShape shape = morphShape(static_cast<int>(in.candidates.size()));
-  if (shape.workers() == 0) noWorkerLeft("no pipeline shape fits the " + std::to_string(in.candidates.size()) + " workers left");
-  const std::vector<size_t> cuts = shape.stages == in.stages ? in.cuts : evenCuts(layer_names_.size(), shape.stages);
+  const MorphTarget target = morphTarget(static_cast<int>(in.candidates.size()));
+  const MorphShape shape = target.shape;
+  if (shape.workers() == 0)
+    noWorkerLeft("no pipeline shape fits the " + std::to_string(in.candidates.size()) + " workers left" +
+                 (morphMemoryCap() > 0 ? " within the memory cap" : ""));
+  const std::vector<size_t>& cuts = target.cuts;
   const MorphPlan mp = planMorph(in, shape, cuts);
   // Spares beyond --workers leave; the others wait for the next change.
   released.clear();
@@ -897,14 +1033,30 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
           std::to_string(std::max<int64_t>(0, mp.step - ck)) + " steps are done again";
   }
   json vr = json::array();
-  for (auto& [b, e] : assignVns(job_.virtual_nodes, shape.replicas)) vr.push_back({b, e});
+  if (target.vn_shares.size() == static_cast<size_t>(shape.replicas)) {
+    int64_t b = 0;
+    for (int64_t n : target.vn_shares) vr.push_back({b, b += n});
+  } else {
+    for (auto& [b, e] : assignVns(job_.virtual_nodes, shape.replicas)) vr.push_back({b, e});
+  }
+  const bool schedule_changes = target.schedule != pipeline_.at("schedule").get<std::string>() ||
+                                target.recompute != pipeline_.at("recompute").get<bool>();
   pipeline_["stages"] = shape.stages;
   pipeline_["replicas"] = shape.replicas;
   pipeline_["cuts"] = cuts;
   pipeline_["replica_ranges"] = vr;
+  pipeline_["schedule"] = target.schedule;
+  pipeline_["recompute"] = target.recompute;
   plan["planning_seconds"] = nowSeconds() - t0;
-  std::printf("morph: pipeline morphs from %d stages x %d replicas to %d x %d (cut: %s); %s\n", was.stages,
-              was.replicas, shape.stages, shape.replicas, describeCuts(layer_names_, cuts).c_str(), how.c_str());
+  plan["chosen_by"] = target.by;
+  plan["to_cuts"] = cuts;
+  std::string why = target.by == "planner" ? "the planner's choice, predicted " +
+                                                 std::to_string(target.predicted_s * 1e3).substr(0, 6) + " ms per step"
+                                           : "the rule";
+  if (schedule_changes) why += ", schedule " + target.schedule + (target.recompute ? " with recomputation" : "");
+  std::printf("morph: pipeline morphs from %d stages x %d replicas to %d x %d (cut: %s; %s); %s\n", was.stages,
+              was.replicas, shape.stages, shape.replicas, describeCuts(layer_names_, cuts).c_str(), why.c_str(),
+              how.c_str());
   return mp.members;
 }
 
@@ -1016,9 +1168,7 @@ int Manager::run() {
       } else if (pipelined()) {
         // Grow when the workers at hand make a bigger shape (joiners, or a
         // larger --workers target); extra workers wait as spares.
-        const MorphShape now{pipeline_.at("stages").get<int>(), pipeline_.at("replicas").get<int>()};
-        const MorphShape could = morphShape(size + joiners);
-        if (joiners > 0 && could.workers() > now.workers()) {
+        if (shouldGrow(size, joiners)) {
           setString(*store_, "gen/want", std::to_string(gen_ + 1));
           startTransition(resize_seq_ > 0 ? "request" : "join");
         } else if (size > target_) {

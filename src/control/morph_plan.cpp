@@ -6,15 +6,21 @@
 namespace morph {
 
 MorphShape chooseMorphShape(int workers, int stages, int target, int64_t virtual_nodes, size_t layers,
-                            const std::function<bool(int stages)>& fits) {
+                            const std::function<bool(int stages, int replicas)>& fits) {
   workers = std::min(workers, target);
   if (workers <= 0 || stages <= 0 || layers == 0) return {};
+  auto ok = [&](int p, int d) { return !fits || fits(p, d); };
+  auto replicas = [&](int p) { return static_cast<int>(std::min<int64_t>(workers / p, virtual_nodes)); };
+  const int deepest = std::min<int>(workers, static_cast<int>(layers));
   if (workers >= stages) {
-    const int64_t d = std::min<int64_t>(workers / stages, virtual_nodes);
-    return {stages, static_cast<int>(d)};
+    // Fewer replicas would give each more VNs to hold, so only deeper
+    // pipelines can fit where this one does not.
+    for (int p = stages; p <= std::max(stages, deepest); ++p)
+      if (ok(p, replicas(p))) return {p, replicas(p)};
+    return {};
   }
-  for (int p = std::min<int>(workers, static_cast<int>(layers)); p >= 1; --p)
-    if (!fits || fits(p)) return {p, 1};
+  for (int p = deepest; p >= 1; --p)
+    if (ok(p, 1)) return {p, 1};
   return {};
 }
 

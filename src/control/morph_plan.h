@@ -43,10 +43,12 @@ struct MorphShape {
 // The documented rule without a profile: keep the depth and use as many
 // replicas as `workers` allow (at most `target` workers, one VN per replica
 // at least); with fewer workers than stages, the deepest pipeline the
-// workers fill for which `fits` (memory) holds, down to one stage; at most
-// one stage per layer. {0, 0} when no shape fits.
+// workers fill, down to one stage; at most one stage per layer. `fits`
+// (memory; may be null) must hold for the shape: when the depth kept does
+// not fit with the replicas at hand, deeper pipelines are tried (each
+// stage holds less). {0, 0} when no shape fits.
 MorphShape chooseMorphShape(int workers, int stages, int target, int64_t virtual_nodes, size_t layers,
-                            const std::function<bool(int stages)>& fits);
+                            const std::function<bool(int stages, int replicas)>& fits);
 
 struct MorphTransfer {
   size_t layer;

@@ -41,17 +41,6 @@ std::vector<std::string> layerNames(const JobSpec& job) {
   return names;
 }
 
-// What the executor will do that the profile does not know: bucket size and
-// emulated link delay (environment), clipping (the job).
-SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
-  SimOptions o;
-  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) o.bucket_bytes = std::max<int64_t>(1, std::atoll(s));
-  if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) o.link_delay_s = std::atof(d) / 1000.0;
-  o.clipping = job.optim.clip_norm > 0;
-  o.in_process = in_process;
-  o.checkpoints = job.checkpoint_every > 0;
-  return o;
-}
 
 Profile loadProfileFor(const std::string& path, const JobSpec& job) {
   Profile p = readProfile(path);
@@ -233,6 +222,16 @@ void printAllocations(const std::vector<AllocationRow>& rows) {
 
 }  // namespace
 
+SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
+  SimOptions o;
+  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) o.bucket_bytes = std::max<int64_t>(1, std::atoll(s));
+  if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) o.link_delay_s = std::atof(d) / 1000.0;
+  o.clipping = job.optim.clip_norm > 0;
+  o.in_process = in_process;
+  o.checkpoints = job.checkpoint_every > 0;
+  return o;
+}
+
 int runCalibrate(const CalibrateOptions& o) {
   const JobSpec job = loadJobFile(o.job_path, o.overrides);
   if (!o.resources.empty()) {
@@ -412,12 +411,14 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   const std::string cached = cacheDir() + "/" + fingerprintDigest(want) + ".json";
   Profile prof;
   bool found = false;
+  std::string used_profile = run_profile;
   for (const std::string& path : {run_profile, cached}) {
     if (!std::filesystem::exists(path)) continue;
     try {
       prof = readProfile(path);
       if (fingerprintDifferences(prof.fingerprint, want).empty()) {
         found = true;
+        used_profile = path;
         std::printf("morph: --plan auto: using the profile %s\n", path.c_str());
         break;
       }
@@ -464,6 +465,7 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
                 o.resources.empty() ? "starting" : "running on", used);
   std::fflush(stdout);
   r.stages = best.plan.stages;
+  r.profile = used_profile;  // a pipeline morphs with the planner too
   r.schedule.clear();  // the plan file's
   r.recompute = false;
   // Devices: every listed worker starts; the plan names the slots it uses.

@@ -46,6 +46,7 @@ struct RunOptions {
   std::string schedule;           // gpipe | 1f1b | varuna; "" = the plan file's, else 1f1b
   bool recompute = false;         // stash stage inputs, recompute before backward
   std::string plan;               // "": even split; "auto": the planner's choice; else a plan file
+  std::string profile;            // set by --plan auto: the profile a pipeline morphs with (docs/pipeline.md)
   std::string trace;              // Chrome trace file of every rank's actions ("" = none)
   double memory_cap_mib = 0;      // per worker; 0 = no check
   std::string resources;          // resources file (devices per worker slot; docs/resources.md)

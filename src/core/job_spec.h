@@ -80,6 +80,9 @@ struct JobSpec {
   double straggler_factor = 2.0;
   int64_t straggler_steps = 10;
   bool straggler_replan = true;
+  // Pipeline jobs: seconds between the manager's checks whether workers
+  // waiting as spares make a faster shape (a join is checked at once).
+  double grow_interval = 5.0;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Loss terms per sample: 1 for classification, seq_len for a language

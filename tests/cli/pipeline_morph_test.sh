@@ -7,7 +7,9 @@
 #  B. 3 stages x 1: SIGKILL the middle stage (no replica holds its layers) ->
 #     2 stages from the newest checkpoint, the steps since redone;
 #  C. a joiner killed as the morph that sends it its layers starts: the
-#     reference model, or exit 3 naming a checkpoint; never another model.
+#     reference model, or exit 3 naming a checkpoint; never another model;
+#  D. a job started with --plan auto morphs to the planner's choice for the
+#     workers left (another depth and cut than the rule's), state moved live.
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -126,4 +128,48 @@ if (( rc == 0 )); then
 else
   (( rc == 3 )) && grep -q "checkpoints/step-" "$work/c.log" || { echo "FAIL: exit $rc without a checkpoint named"; cat "$work/c.log"; exit 1; }
 fi
+
+# D. The planner re-plans. The measured profile is edited so that its choice
+# differs from the rule's whatever this machine measured: every layer takes
+# 200x longer (compute dominates), cores do not contend, and each weighted
+# layer holds 20 MiB more, so that under --memory-cap 300 no single stage
+# fits the model. On 4 workers it chooses 2 x 2; on 3, 3 x 1 with a new
+# cut, where the rule would keep 2 x 1 and a spare.
+mkdir -p "$work/d"
+"$MORPH" calibrate "$work/job.toml" --out "$work/measured.json" > /dev/null
+python3 - "$work/measured.json" "$work/d/profile.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+for l in p["layers"]:
+    for k in ("forward_s", "backward_s", "recompute_s", "forward_nograd_s"):
+        l[k] *= 200
+    if l["params"] > 0:
+        l["param_bytes"] += 20 << 20
+p["compute_contention"] = 1.0
+p["host_cores"] = 16
+json.dump(p, open(sys.argv[2], "w"))
+PY
+best() {  # best WORKERS: the planner's best plan as "PxD cuts"
+  "$MORPH" plan "$work/job.toml" --profile "$work/d/profile.json" --workers "$1" --memory-cap 300 --json |
+    python3 -c "import json,sys; p=json.load(sys.stdin)['plans'][0]; print('%dx%d' % (p['stages'], p['replicas']), p['cuts'])"
+}
+start=$(best 4)
+want=$(best 3)
+echo "planner: 4 workers $start, 3 workers $want"
+[[ "$start" == 2x2* && "$want" != 2x1* ]] || { echo "FAIL: the edited profile does not separate planner and rule"; exit 1; }
+"$MORPH" run "$work/job.toml" --quiet --steps 400 --plan auto --workers 4 --memory-cap 300 --out "$work/d" \
+  --set checkpoint.every=50 > "$work/d.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/d.log")
+wait_for "training to start" "$work/d.log" lines "$work/d" 100
+mapfile -t pids < <(workers_of "$port")
+(( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
+kill -9 "${pids[3]}"
+wait "$mpid" || { echo "FAIL: exit $?"; cat "$work/d.log"; exit 1; }
+got=$(tail -n 1 "$work/d.log")
+echo "--plan auto 2x2, kill: $got"
+[[ "$got" == "$ref400" ]] || { echo "FAIL: hashes differ"; cat "$work/d.log"; exit 1; }
+r=$(field "$work/d/summary.json" "(lambda r: r['chosen_by']+' '+'x'.join(map(str,r['to_shape']))+' '+str(r['to_cuts'])+' live='+str(r['live']))(s['resizes'][0])")
+echo "resize: $r"
+[[ "$r" == "planner $want live=True" ]] || { echo "FAIL: expected a live morph to the planner's $want"; cat "$work/d.log"; exit 1; }
 echo "pipeline morph test passed"

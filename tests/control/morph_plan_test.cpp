@@ -22,12 +22,30 @@ TEST(MorphShape, FewerWorkersThanStagesGivesTheDeepestThatFits) {
   EXPECT_EQ(chooseMorphShape(2, 3, 3, 8, 6, nullptr).stages, 2);
   EXPECT_EQ(chooseMorphShape(1, 3, 3, 8, 6, nullptr).stages, 1);
   // Memory: only 1 stage fits... 2 stages do not fit means try 1.
-  auto fits = [](int p) { return p != 2; };
+  auto fits = [](int p, int) { return p != 2; };
   EXPECT_EQ(chooseMorphShape(2, 3, 3, 8, 6, fits).stages, 1);
-  auto never = [](int) { return false; };
+  auto never = [](int, int) { return false; };
   EXPECT_EQ(chooseMorphShape(2, 3, 3, 8, 6, never).workers(), 0);
   // At most one stage per layer.
   EXPECT_EQ(chooseMorphShape(5, 8, 8, 8, 3, nullptr).stages, 3);
+}
+
+TEST(MorphShape, DepthKeptThatNoLongerFitsGoesDeeper) {
+  // 2 x 2 on 4 workers; 3 left. 2 x 1 would hold all 8 VNs per replica,
+  // which (say) exceeds the cap; 3 x 1 holds less per stage and fits.
+  auto fits = [](int p, int d) { return p >= 3 || d >= 2; };
+  const MorphShape s = chooseMorphShape(3, 2, 4, 8, 6, fits);
+  EXPECT_EQ(s.stages, 3);
+  EXPECT_EQ(s.replicas, 1);
+  // 4 workers: 2 x 2 fits as it is.
+  EXPECT_EQ(chooseMorphShape(4, 2, 4, 8, 6, fits).replicas, 2);
+  // Nothing deeper is possible with 2 workers: no shape.
+  EXPECT_EQ(chooseMorphShape(2, 2, 4, 8, 6, [](int, int d) { return d >= 2; }).workers(), 0);
+  // The verdict is asked for the replicas the shape would have.
+  std::vector<std::pair<int, int>> asked;
+  chooseMorphShape(5, 2, 8, 8, 6, [&](int p, int d) { asked.push_back({p, d}); return false; });
+  const std::vector<std::pair<int, int>> want{{2, 2}, {3, 1}, {4, 1}, {5, 1}};
+  EXPECT_EQ(asked, want);
 }
 
 TEST(MorphPlan, SurvivorsKeepTheirStagesAndNothingMoves) {
