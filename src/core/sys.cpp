@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <ATen/Parallel.h>  // at::set_num_threads (no need for all of torch.h)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

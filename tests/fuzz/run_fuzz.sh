@@ -46,7 +46,7 @@ declare -A libs=(
   [npy]=""
 )
 # Files that rely on src/pch.h (torch/torch.h) in the CMake build get it with -include.
-pch_sources=" core/sys.cpp data/dataset.cpp data/sampler.cpp ckpt/checkpoint_store.cpp "
+pch_sources=" data/dataset.cpp ckpt/checkpoint_store.cpp "
 
 stale() {  # stale OUTPUT: true if OUTPUT is missing or older than any source
   [[ ! -e $1 ]] || [[ -n $(find "$src" "$here" -type f -name '*.[ch]*' -newer "$1" -print -quit) ]]
