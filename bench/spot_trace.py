@@ -7,6 +7,9 @@ morph (shape, live or from the checkpoint, steps redone, seconds), and the
 final model hash against the single-process run of the same job.
 
   python3 bench/spot_trace.py [--morph build/morph] [--steps 3000] [--every 20]
+
+Windows are of wall clock (each step's commit time, unix_time in
+metrics.jsonl), so a morph's pause and redone steps lower its window.
 """
 import argparse
 import json
@@ -100,18 +103,21 @@ def main():
             os.path.join(out, "summary.json")) else {}
         for p in joiners:
             p.kill()
-        # Samples/s per 10-second window of the steps' own clocks.
-        print(f"{'t (s)':>6} {'workers':>7} {'samples/s':>9}")
-        window, acc_s, acc_n, workers = 10.0, 0.0, 0, 0
-        t = 0.0
+        # Samples/s per 10-second window of wall clock (commit times of the
+        # steps), so the pauses of morphs and redone steps count.
+        print(f"{'t (s)':>6} {'workers':>7} {'samples/s':>9} {'per worker':>10}")
+        window = 10.0
+        start = lines[0]["unix_time"] - lines[0]["step_seconds"] if lines else 0.0
+        bucket, n, workers = 0, 0, 0
         for x in lines:
-            acc_s += x["step_seconds"]
-            acc_n += 1
+            b = int((x["unix_time"] - start) // window)
+            while b > bucket:
+                if n or workers:
+                    print(f"{(bucket + 1) * window:6.0f} {workers:7d} {n * 32 / window:9.0f} "
+                          f"{n * 32 / window / max(1, workers):10.0f}")
+                bucket, n = bucket + 1, 0
+            n += 1
             workers = x["workers"]
-            t += x["step_seconds"]
-            if acc_s >= window:
-                print(f"{t:6.0f} {workers:7d} {acc_n * 32 / acc_s:9.0f}")
-                acc_s, acc_n = 0.0, 0
         print("events (wall s, kind, workers after):", ", ".join(f"{t:.0f} {k} {n}" for t, k, n in events))
         for r in summary.get("resizes", []):
             print(f"morph at step {r['step']}: {r['cause']} {r.get('from_shape')} -> {r.get('to_shape')} "

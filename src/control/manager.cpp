@@ -48,7 +48,8 @@ class Manager {
  public:
   Manager(const RunOptions& o, const JobSpec& job, const std::string& job_text)
       : o_(o), job_(job), job_text_(job_text), target_(o.workers),
-        straggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}) {}
+        straggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}),
+        pstraggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}) {}
   int run();
 
  private:
@@ -147,6 +148,7 @@ class Manager {
   std::optional<Resources> res_;
   json vn_shares_ = json::array();  // VNs per member of the current generation
   StragglerWatch straggler_;        // data parallelism: seconds per VN per worker (straggler.h)
+  PipelineStragglerWatch pstraggler_;  // pipelines: the same per stage
   json straggler_note_;             // the straggler re-plan under way, for its resizes entry
   void checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleOptions& so,
                          const std::vector<std::string>& names);
@@ -656,12 +658,13 @@ void Manager::pollMetrics() {
 // step boundary: VN shares by measured speed, or released when the step is
 // predicted faster without it. Data-parallel jobs only.
 void Manager::watchStragglers(const json& line) {
-  if (pipelined() || in_transition_ || gen_ < 0 || !line.contains("vn_seconds") ||
-      line.at("generation").get<int64_t>() != gen_)
+  if (in_transition_ || gen_ < 0 || !line.contains("vn_seconds") || line.at("generation").get<int64_t>() != gen_)
     return;
-  const auto e = straggler_.observe(line.at("vn_seconds").get<std::vector<double>>());
+  const auto vs = line.at("vn_seconds").get<std::vector<double>>();
+  const auto e = pipelined() ? pstraggler_.observe(vs) : straggler_.observe(vs);
   if (!e) return;
-  straggler_.accept(*e);
+  if (pipelined()) pstraggler_.accept(*e);
+  else straggler_.accept(*e);
   const bool act = job_.straggler_replan && e->changes;
   std::printf("morph: straggler at step %lld: %s%s\n", static_cast<long long>(line.at("step").get<int64_t>()),
               e->describe().c_str(),
@@ -669,7 +672,8 @@ void Manager::watchStragglers(const json& line) {
                                      : (e->changes ? "" : " (the plan stays)"));
   std::fflush(stdout);
   if (!act) return;
-  straggler_.engage();
+  if (pipelined()) pstraggler_.engage();
+  else straggler_.engage();
   if (e->drop) {
     straggler_.drop(e->worker);
     target_ = static_cast<int>(members_.size()) - 1;
@@ -813,8 +817,15 @@ void Manager::publish() {
       slow.push_back(static_cast<size_t>(id) < res_->devices.size() ? res_->typeOf(static_cast<size_t>(id)).slowdown : 1.0);
     plan["slowdown"] = slow;
   }
-  straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
-                           plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
+  if (pipelined()) {
+    std::vector<int64_t> replica_shares;
+    for (const auto& r : pipeline_.at("replica_ranges")) replica_shares.push_back(r.at(1).get<int64_t>() - r.at(0).get<int64_t>());
+    pstraggler_.newGeneration(next, pipeline_.at("stages").get<int>(), pipeline_.at("cuts").get<std::vector<size_t>>(),
+                              replica_shares);
+  } else {
+    straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
+                             plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
+  }
   setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
   setString(*store_, "gen/current", std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
@@ -1033,9 +1044,13 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
           std::to_string(std::max<int64_t>(0, mp.step - ck)) + " steps are done again";
   }
   json vr = json::array();
-  if (target.vn_shares.size() == static_cast<size_t>(shape.replicas)) {
+  // VNs per replica: by measured speed after a straggler re-plan (the
+  // placement's replicas), else the planner's, else even.
+  std::vector<int64_t> shares = target.vn_shares;
+  if (auto measured = pstraggler_.shares(mp.members, shape.stages, job_.virtual_nodes)) shares = *measured;
+  if (shares.size() == static_cast<size_t>(shape.replicas)) {
     int64_t b = 0;
-    for (int64_t n : target.vn_shares) vr.push_back({b, b += n});
+    for (int64_t n : shares) vr.push_back({b, b += n});
   } else {
     for (auto& [b, e] : assignVns(job_.virtual_nodes, shape.replicas)) vr.push_back({b, e});
   }

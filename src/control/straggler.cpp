@@ -28,8 +28,9 @@ double predictedCompute(const std::vector<int64_t>& shares, const std::vector<do
 std::string StragglerEvent::describe() const {
   char buf[512];
   std::string sh;
+  const char* unit = by_replica ? "replica " : "w";
   for (size_t r = 0; r < shares.size(); ++r)
-    sh += (r ? " w" : "w") + std::to_string(members[r]) + "=" + std::to_string(shares[r]);
+    sh += (r ? " " : "") + std::string(unit) + std::to_string(members[r]) + "=" + std::to_string(shares[r]);
   std::snprintf(buf, sizeof buf,
                 "worker %lld takes %.2fx its expected time per VN (%.3f ms, expected %.3f ms); %s %s "
                 "(predicted compute per step %.3f -> %.3f ms)",
@@ -195,6 +196,92 @@ void StragglerWatch::orderForDrop(std::vector<int64_t>& candidates) {
   });
   for (int64_t id : dropping_) w_.erase(id);
   dropping_.clear();
+}
+
+void PipelineStragglerWatch::newGeneration(const std::vector<int64_t>& members, int stages,
+                                           const std::vector<size_t>& cuts, const std::vector<int64_t>& replica_shares) {
+  if (stages != stages_ || cuts != cuts_) {
+    stage_.assign(static_cast<size_t>(stages), StragglerWatch(o_));
+    engaged_ = false;
+  }
+  stages_ = stages;
+  cuts_ = cuts;
+  members_ = members;
+  shares_ = replica_shares;
+  flagged_stage_ = -1;
+  for (int k = 0; k < stages; ++k) {
+    std::vector<int64_t> ids;
+    for (size_t r = static_cast<size_t>(k); r < members.size(); r += static_cast<size_t>(stages)) ids.push_back(members[r]);
+    stage_[static_cast<size_t>(k)].newGeneration(ids, replica_shares, {});
+  }
+}
+
+double PipelineStragglerWatch::secondsOf(int64_t id) const {
+  for (const StragglerWatch& w : stage_)
+    if (auto e = w.estimate(id)) return *e;
+  return 0;
+}
+
+std::vector<double> PipelineStragglerWatch::replicaSeconds(const std::vector<int64_t>& members, int stages) const {
+  std::vector<double> sec;
+  for (size_t b = 0; b + static_cast<size_t>(stages) <= members.size(); b += static_cast<size_t>(stages)) {
+    double worst = 0;
+    for (size_t k = 0; k < static_cast<size_t>(stages); ++k) {
+      const double x = secondsOf(members[b + k]);
+      if (!(x > 0)) return {};
+      worst = std::max(worst, x);
+    }
+    sec.push_back(worst);
+  }
+  return sec;
+}
+
+std::optional<StragglerEvent> PipelineStragglerWatch::observe(const std::vector<double>& vn_seconds) {
+  if (vn_seconds.size() != members_.size() || stages_ < 1) return std::nullopt;
+  std::optional<StragglerEvent> found;
+  for (int k = 0; k < stages_; ++k) {
+    std::vector<double> sub;
+    for (size_t r = static_cast<size_t>(k); r < vn_seconds.size(); r += static_cast<size_t>(stages_)) sub.push_back(vn_seconds[r]);
+    auto e = stage_[static_cast<size_t>(k)].observe(sub);
+    if (e && !found) {
+      flagged_stage_ = k;
+      flagged_ = *e;
+      found = e;
+    }
+  }
+  if (!found) return std::nullopt;
+  StragglerEvent e;
+  e.by_replica = true;
+  e.worker = found->worker;
+  e.ratio = found->ratio;
+  e.seconds_per_vn = found->seconds_per_vn;
+  e.expected_seconds = found->expected_seconds;
+  const std::vector<double> sec = replicaSeconds(members_, stages_);
+  for (size_t r = 0; r < shares_.size(); ++r) e.members.push_back(static_cast<int64_t>(r));
+  e.shares = shares_;
+  e.changes = false;
+  if (sec.size() == shares_.size()) {
+    int64_t vns = 0;
+    for (int64_t n : shares_) vns += n;
+    e.predicted_now = predictedCompute(shares_, sec);
+    e.shares = weightedShares(vns, sec, 1);
+    e.predicted_after = predictedCompute(e.shares, sec);
+    e.changes = e.shares != shares_ && e.predicted_after <= kMinGain * e.predicted_now;
+  }
+  return e;
+}
+
+void PipelineStragglerWatch::accept(const StragglerEvent&) {
+  if (flagged_stage_ >= 0) stage_[static_cast<size_t>(flagged_stage_)].accept(flagged_);
+  flagged_stage_ = -1;
+}
+
+std::optional<std::vector<int64_t>> PipelineStragglerWatch::shares(const std::vector<int64_t>& members, int stages,
+                                                                 int64_t vns) const {
+  if (!engaged_ || stages != stages_) return std::nullopt;
+  const std::vector<double> sec = replicaSeconds(members, stages);
+  if (sec.empty() || vns < static_cast<int64_t>(sec.size())) return std::nullopt;
+  return weightedShares(vns, sec, 1);
 }
 
 SlowdownKnob::SlowdownKnob(c10::intrusive_ptr<c10d::Store> store, int64_t id)

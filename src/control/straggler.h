@@ -47,6 +47,9 @@ struct StragglerEvent {
   double predicted_now = 0;       // compute seconds per step: current shares, measured speeds
   double predicted_after = 0;     // ... with `shares`
   bool changes = true;            // false: the measured speeds call for the current plan
+  // Pipelines: `members` are replica indices and `shares` each replica's
+  // VNs (PipelineStragglerWatch).
+  bool by_replica = false;
   std::string describe() const;   // one line for the manager's output
 };
 
@@ -100,6 +103,42 @@ class StragglerWatch {
   double last_base_ = 0;
   int64_t cooldown_ = 0;  // steps not counted after a re-plan
   std::vector<int64_t> dropping_;
+};
+
+// Stragglers in pipeline jobs. A stage's workers (one per replica) do the
+// same work per VN, so each stage has its own StragglerWatch over its
+// replicas; a replica runs at the pace of its slowest stage, so the re-plan
+// gives each replica VNs by its bottleneck's measured seconds per VN (the
+// placement stays: nothing moves). It needs D >= 2 (a stage's only worker
+// has no peer to compare with) and never drops a worker.
+class PipelineStragglerWatch {
+ public:
+  explicit PipelineStragglerWatch(StragglerOptions o = {}) : o_(o) {}
+  // `members` in rank order (rank = replica * stages + stage), each
+  // replica's VN share. A new depth or cut forgets the estimates (a stage's
+  // work changed).
+  void newGeneration(const std::vector<int64_t>& members, int stages, const std::vector<size_t>& cuts,
+                     const std::vector<int64_t>& replica_shares);
+  // One committed step's seconds per VN per rank.
+  std::optional<StragglerEvent> observe(const std::vector<double>& vn_seconds);
+  void accept(const StragglerEvent& e);
+  void engage() { engaged_ = true; }
+  // VN shares per replica of `members` (rank order, `stages` per replica)
+  // by measured speed once a re-plan was made; nullopt before, or when some
+  // worker was never measured.
+  std::optional<std::vector<int64_t>> shares(const std::vector<int64_t>& members, int stages, int64_t vns) const;
+
+ private:
+  double secondsOf(int64_t id) const;  // its estimate; 0 = none
+  std::vector<double> replicaSeconds(const std::vector<int64_t>& members, int stages) const;
+  StragglerOptions o_;
+  std::vector<StragglerWatch> stage_;  // by stage
+  std::vector<int64_t> members_, shares_;
+  std::vector<size_t> cuts_;
+  int stages_ = 0;
+  int flagged_stage_ = -1;
+  StragglerEvent flagged_;
+  bool engaged_ = false;
 };
 
 // The largest share x seconds per VN: the compute part of a step.

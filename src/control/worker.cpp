@@ -372,8 +372,8 @@ int runWorker(const WorkerOptions& o) {
         vn_ex->setCommunicator(&comm);
         syncState(core, comm, plan.at("source").get<int>());
         vn_ex->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
-        vn_ex->setSpeedSlot(2 + rank);  // after the two control values below (straggler.h)
       }
+      tr.setSpeedSlot(2 + rank);  // after the two control values below (straggler.h)
       if (stage_ex && stage_ex->placement().replica != 0) {
         keeper.reset();  // a morph moved this worker off a writing replica
         ckpt.reset();
@@ -397,7 +397,7 @@ int runWorker(const WorkerOptions& o) {
       while (core.nextStep() < steps && !regroup) {
         const double want = std::stod(getString(*store, "gen/want"));
         std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
-        if (vn_ex) control.resize(2 + static_cast<size_t>(world), 0.0);  // + every member's seconds per VN
+        control.resize(2 + static_cast<size_t>(world), 0.0);  // + every member's seconds per VN
         core.setControl(std::move(control));
         knob.apply(core, device_slowdown);
         StepStats st = tr.step();
@@ -414,7 +414,7 @@ int runWorker(const WorkerOptions& o) {
         if (rank == 0) {
           json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
           if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
-          if (vn_ex) {  // the members' seconds per VN, rank order (the manager watches for stragglers)
+          {  // the members' seconds per VN, rank order (the manager watches for stragglers)
             const auto& ctl = core.reducedControl();
             line["vn_seconds"] = std::vector<double>(ctl.begin() + 2, ctl.end());
           }

@@ -598,6 +598,7 @@ void StageExecutor::runSchedule() {
     if (tracing_) trace_.push_back({toString(a.kind) + " vn " + std::to_string(vn), core_.step_, a0, a1});
   }
   timing.end = unixSeconds();
+  if (speed_slot_ >= 0 && M > 0) core_.control_.at(static_cast<size_t>(speed_slot_)) = timing.busy / static_cast<double>(M);
   if (act_out_) act_out_->flush();
   if (grad_out_) grad_out_->flush();
   if (act_in) act_in->finish();

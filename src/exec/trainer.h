@@ -217,11 +217,19 @@ class Executor {
   virtual std::vector<std::string> layerHashes() const = 0;
   StepCore& core() { return core_; }
   const StepCore& core() const { return core_; }
+  // Each step, this worker's compute seconds per VN (its VNs' forward and
+  // backward, recomputation in a pipeline, and the emulated slowdown; the
+  // last attempt) go into control value `index` (StepCore::setControl) just
+  // before the flags' MAX all-reduce: each member writes its own slot and
+  // leaves the others 0, so every member learns every member's speed
+  // (control/straggler.h). -1: off.
+  void setSpeedSlot(int index) { speed_slot_ = index; }
 
  protected:
   Executor(const JobSpec& job, int64_t total_steps, const Dataset& train, bool stage_local)
       : core_(job, total_steps, train, stage_local) {}
   StepCore core_;
+  int speed_slot_ = -1;
 };
 
 // The data-parallel executor: the worker's VNs in turn, gradients reduced in
@@ -234,12 +242,6 @@ class VnExecutor : public Executor {
   void setCommunicator(Communicator* comm) { comm_ = comm; }
   // VNs [begin, end) of every step are this worker's.
   void setVnRange(int64_t begin, int64_t end);
-  // Each step, this worker's compute seconds per VN (its VNs' forward and
-  // backward and the emulated slowdown; the last attempt) go into control
-  // value `index` (StepCore::setControl) just before the flags' MAX
-  // all-reduce: each member writes its own slot and leaves the others 0, so
-  // every member learns every member's speed (control/straggler.h). -1: off.
-  void setSpeedSlot(int index) { speed_slot_ = index; }
 
   StepStats step() override;
   void abandonStep() override;
@@ -265,7 +267,6 @@ class VnExecutor : public Executor {
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<std::unique_ptr<PendingWork>> graveyard_work_;  // of abandoned steps
   int64_t vn_begin_ = 0, vn_end_ = 0;
-  int speed_slot_ = -1;
 };
 
 }  // namespace morph

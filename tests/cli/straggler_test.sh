@@ -4,7 +4,9 @@
 # the slowdown showing in the metrics, re-plan (a "straggler" entry in
 # summary.json's resizes; worker 1 gets fewer VNs or is dropped), and the
 # final model must equal the single-process run's. Also: `morph slow`
-# exits 2 for a bad factor or an unknown worker.
+# exits 2 for a bad factor or an unknown worker. Then the same in a
+# pipeline of 2 stages x 2 replicas: the slowed worker's replica gets fewer
+# VNs (nothing moves), same hash.
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -114,5 +116,37 @@ else:
 before = [l["step_seconds"] for l in lines if onset + 1 <= l["step"] < r["step"]]
 after = [l["step_seconds"] for l in lines if l["generation"] > 0][5:]
 print("step seconds: while slow %.4f, after the re-plan %.4f" % (sum(before) / len(before), sum(after) / len(after)))
+PY
+
+# A pipeline: 2 stages x 2 replicas; worker 3 (stage 1 of replica 1) 4x slower.
+"$MORPH" run "$work/job.toml" --workers 4 --stages 2 --out "$work/pst" > "$work/pipe.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/pipe.log")
+for _ in $(seq 1 600); do [[ -f "$work/pst/metrics.jsonl" ]] && (( $(wc -l < "$work/pst/metrics.jsonl") >= 30 )) && break; sleep 0.05; done
+"$MORPH" slow --join "127.0.0.1:$port" --worker 3 --factor 4 --token-file "$work/pst/token"
+wait "$mpid" || { echo "FAIL: pipeline exit $?"; cat "$work/pipe.log"; exit 1; }
+got=$(tail -n 1 "$work/pipe.log")
+echo "pipeline straggler: $got"
+[[ "$got" == "$ref" ]] || { echo "FAIL: pipeline hashes differ"; cat "$work/pipe.log"; exit 1; }
+grep "straggler" "$work/pipe.log" || true
+python3 - "$work/pst" "$work/pipe.log" <<'PY'
+import json, re, sys
+out, log = sys.argv[1], sys.argv[2]
+summ = json.load(open(out + "/summary.json"))
+text = open(log).read()
+ranks = {int(m.group(1)): [int(w) for w in re.findall(r" w(\d+)=", m.group(2))]
+         for m in re.finditer(r"generation (\d+), \d+ workers, VN plan:(.*)", text)}
+st = [r for r in summ["resizes"] if r["cause"] == "straggler" and r.get("worker") == 3]
+assert st, "FAIL: worker 3 was not re-planned around: %s" % summ["resizes"]
+r = st[0]
+assert r["from_shape"] == r["to_shape"] == [2, 2] and r["live"] and r.get("bytes_moved", 0) == 0, r
+lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+gen = next(l["generation"] for l in lines if l["step"] == r["step"])
+shares = dict(zip(ranks[gen], r["vn_shares"]))
+print("pipeline re-plan after step %d: VNs per worker %s" % (r["step"] - 1, shares))
+assert shares[3] < shares[ranks[gen][0]] or 3 in ranks[gen][:2], shares
+rank3 = ranks[gen].index(3)
+mine, other = shares[3], shares[ranks[gen][(rank3 + 2) % 4]]
+assert mine < other, "FAIL: the slow worker's replica kept %d VNs against %d" % (mine, other)
 PY
 echo "straggler test passed"
