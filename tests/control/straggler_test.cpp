@@ -108,5 +108,42 @@ TEST(StragglerWatch, KeepsThePlanWhenNoShareWouldChange) {
   EXPECT_FALSE(e->changes);
 }
 
+TEST(PipelineStragglerWatch, ASlowStageWorkerGivesItsReplicaFewerVns) {
+  // 2 stages x 2 replicas, ranks 0..3 = workers 10, 11, 12, 13 (rank =
+  // replica * 2 + stage); 8 VNs, 4 per replica. Stage 1 costs 2 ms per VN.
+  PipelineStragglerWatch w({1.5, 3, true});
+  w.newGeneration({10, 11, 12, 13}, 2, {0, 2, 4}, {4, 4});
+  auto feedP = [&](const std::vector<double>& sec, int steps) -> std::optional<StragglerEvent> {
+    for (int i = 0; i < steps; ++i)
+      if (auto e = w.observe(sec)) return e;
+    return std::nullopt;
+  };
+  // Stages differ in cost, but each matches its peer: nothing.
+  EXPECT_FALSE(feedP({1e-3, 2e-3, 1e-3, 2e-3}, 10));
+  // Worker 13 (stage 1 of replica 1) becomes 4x slower: flagged after 3 steps.
+  auto e = feedP({1e-3, 2e-3, 1e-3, 8e-3}, 3);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->worker, 13);
+  EXPECT_TRUE(e->by_replica);
+  EXPECT_FALSE(e->drop);
+  ASSERT_EQ(e->shares.size(), 2u);
+  EXPECT_EQ(e->shares[0] + e->shares[1], 8);
+  EXPECT_GT(e->shares[0], e->shares[1]);
+  EXPECT_TRUE(e->changes);
+  EXPECT_LT(e->predicted_after, e->predicted_now);
+  // Before engage(), a new generation keeps its own shares; after, the
+  // measured speeds decide, for whatever replica the workers end up in.
+  EXPECT_FALSE(w.shares({10, 11, 12, 13}, 2, 8));
+  w.accept(*e);
+  w.engage();
+  auto sh = w.shares({12, 13, 10, 11}, 2, 8);
+  ASSERT_TRUE(sh);
+  EXPECT_LT((*sh)[0], (*sh)[1]);
+  // A lone replica has no peers: nothing is ever flagged.
+  PipelineStragglerWatch lone({1.5, 1, true});
+  lone.newGeneration({1, 2}, 2, {0, 1, 2}, {8});
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(lone.observe({1e-3, i > 1 ? 9e-3 : 1e-3}));
+}
+
 }  // namespace
 }  // namespace morph
