@@ -6,7 +6,7 @@ under a scripted sequence of SIGKILLs and joins, one event every
 morph (shape, live or from the checkpoint, steps redone, seconds), and the
 final model hash against the single-process run of the same job.
 
-  python3 bench/spot_trace.py [--morph build/morph] [--steps 3000] [--every 20]
+  python3 bench/spot_trace.py [--morph build/morph] [--steps 3000] [--every 20] [--keep DIR]
 
 Windows are of wall clock (each step's commit time, unix_time in
 metrics.jsonl), so a morph's pause and redone steps lower its window.
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--every", type=float, default=20.0, help="seconds between events")
     ap.add_argument("--seed", type=int, default=7, help="which worker each kill picks")
+    ap.add_argument("--keep", help="copy the run folder and the manager's log here")
     a = ap.parse_args()
     binary = os.path.abspath(a.morph)
     rng = random.Random(a.seed)
@@ -123,6 +124,10 @@ def main():
             print(f"morph at step {r['step']}: {r['cause']} {r.get('from_shape')} -> {r.get('to_shape')} "
                   f"live={r.get('live')} redone={r.get('steps_redone')} {r['seconds'] * 1e3:.0f} ms "
                   f"{r.get('bytes_moved', 0) / 2**20:.2f} MiB")
+        if a.keep:
+            import shutil
+            shutil.copytree(out, a.keep, dirs_exist_ok=True)
+            shutil.copy(os.path.join(tmp, "spot.log"), a.keep)
         redone = sum(r.get("steps_redone", 0) for r in summary.get("resizes", []))
         print(f"morphs {len(summary.get('resizes', []))}, steps redone {redone}, wall {time.time() - t0:.0f} s")
         print(f"reference {ref}\nspot      {got}\n{'SAME' if got == ref else 'DIFFERENT'}")

@@ -31,6 +31,7 @@ class GlooCommunicator : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool aborted() const override { return should_abort_ && should_abort_(); }
   void allreduceMax(double* data, int64_t n) override {
     // An owned copy: if this collective is abandoned, a late write by
     // Gloo's thread lands in the copy, not in the caller's memory.

@@ -61,6 +61,10 @@ class Communicator {
   virtual std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag);
   // Payload bytes this worker has handed to all-reduces (for benchmarks).
   int64_t bytesReduced() const { return bytes_; }
+  // Whether the control plane abandoned this group's generation
+  // (GlooOptions::should_abort; one store round trip): for callers that wait
+  // on point-to-point transfers from threads of their own.
+  virtual bool aborted() const { return false; }
 
  protected:
   int64_t bytes_ = 0;

@@ -43,82 +43,102 @@ double unixSeconds() {
 
 }  // namespace
 
+// How often a stage waiting on a transfer asks whether the generation was
+// aborted (a peer that died may leave a receive pending until Gloo's own
+// timeout; the manager's abort frees the waiter at once).
+constexpr auto kAbortPoll = std::chrono::milliseconds(20);
+
 // Receives one channel's messages (activations from the previous stage, or
 // gradients from the next) in the order the schedule consumes them, up to
-// kRecvWindow ahead, on a thread of its own.
+// kRecvWindow ahead, on a thread of its own. The thread shares its state
+// with the channel, so a thread still blocked on a dead peer when the
+// channel goes (an aborted step) touches nothing freed when it returns.
 class RecvChannel {
  public:
   RecvChannel(Communicator& comm, int peer, int tag, std::vector<int64_t> shape)
-      : comm_(comm), peer_(peer), tag_(tag), shape_(std::move(shape)) {}
+      : comm_(comm), peer_(peer), tag_(tag), shape_(std::move(shape)), s_(std::make_shared<State>()) {}
   ~RecvChannel() {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lk(s_->mu);
+      s_->stop = true;
     }
-    cv_.notify_all();
+    s_->cv.notify_all();
     // A thread blocked in a receive from a dead peer returns only at Gloo's
-    // timeout; the process is going down, so do not wait for it.
-    if (done_) thread_.join(); else thread_.detach();
+    // timeout: leave it (it holds the state it needs).
+    if (s_->done) thread_.join(); else thread_.detach();
   }
   // The micro-batches whose messages arrive this step, in order.
   void start(std::vector<int64_t> order) {
     MORPH_CHECK(!thread_.joinable(), "channel already running");
-    ready_.clear();
-    done_ = false;
-    thread_ = std::thread([this, order = std::move(order)] { loop(order); });
+    s_->ready.clear();
+    s_->done = false;
+    thread_ = std::thread([s = s_, comm = &comm_, peer = peer_, tag = tag_, shape = shape_, order = std::move(order)] {
+      loop(*s, *comm, peer, tag, shape, order);
+    });
   }
   bool ready(int64_t m) {
-    std::lock_guard<std::mutex> lk(mu_);
-    return ready_.count(m) > 0;
+    std::lock_guard<std::mutex> lk(s_->mu);
+    return s_->ready.count(m) > 0;
   }
+  // Waits for micro-batch m's message; CommFailure when the transfer failed
+  // or the generation was aborted meanwhile.
   torch::Tensor take(int64_t m) {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return ready_.count(m) > 0 || error_; });
-    if (!ready_.count(m)) std::rethrow_exception(error_);
-    torch::Tensor t = std::move(ready_[m]);
-    ready_.erase(m);
-    cv_.notify_all();
+    std::unique_lock<std::mutex> lk(s_->mu);
+    while (!s_->cv.wait_for(lk, kAbortPoll, [&] { return s_->ready.count(m) > 0 || s_->error; })) {
+      lk.unlock();
+      const bool aborted = comm_.aborted();
+      lk.lock();
+      if (aborted) throw CommFailure("pipeline receive abandoned: the generation was aborted");
+    }
+    if (!s_->ready.count(m)) std::rethrow_exception(s_->error);
+    torch::Tensor t = std::move(s_->ready[m]);
+    s_->ready.erase(m);
+    s_->cv.notify_all();
     return t;
   }
   void finish() {
     if (thread_.joinable()) thread_.join();
-    if (error_) std::rethrow_exception(error_);
+    if (s_->error) std::rethrow_exception(s_->error);
   }
 
  private:
-  void loop(const std::vector<int64_t>& order) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<int64_t, torch::Tensor> ready;
+    std::exception_ptr error;
+    bool stop = false;
+    std::atomic<bool> done{false};
+  };
+  static void loop(State& s, Communicator& comm, int peer, int tag, const std::vector<int64_t>& shape,
+                   const std::vector<int64_t>& order) {
     for (int64_t m : order) {
       {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return ready_.size() < kRecvWindow || stop_; });
-        if (stop_) break;
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.cv.wait(lk, [&] { return s.ready.size() < kRecvWindow || s.stop; });
+        if (s.stop) break;
       }
-      torch::Tensor t = torch::empty(shape_);
+      torch::Tensor t = torch::empty(shape);
       try {
-        comm_.recv(t, peer_, tag_)->wait();
+        comm.recv(t, peer, tag)->wait();
       } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        error_ = std::make_exception_ptr(CommFailure(std::string("pipeline receive failed: ") + e.what()));
-        cv_.notify_all();
+        std::lock_guard<std::mutex> lk(s.mu);
+        s.error = std::make_exception_ptr(CommFailure(std::string("pipeline receive failed: ") + e.what()));
+        s.cv.notify_all();
         break;
       }
-      std::lock_guard<std::mutex> lk(mu_);
-      ready_[m] = std::move(t);
-      cv_.notify_all();
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.ready[m] = std::move(t);
+      s.cv.notify_all();
     }
-    done_ = true;
+    s.done = true;
   }
 
-  Communicator& comm_;
+  Communicator& comm_;  // process groups outlive their generation (worker.cpp)
   int peer_, tag_;
   std::vector<int64_t> shape_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int64_t, torch::Tensor> ready_;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  std::atomic<bool> done_{false};
+  std::shared_ptr<State> s_;
   std::thread thread_;
 };
 
@@ -160,9 +180,15 @@ class SendChannel {
     cv_.notify_all();
   }
   // Waits until every message handed over so far has been delivered.
+  // CommFailure when a send failed, or the generation was aborted meanwhile.
   void flush() {
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return (queue_.empty() && idle_) || error_; });
+    while (!cv_.wait_for(lk, kAbortPoll, [&] { return (queue_.empty() && idle_) || error_; })) {
+      lk.unlock();
+      const bool aborted = comm_.aborted();
+      lk.lock();
+      if (aborted) throw CommFailure("pipeline send abandoned: the generation was aborted");
+    }
     if (error_) std::rethrow_exception(error_);
   }
 
