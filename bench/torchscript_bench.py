@@ -9,24 +9,25 @@ conv2, bn2, act2, flatten, fc, head) and both train the same job:
 Fashion-MNIST, global batch 256 in 8 VNs of 32, SGD momentum, exact
 reduction, one process, one intra-op thread.
 
-Timed from outside, as bench/vs_ddp.py does: the wall clock of the whole
-`morph run` for S steps and for S + E steps; the difference divided by E
-is the marginal time of a steady step (start-up, data loading, model
-loading and the final evaluation cancel). A round runs both models short
-and long in an order that alternates between rounds; each round gives the
-ratio TorchScript / built-in in samples per second. Prints the median
+Timed by wall clock over the same steady window of each run: a run of
+S + E steps, and the time between the commits of step S and step S + E
+(`unix_time` of metrics.jsonl: everything a step costs, between-step work
+included; start-up, data and model loading, the first S steps and the
+final evaluation are outside the window). A round runs both models in an
+order that alternates between rounds; each round gives the ratio
+TorchScript / built-in in samples per second. Prints the median
 samples/s of each and the min/median/max of the per-round ratios (goal:
 within 5%, i.e. a ratio >= 0.95).
 
-  /usr/bin/python3 bench/torchscript_bench.py [--morph build/morph] [--rounds 3] [--short 5] [--extra 30]
+  /usr/bin/python3 bench/torchscript_bench.py [--morph build/morph] [--rounds 5] [--short 5] [--extra 30]
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn as nn
@@ -84,18 +85,23 @@ def builtin_cnn_as_torchscript(path):
     torch.jit.save(torch.jit.script(m), path)
 
 
-def timed_run(morph, job, out):
-    t0 = time.monotonic()
+def window_samples_per_second(morph, job, out, first, extra):
+    """Samples/s between the commits of steps `first` and `first + extra`."""
     subprocess.run([morph, "run", job, "--quiet", "--out", out], check=True, stdout=subprocess.DEVNULL)
-    return time.monotonic() - t0
+    t = {}
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            t[m["step"]] = m["unix_time"]
+    return 256 * extra / (t[first + extra - 1] - t[first - 1])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--short", type=int, default=5, help="steps of the short run")
-    ap.add_argument("--extra", type=int, default=30, help="extra steps of the long run")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--short", type=int, default=5, help="steps before the window")
+    ap.add_argument("--extra", type=int, default=30, help="steps in the window")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="morph-tsbench-")
     model_pt = os.path.join(work, "cnn.pt")
@@ -106,20 +112,17 @@ def main():
     }
     jobs = {}
     for name, model in models.items():
-        for steps in (a.short, a.short + a.extra):
-            p = os.path.join(work, f"{name}-{steps}.toml")
-            with open(p, "w") as f:
-                f.write(JOB.format(name=name, steps=steps, model=model))
-            jobs[name, steps] = p
+        p = os.path.join(work, f"{name}.toml")
+        with open(p, "w") as f:
+            f.write(JOB.format(name=name, steps=a.short + a.extra, model=model))
+        jobs[name] = p
     sps = {name: [] for name in models}
     ratios = []
     for r in range(a.rounds):
         order = list(models) if r % 2 == 0 else list(reversed(models))
         got = {}
         for name in order:
-            short = timed_run(a.morph, jobs[name, a.short], os.path.join(work, "out"))
-            long = timed_run(a.morph, jobs[name, a.short + a.extra], os.path.join(work, "out"))
-            got[name] = 256 * a.extra / (long - short)
+            got[name] = window_samples_per_second(a.morph, jobs[name], os.path.join(work, "out"), a.short, a.extra)
             sps[name].append(got[name])
         ratios.append(got["torchscript"] / got["builtin"])
         print(f"round {r + 1}: built-in {got['builtin']:.0f} samples/s, torchscript {got['torchscript']:.0f}, "

@@ -18,6 +18,8 @@
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/script.h>
 
+#include <map>
+
 #include "core/error.h"
 #include "models/model.h"
 
@@ -177,6 +179,17 @@ std::shared_ptr<LayerList> buildTorchScriptModel(const ModelSpec& spec, const st
   for (const auto& b : root.named_buffers(false))
     throw InputError(path + ": buffer '" + b.name + "' belongs to the module itself, outside its children; move it into a child");
   auto model = std::make_shared<LayerList>();
+  // Every parameter once: a weight two children share (tied in Python)
+  // would be updated twice.
+  std::map<const void*, std::string> owner;
+  for (const auto& c : children)
+    for (const auto& p : c.value.named_parameters(true)) {
+      const std::string name = c.name + "." + p.name;
+      auto [it, fresh] = owner.emplace(p.value.unsafeGetTensorImpl(), name);
+      if (!fresh)
+        throw InputError(path + ": parameter '" + name + "' is the same tensor as '" + it->second +
+                         "' (a shared weight); Morph's TorchScript models do not share weights between or within children");
+    }
   for (const auto& c : children) {
     const std::string kind = batchNormKind(c.value);
     std::shared_ptr<Layer> layer;
