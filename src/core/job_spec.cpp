@@ -225,6 +225,7 @@ void readNpyData(Reader& r, JobSpec& j, bool float_targets) {
                        ty.describe());
     j.model.target.assign(ty.shape.begin() + 1, ty.shape.end());
     j.model.classes = 0;
+    if (ty.count() == 0 && ty.shape[0] > 0) throw InputError(d.train_y + ": targets of " + ty.describe() + " hold no values");
   }
   for (const auto& [x, y, px, py] : {std::tuple(&tx, &ty, d.train_x, d.train_y), std::tuple(&vx, &vy, d.test_x, d.test_y)}) {
     if (float_targets) break;

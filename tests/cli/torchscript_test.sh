@@ -2,7 +2,8 @@
 # model.name = "torchscript" (tests/cli/torchscript_models.py writes the
 # modules with python3-torch): an MLP with dropout and a CNN with top-level
 # batch norms and a residual block give the same model_hash on 1, 2 and 3
-# workers and on 2 pipeline stages with each schedule; dropout is live in
+# workers and on 2 pipeline stages with each schedule (the CNN also when
+# resumed from a checkpoint on another worker count); dropout is live in
 # training; one float-mode step (SGD with momentum on the CNN, AdamW on an
 # mse regression) matches PyTorch's own step within 1e-6 relative; bad
 # model files exit 2 naming the file and the problem.
@@ -57,6 +58,14 @@ for m in mlp cnn; do
     [[ "$got" == "$ref" ]] || { echo "FAIL: $m on 2 stages ($s): $got, 1 worker: $ref"; exit 1; }
   done
   hashes[$m]=$ref
+  if [[ $m == cnn ]]; then
+    # Checkpoints and resume: 2 steps, then the third on 2 workers.
+    STEPS=2 job "$work/$m-2.toml" "$m.pt" "[checkpoint]
+every = 1"
+    "$MORPH" run "$work/$m-2.toml" --quiet --out "$work/$m-ck" > /dev/null
+    got=$(hash_of "$work/$m.toml" --resume "$work/$m-ck/checkpoints" --workers 2 --out "$work/$m-resumed")
+    [[ "$got" == "$ref" ]] || { echo "FAIL: $m resumed from step 2 on 2 workers: $got, uninterrupted: $ref"; exit 1; }
+  fi
   echo "ok: $m: $ref on 1-3 workers and 2 stages (gpipe, 1f1b, varuna)"
 done
 
@@ -64,6 +73,11 @@ done
 job "$work/nodrop.toml" "mlp_nodrop.pt"
 nodrop=$(hash_of "$work/nodrop.toml" --out "$work/nodrop")
 [[ "$nodrop" != "${hashes[mlp]}" ]] || { echo "FAIL: dropout had no effect in training"; exit 1; }
+# ...and none in evaluation: the test loss is the same in one process and
+# through two pipeline stages (other processes, other generator states).
+loss1=$(grep -o '"test_loss": [^,]*' "$work/mlp-1/summary.json")
+loss2=$(grep -o '"test_loss": [^,]*' "$work/mlp-gpipe/summary.json")
+[[ -n "$loss1" && "$loss1" == "$loss2" ]] || { echo "FAIL: test loss $loss1 in one process, $loss2 on 2 stages"; exit 1; }
 
 # One float-mode step against PyTorch's: the whole 32-sample set is one VN.
 ref_job() {  # FILE MODEL X Y LOSS OPTIM LR
