@@ -55,7 +55,7 @@ class RunLog {
     metrics_.flush();
     if (observer_) observer_(line);
     const int64_t step = line.at("step").get<int64_t>();
-    const bool eval = line.contains("test_accuracy");
+    const bool eval = line.contains("test_loss");
     if (first_step_ < 0) first_step_ = step;
     if (step >= first_step_ + warmupSteps(steps_ - first_step_)) {
       steady_samples_ += job_.global_batch;
@@ -63,7 +63,7 @@ class RunLog {
     }
     final_loss_ = line.at("loss").get<double>();
     if (eval) {
-      test_accuracy_ = line.at("test_accuracy").get<double>();
+      if (line.contains("test_accuracy")) test_accuracy_ = line.at("test_accuracy").get<double>();
       test_loss_ = line.at("test_loss").get<double>();
     }
     if (quiet_) return;
@@ -87,8 +87,12 @@ class RunLog {
       std::fputs(buf, stdout);
     }
     if (eval) {
-      std::snprintf(buf, sizeof buf, "eval after step %lld: test_accuracy %.4f test_loss %.4f\n",
-                    static_cast<long long>(step + 1), test_accuracy_, test_loss_);
+      if (job_.regression())
+        std::snprintf(buf, sizeof buf, "eval after step %lld: test_loss %.6g\n", static_cast<long long>(step + 1),
+                      test_loss_);
+      else
+        std::snprintf(buf, sizeof buf, "eval after step %lld: test_accuracy %.4f test_loss %.4f\n",
+                      static_cast<long long>(step + 1), test_accuracy_, test_loss_);
       std::fputs(buf, stdout);
     }
     std::fflush(stdout);
@@ -166,8 +170,9 @@ class CheckpointKeeper {
 // What must be the same on every worker of an exact job besides the job
 // file: libtorch and BLAS, the fixed-point kernel, the MORPH_* settings that
 // change collectives, and (`data`, when given) a digest of the data this
-// worker loaded (sizes and 1024 evenly spaced samples of each split).
-json runtimeFingerprint(const DataPair* data);
+// worker loaded (sizes and 1024 evenly spaced samples of each split), and
+// (`model`, a TorchScript model) the digest of the module file it read.
+json runtimeFingerprint(const DataPair* data, const ModelSpec* model = nullptr);
 // "key: manager 'a', worker 'b'" per differing key (keys missing on one side
 // included); empty when they agree on every key `reference` has.
 std::vector<std::string> fingerprintDifferences(const json& reference, const json& worker);

@@ -1082,7 +1082,7 @@ int Manager::run() {
   if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
   std::filesystem::create_directories(dir_);
-  fingerprint_ = runtimeFingerprint(nullptr);  // the data's: from the first worker
+  fingerprint_ = runtimeFingerprint(nullptr, &job_.model);  // the data's: from the first worker
   hb_interval_ = o_.heartbeat_interval_s;
   hb_timeout_ = o_.heartbeat_timeout_s;
   if (hb_interval_ >= hb_timeout_)

@@ -41,7 +41,7 @@ namespace detail {
 
 
 json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation) {
-  return {{"step", st.step},
+  json line = {{"step", st.step},
                {"loss", st.loss},
                {"lr", st.lr},
                {"samples_per_second", static_cast<double>(job.global_batch) / st.seconds},
@@ -55,6 +55,8 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
                // When the step committed (wall clock): the time between two
                // lines is everything a step costs, between-step work included.
                {"unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
+  if (job.regression()) line.erase("train_accuracy");  // mse: no classes to be right about
+  return line;
 }
 
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& tr, const Dataset& test,
@@ -63,7 +65,7 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& 
   const bool last = st.step + 1 == steps;
   if (last || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0)) {
     EvalStats e = eval ? *eval : tr.evaluate(test, job.eval_batch);
-    line["test_accuracy"] = e.accuracy;
+    if (!job.regression()) line["test_accuracy"] = e.accuracy;
     line["test_loss"] = e.loss;
     line["eval_seconds"] = e.seconds;
   }
@@ -174,13 +176,14 @@ std::string datasetDigest(const Dataset& d) {
 }
 }  // namespace
 
-json runtimeFingerprint(const DataPair* data) {
+json runtimeFingerprint(const DataPair* data, const ModelSpec* model) {
   const char* bucket = std::getenv("MORPH_BUCKET_BYTES");
   json f = {{"torch", TORCH_VERSION},
             {"blas", checkBlas(false)},
             {"fixed_point", kFixedPointKernel},
             {"MORPH_BUCKET_BYTES", bucket ? bucket : ""}};
   if (data) f["data"] = datasetDigest(*data->train) + "/" + datasetDigest(*data->test);
+  if (model && model->name == "torchscript") f["model_file"] = model->digest;
   return f;
 }
 
@@ -248,6 +251,7 @@ void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int
             {"wall_seconds", log.wallSeconds()},
             {"peak_rss_bytes", peak_rss},
             {"resizes", resizes}};
+  if (job.regression()) s.erase("test_accuracy");
   s.update(extra);
   std::string tmp = (std::filesystem::path(dir) / "summary.json.tmp").string();
   {
@@ -401,6 +405,7 @@ int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.
   const std::string text = readJobFile(given.job_path);
   JobSpec job = parseJob(text, given.job_path, effectiveOverrides(given));
+  checkModel(job);  // a TorchScript model: one forward, before any worker starts
   RunOptions o = given;
   if (!o.resources.empty()) {
     // One worker per listed device; those on "local" are started here.

@@ -300,7 +300,7 @@ int runWorker(const WorkerOptions& o) {
   std::optional<CheckpointKeeper> keeper;  // counts failed checkpoint writes of `ckpt`
   // What the manager checks this worker against (same build, settings and
   // data as the job's other workers).
-  setString(*store, "workers/" + me + "/fingerprint", runtimeFingerprint(&data).dump());
+  setString(*store, "workers/" + me + "/fingerprint", runtimeFingerprint(&data, &job.model).dump());
   // Data loaded and model built: from now on this worker can join a
   // generation within milliseconds.
   setString(*store, "workers/" + me + "/ready", "1");

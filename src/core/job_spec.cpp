@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 #include <toml++/toml.h>
+#include <xxhash.h>
 
 #include "core/error.h"
 #include "core/npy.h"
@@ -186,8 +187,9 @@ void applyOverride(toml::table& root, const std::string& spec, const std::string
 }
 
 // dataset = "npy": reads the four headers and the labels, checks that they
-// fit together, and fills the model's input shape and class count.
-void readNpyData(Reader& r, JobSpec& j) {
+// fit together, and fills the model's input shape and class count (or,
+// with `float_targets` (loss = "mse"), the target shape).
+void readNpyData(Reader& r, JobSpec& j, bool float_targets) {
   DataSpec& d = j.data;
   d.train_x = r.str("data.train_x", "", true);
   d.train_y = r.str("data.train_y", "", true);
@@ -210,13 +212,34 @@ void readNpyData(Reader& r, JobSpec& j) {
   if (std::vector<int64_t>(tx.shape.begin() + 1, tx.shape.end()) != std::vector<int64_t>(vx.shape.begin() + 1, vx.shape.end()))
     throw InputError(d.test_x + ": samples of shape " + vx.describe() + " do not match " + d.train_x + "'s " +
                      tx.describe());
+  if (float_targets) {
+    for (const auto& [x, y, px, py] : {std::tuple(&tx, &ty, d.train_x, d.train_y), std::tuple(&vx, &vy, d.test_x, d.test_y)}) {
+      if (y->kind != 'f')
+        throw InputError(py + ": targets are " + y->describe() + "; model.loss = \"mse\" expects float32 targets");
+      if (y->shape[0] != x->shape[0])
+        throw InputError(py + ": holds " + std::to_string(y->shape[0]) + " targets but " + px + " holds " +
+                         std::to_string(x->shape[0]) + " samples");
+    }
+    if (std::vector<int64_t>(ty.shape.begin() + 1, ty.shape.end()) != std::vector<int64_t>(vy.shape.begin() + 1, vy.shape.end()))
+      throw InputError(d.test_y + ": targets of shape " + vy.describe() + " do not match " + d.train_y + "'s " +
+                       ty.describe());
+    j.model.target.assign(ty.shape.begin() + 1, ty.shape.end());
+    j.model.classes = 0;
+    if (ty.count() == 0 && ty.shape[0] > 0) throw InputError(d.train_y + ": targets of " + ty.describe() + " hold no values");
+  }
   for (const auto& [x, y, px, py] : {std::tuple(&tx, &ty, d.train_x, d.train_y), std::tuple(&vx, &vy, d.test_x, d.test_y)}) {
+    if (float_targets) break;
     if (y->kind != 'i' || y->shape.size() != 1)
       throw InputError(py + ": labels are " + y->describe() + "; expected a one-axis int64 array");
     if (y->shape[0] != x->shape[0])
       throw InputError(py + ": holds " + std::to_string(y->shape[0]) + " labels but " + px + " holds " +
                        std::to_string(x->shape[0]) + " samples");
   }
+  j.model.input.assign(tx.shape.begin() + 1, tx.shape.end());
+  if (j.model.input.size() == 2) j.model.input.insert(j.model.input.begin(), 1);  // (H, W): one channel
+  j.data.train_size = tx.shape[0];
+  j.data.test_size = vx.shape[0];
+  if (float_targets) return;
   const auto train_range = npyIntRange(NpyMap(d.train_y));
   const auto test_range = npyIntRange(NpyMap(d.test_y));
   if (train_range.first < 0) throw InputError(d.train_y + ": negative label " + std::to_string(train_range.first));
@@ -228,15 +251,39 @@ void readNpyData(Reader& r, JobSpec& j) {
                      std::to_string(test_range.first < 0 ? test_range.first : test_range.second) +
                      " is outside the training labels' range [0, " + std::to_string(j.model.classes - 1) + "]");
   if (j.model.classes < 2) throw InputError(d.train_y + ": every label is 0; expected at least two classes");
-  j.model.input.assign(tx.shape.begin() + 1, tx.shape.end());
-  if (j.model.input.size() == 2) j.model.input.insert(j.model.input.begin(), 1);  // (H, W): one channel
-  j.data.train_size = tx.shape[0];
-  j.data.test_size = vx.shape[0];
+}
+
+// model.name = "torchscript": the module file, relative to the job file's
+// folder, and the digest of its bytes.
+void readTorchScriptModel(Reader& r, JobSpec& j, const std::string& origin) {
+  const std::string given = r.str("model.path", "", true);
+  std::filesystem::path p(given);
+  if (p.is_relative()) p = std::filesystem::path(origin).parent_path() / p;
+  j.model.path = p.lexically_normal().string();
+  if (!std::filesystem::is_regular_file(j.model.path))
+    r.fail("model.path", "expected a TorchScript module file (torch.jit.save), but " + j.model.path + " is missing");
+  std::ifstream in(j.model.path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) r.fail("model.path", "cannot read " + j.model.path);
+  const std::string bytes = ss.str();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+  j.model.digest = hex;
 }
 
 }  // namespace
 
 const char* toString(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "float"; }
+
+int64_t JobSpec::targetsPerSample() const {
+  if (regression()) {
+    int64_t n = 1;
+    for (int64_t v : model.target) n *= v;
+    return n;
+  }
+  return model.name == "gpt-mini" ? data.seq_len : 1;
+}
 
 int64_t JobSpec::resolveSteps(int64_t train_size) const {
   if (steps > 0) return steps;
@@ -304,14 +351,27 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   } else if (j.data.dataset == "npy") {
     for (const char* k : {"data.path", "data.train_size", "data.test_size"})
       if (r.has(k)) r.fail(k, "does not apply to data.dataset = \"npy\" (give data.train_x and the other files)");
-    readNpyData(r, j);
+    // The loss decides what the labels file holds (model.loss is checked below).
+    readNpyData(r, j, r.str("model.loss", "cross_entropy") == "mse");
   } else {
     j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
     j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);
   }
 
-  j.model.name = r.choice("model.name", "", {"mlp", "cnn", "gpt-mini"}, true);
+  j.model.name = r.choice("model.name", "", {"mlp", "cnn", "gpt-mini", "torchscript"}, true);
+  const bool script = j.model.name == "torchscript";
+  if (script && r.has("model.dropout"))
+    r.fail("model.dropout", "does not apply to model.name = \"torchscript\" (dropout is the module's own)");
   j.model.dropout = r.number("model.dropout", 0.0, 0.0, 0.99);
+  if (!script)
+    for (const char* k : {"model.path", "model.loss"})
+      if (r.has(k)) r.fail(k, "applies only to model.name = \"torchscript\"");
+  if (script) {
+    j.model.loss = r.choice("model.loss", "cross_entropy", {"cross_entropy", "mse"});
+    if (j.model.loss == "mse" && j.data.dataset != "npy")
+      r.fail("model.loss", "\"mse\" needs float32 targets: data.dataset = \"npy\" with a float32 data.train_y");
+    readTorchScriptModel(r, j, origin);
+  }
   const bool is_text = j.data.dataset == "fortunes-char";
   if (is_text != (j.model.name == "gpt-mini"))
     r.fail("model.name", is_text ? "data.dataset = \"fortunes-char\" needs model.name = \"gpt-mini\""
@@ -331,6 +391,9 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     j.model.seq_len = j.data.seq_len;
     for (const char* k : {"model.hidden", "model.channels", "model.fc"})
       if (r.has(k)) r.fail(k, "does not apply to model.name = \"gpt-mini\"");
+  } else if (script) {
+    for (const char* k : {"model.hidden", "model.channels", "model.fc"})
+      if (r.has(k)) r.fail(k, "does not apply to model.name = \"torchscript\" (the module file is the model)");
   } else if (j.model.name == "mlp") {
     j.model.hidden = r.intList("model.hidden", {512, 512}, 1, 1 << 20);
     for (const char* k : {"model.channels", "model.fc"})

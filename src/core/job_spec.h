@@ -25,7 +25,7 @@ struct DataSpec {
 };
 
 struct ModelSpec {
-  std::string name;              // "mlp" | "cnn" | "gpt-mini"
+  std::string name;              // "mlp" | "cnn" | "gpt-mini" | "torchscript"
   std::vector<int64_t> hidden;   // mlp hidden widths
   std::vector<int64_t> channels; // cnn conv channels
   int64_t fc = 0;                // cnn fully connected width
@@ -36,6 +36,15 @@ struct ModelSpec {
   std::vector<int64_t> input = {1, 28, 28};
   int64_t classes = 10;
   double dropout = 0.0;
+  // torchscript: the module file (absolute, or relative to the folder
+  // `morph run` starts in: a relative `model.path` is resolved against the
+  // job file's folder when the job is parsed) and XXH64 of its bytes (a
+  // resume and every worker must train the same file).
+  std::string path, digest;
+  // "cross_entropy" (int64 class labels) | "mse" (float32 targets, npy
+  // only). `target`: mse: one sample's target shape, () for one value.
+  std::string loss = "cross_entropy";
+  std::vector<int64_t> target;
 };
 
 struct OptimSpec {
@@ -87,7 +96,9 @@ struct JobSpec {
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Loss terms per sample: 1 for classification, seq_len for a language
   // model. The step's loss and gradient are means over all of them.
-  int64_t targetsPerSample() const { return model.name == "gpt-mini" ? data.seq_len : 1; }
+  // mse: every value of a sample's target.
+  int64_t targetsPerSample() const;
+  bool regression() const { return model.loss == "mse"; }
   // Steps for a dataset of `train_size` samples (resolves `epochs`).
   int64_t resolveSteps(int64_t train_size) const;
 };

@@ -67,9 +67,14 @@ Batch NpyDataset::gather(const int64_t* idx, int64_t n) const {
   std::vector<int64_t> shape{n};
   shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
   torch::Tensor x = torch::empty(shape, torch::kFloat32);
-  torch::Tensor y = torch::empty({n}, torch::kInt64);
+  // Labels: int64 (n); regression targets: float32 (n, target shape...).
+  const bool float_y = y_->header().kind == 'f';
+  std::vector<int64_t> yshape{n};
+  if (float_y) yshape.insert(yshape.end(), y_->header().shape.begin() + 1, y_->header().shape.end());
+  torch::Tensor y = torch::empty(yshape, float_y ? torch::kFloat32 : torch::kInt64);
+  const int64_t ybytes = float_y ? (n_ > 0 ? y_->header().count() / n_ : 0) * 4 : 8;
   float* dst = x.data_ptr<float>();
-  int64_t* ydst = y.data_ptr<int64_t>();
+  auto* ydst = static_cast<unsigned char*>(y.data_ptr());
   const auto* ysrc = static_cast<const unsigned char*>(y_->data());
   const int64_t px = per_sample_;
   const bool u8 = x_->header().kind == 'u';
@@ -84,7 +89,7 @@ Batch NpyDataset::gather(const int64_t* idx, int64_t n) const {
       std::memcpy(d, static_cast<const unsigned char*>(x_->data()) + idx[i] * px * 4, static_cast<size_t>(px) * 4);
       for (int64_t k = 0; k < px; ++k) d[k] = (d[k] - mean_) * inv_std_;
     }
-    std::memcpy(ydst + i, ysrc + idx[i] * 8, 8);
+    std::memcpy(ydst + i * ybytes, ysrc + idx[i] * ybytes, static_cast<size_t>(ybytes));
   }
   return {x, y};
 }

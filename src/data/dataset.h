@@ -49,7 +49,8 @@ class ImageDataset : public Dataset {
 class NpyMap;
 
 // Samples memory-mapped from .npy files (dataset = "npy"): inputs uint8 or
-// float32 of shape (N, ...), labels int64 (N). A batch's x is float32,
+// float32 of shape (N, ...), labels int64 (N) or float32 regression
+// targets (N, ...) (loss = "mse"; a batch's y keeps their shape and dtype). A batch's x is float32,
 // (b, C, H, W) when a sample is (H, W) (then C = 1), else (b, sample
 // shape...), normalised as x' = (x * scale - mean) / std with scale 1/255
 // for uint8 (the same arithmetic as ImageDataset) and 1 for float32.

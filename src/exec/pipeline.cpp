@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/model_hash.h"
 #include "core/sys.h"
+#include "models/loss.h"
 #include "exec/trainer.h"
 
 namespace morph {
@@ -580,15 +581,12 @@ void StageExecutor::runSchedule() {
           core_.acc_->add(core_.bn_seg_ + 2 * k + 1, core_.bns_[k]->lastVar().contiguous().data_ptr<float>());
         }
         if (last) {
-          torch::Tensor out = v.out.reshape({-1, v.out.size(-1)});
-          torch::Tensor yy = y.reshape({-1});
-          v.loss = torch::nn::functional::cross_entropy(
-              out, yy, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+          v.loss = lossSum(core_.job_.model, v.out, y);
           float stats[2];
           {
             torch::NoGradGuard no_grad;
             stats[0] = v.loss.item<float>();
-            stats[1] = static_cast<float>(out.argmax(1).eq(yy).sum().item<int64_t>());
+            stats[1] = static_cast<float>(correctPredictions(core_.job_.model, v.out, y));
           }
           core_.acc_->add(core_.stats_seg_, stats);
         }
@@ -713,10 +711,7 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     torch::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(k > 0) : x;
     const int64_t before = allocatorBytesInUse();
     torch::Tensor y = model->forwardRange(in, cuts[k], cuts[k + 1], 0);
-    if (k + 1 == so.stages) {
-      torch::Tensor o = y.reshape({-1, y.size(-1)});
-      y = torch::nn::functional::cross_entropy(o, b.y.reshape({-1}));
-    }
+    if (k + 1 == so.stages) y = lossSum(job.model, y, b.y);
     m.vn_activation_bytes = std::max<int64_t>(allocatorBytesInUse() - before, 0);
     m.live_vns = peakLiveActivations(sched[static_cast<size_t>(k)]);
     const bool stashes_input = so.recompute && k + 1 < so.stages;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/model_hash.h"
 #include "core/sys.h"
+#include "models/loss.h"
 
 namespace morph {
 
@@ -249,13 +250,9 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
   return st;
 }
 
-void StepCore::scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss, int64_t& correct) {
-  torch::Tensor out = logits.reshape({-1, logits.size(-1)});
-  torch::Tensor y = targets.reshape({-1});
-  loss += torch::nn::functional::cross_entropy(
-              out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-              .item<double>();
-  correct += out.argmax(1).eq(y).sum().item<int64_t>();
+void StepCore::scoreBatch(const torch::Tensor& out, const torch::Tensor& targets, double& loss, int64_t& correct) const {
+  loss += lossSum(job_.model, out, targets).item<double>();
+  correct += correctPredictions(job_.model, out, targets);
 }
 
 std::vector<std::string> StepCore::layerHashes(size_t lo, size_t hi) const {
@@ -305,6 +302,12 @@ nlohmann::json StepCore::meaning() const {
     m["data.std"] = j.data.std;
     m["model.input"] = j.model.input;
     m["model.classes"] = j.model.classes;
+  }
+  // Only TorchScript jobs carry these (the same reason): the module file's
+  // bytes are its architecture and initial weights.
+  if (j.model.name == "torchscript") {
+    m["model.loss"] = j.model.loss;
+    m["model.file_xxh64"] = j.model.digest;
   }
   // The step count shapes only a cosine schedule: elsewhere a resumed job
   // may run longer than it was first meant to.
@@ -516,13 +519,10 @@ void VnExecutor::runVn(int64_t vn, bool last) {
   Batch b = c.prefetch_.take(c.step_, vn);
   for (auto& p : c.params_) p.mutable_grad() = torch::Tensor();
   std::fill(c.seg_ready_.begin(), c.seg_ready_.end(), 0);
-  // (b, classes), or (b, T, vocab) for a language model: one row per target.
+  // (b, classes), or (b, T, vocab) for a language model, or an mse target's values.
   // The VN's own random streams: the same draws wherever and whenever it runs.
   torch::Tensor out = c.model_->forwardRange(b.x, 0, c.model_->size(), c.vnSeed(vn));
-  out = out.reshape({-1, out.size(-1)});
-  torch::Tensor y = b.y.reshape({-1});
-  torch::Tensor loss = torch::nn::functional::cross_entropy(
-      out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  torch::Tensor loss = lossSum(c.job_.model, out, b.y);
   c.vn_ = vn;
   c.accumulating_ = true;
   launching_ = last;
@@ -537,7 +537,7 @@ void VnExecutor::runVn(int64_t vn, bool last) {
   {
     torch::NoGradGuard no_grad;
     stats[0] = loss.item<float>();
-    stats[1] = static_cast<float>(out.argmax(1).eq(y).sum().item<int64_t>());
+    stats[1] = static_cast<float>(correctPredictions(c.job_.model, out, b.y));
   }
   c.acc_->add(c.stats_seg_, stats);
   c.emulateSlowdown(nowSeconds() - t0);
@@ -586,7 +586,7 @@ EvalStats VnExecutor::evaluate(const Dataset& test, int64_t batch) {
   const int64_t n = test.size();
   for (int64_t i = 0; i < n; i += batch) {
     Batch b = test.range(i, std::min(n, i + batch));
-    StepCore::scoreBatch(model.forward(b.x), b.y, loss, correct);
+    core_.scoreBatch(model.forward(b.x), b.y, loss, correct);
   }
   model.train();
   const double targets = static_cast<double>(n * core_.job_.targetsPerSample());

@@ -160,9 +160,8 @@ class StepCore {
   uint64_t vnSeed(int64_t vn) const;
   void emulateSlowdown(double compute_seconds) const;
   size_t segOf(size_t param) const { return params_.size() - 1 - param; }
-  // Adds one evaluation batch's summed cross-entropy and correct predictions.
-  static void scoreBatch(const torch::Tensor& logits, const torch::Tensor& targets, double& loss,
-                         int64_t& correct);
+  // Adds one evaluation batch's summed loss (models/loss.h) and correct predictions.
+  void scoreBatch(const torch::Tensor& out, const torch::Tensor& targets, double& loss, int64_t& correct) const;
   void notePeak() { peak_model_bytes_ = std::max(peak_model_bytes_, modelBytes()); }
 
   JobSpec job_;

@@ -85,4 +85,21 @@ class LayerList : public torch::nn::Module {
 std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed,
                                       const std::vector<char>* held = nullptr);
 
+// model.name = "torchscript" (models/torchscript.cpp; docs/models.md): the
+// module file's top-level children, in order, are the layers; their
+// weights are the file's (the seed does not re-initialise them). A
+// BatchNorm1d/2d/3d child becomes a VnBatchNorm with the file's state.
+// InputError naming the file for a file that is not TorchScript, has no
+// children, state outside its children, a non-float32 parameter or a batch
+// norm nested inside a child.
+std::shared_ptr<LayerList> buildTorchScriptModel(const ModelSpec& spec, const std::vector<char>* held);
+
+// Before a job starts: for a TorchScript model, one forward (evaluation
+// mode) of a batch of two samples of the data's shape through the layers
+// checks that every child runs, that the module's own forward gives the
+// same output (the children in order are the model), and that the output
+// fits the loss. InputError naming the file and the problem. Nothing for
+// the built-in models.
+void checkModel(const JobSpec& job);
+
 }  // namespace morph

@@ -250,6 +250,8 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed, cons
       add("block" + std::to_string(i + 1), [&] { return std::make_shared<Block>(spec.dim, spec.heads, spec.dropout); });
     add("norm", [&] { return std::make_shared<FinalNorm>(spec.dim); });
     add("head", [&] { return std::make_shared<TiedHead>(embed); });
+  } else if (spec.name == "torchscript") {
+    return buildTorchScriptModel(spec, held);
   } else {
     throw InputError("unknown model '" + spec.name + "'");
   }

@@ -10,6 +10,7 @@
 #include "core/sys.h"
 #include "exec/grad_accumulator.h"
 #include "exec/optimizer.h"
+#include "models/loss.h"
 #include "models/model.h"
 
 namespace morph {
@@ -43,16 +44,13 @@ double timeRuns(double budget_s, const std::function<double()>& fn) {
 
 int64_t bytesOf(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// Sum-reduced cross entropy plus the statistics the executor reads: what
-// the last stage computes after its forward.
-torch::Tensor lossOf(const torch::Tensor& out, const torch::Tensor& y) {
-  torch::Tensor o = out.reshape({-1, out.size(-1)});
-  torch::Tensor yy = y.reshape({-1});
-  torch::Tensor loss = torch::nn::functional::cross_entropy(
-      o, yy, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+// The job's summed loss plus the statistics the executor reads: what the
+// last stage computes after its forward.
+torch::Tensor lossOf(const ModelSpec& m, const torch::Tensor& out, const torch::Tensor& y) {
+  torch::Tensor loss = lossSum(m, out, y);
   torch::NoGradGuard no_grad;
   (void)loss.item<float>();
-  (void)o.argmax(1).eq(yy).sum().item<int64_t>();
+  (void)correctPredictions(m, out, y);
   return loss;
 }
 
@@ -129,7 +127,7 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
   };
   auto forward = [&](size_t l, const torch::Tensor& in) {
     torch::Tensor out = model->forwardRange(in, l, l + 1, seed);
-    return l + 1 == L ? lossOf(out, batch.y) : out;
+    return l + 1 == L ? lossOf(job.model, out, batch.y) : out;
   };
   std::vector<torch::Tensor> grad_out;
   for (size_t l = 0; l + 1 < L; ++l) grad_out.push_back(torch::full_like(ins[l + 1], 1e-3));
@@ -170,7 +168,7 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
       if (round >= 0) fwd[l].push_back(f), bwd[l].push_back(b), rec[l].push_back(r), nograd[l].push_back(n);
     }
     const double t0 = nowSeconds();
-    lossOf(model->forwardRange(batch.x, 0, L, seed), batch.y).backward();
+    lossOf(job.model, model->forwardRange(batch.x, 0, L, seed), batch.y).backward();
     if (round >= 0) whole.push_back(nowSeconds() - t0);
     clearGrads();
   }
@@ -235,7 +233,7 @@ double measureContention(const JobSpec& job, const Dataset& train, Communicator&
   const auto params = model->parameters();
   auto vn = [&] {
     const double t0 = nowSeconds();
-    lossOf(model->forwardRange(batch.x, 0, model->size(), 0x5eed), batch.y).backward();
+    lossOf(job.model, model->forwardRange(batch.x, 0, model->size(), 0x5eed), batch.y).backward();
     const double t = nowSeconds() - t0;
     for (const auto& q : params) q.mutable_grad() = torch::Tensor();
     return t;

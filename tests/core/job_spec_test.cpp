@@ -1,6 +1,11 @@
 #include "core/job_spec.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -130,6 +135,47 @@ TEST(JobSpec, RejectsKeysOfAnotherModelOrDataset) {
   expectInputError(kValid, {"model.fc", "applies only to model.name = \"cnn\""}, {"model.fc=3"});
   expectInputError(kValid, {"data.train_size", "synthetic"},
                    {"data.dataset=fashion-mnist", "data.path=/usr/share/datasets/fashion-mnist"});
+}
+
+TEST(JobSpec, TorchScriptPathIsRelativeToTheJobFileAndItsKeysAreItsOwn) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("morph-ts-spec-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "jobs");
+  std::ofstream(dir / "jobs" / "m.pt") << "bytes";
+  const std::string origin = (dir / "jobs" / "job.toml").string();
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> o = {"model.name=torchscript", "model.path=m.pt"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return o;
+  };
+  // kValid's model.hidden belongs to mlp: drop it by replacing the [model] table.
+  std::string text = kValid;
+  text.replace(text.find("hidden = [16]\n"), 14, "");
+  JobSpec j = parseJob(text, origin, with({}));
+  EXPECT_EQ(j.model.path, (dir / "jobs" / "m.pt").string());
+  EXPECT_EQ(j.model.loss, "cross_entropy");
+  EXPECT_EQ(j.model.digest.size(), 16u);
+  EXPECT_EQ(j.targetsPerSample(), 1);
+  try {
+    parseJob(text, origin, with({"model.path=other.pt"}));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "jobs" / "other.pt").string() + " is missing"), std::string::npos) << e.what();
+  }
+  try {
+    parseJob(text, origin, with({"model.loss=mse"}));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"mse\" needs float32 targets"), std::string::npos) << e.what();
+  }
+  try {
+    parseJob(text, origin, with({"model.dropout=0.1"}));
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("dropout is the module's own"), std::string::npos) << e.what();
+  }
+  expectInputError(kValid, {"model.loss", "applies only to model.name = \"torchscript\""}, {"model.loss=mse"});
+  fs::remove_all(dir);
 }
 
 TEST(JobSpec, GptMiniNeedsTextAndValidHeads) {
