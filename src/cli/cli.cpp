@@ -160,6 +160,12 @@ int morph::morphMain(int argc, char** argv) {
   try {
     if (*run_cmd) {
       if (run.workers == 0 && run.spawn >= 0) throw morph::InputError("--spawn needs --workers");
+      // Checked here too, not only by the manager: a single-process run
+      // would otherwise accept the pair silently.
+      if (run.heartbeat_interval_s >= run.heartbeat_timeout_s)
+        throw morph::InputError("--heartbeat-interval " + std::to_string(run.heartbeat_interval_s) +
+                                " s must be shorter than --heartbeat-timeout " +
+                                std::to_string(run.heartbeat_timeout_s) + " s");
       return morph::runJob(run);
     }
     if (*calib_cmd) return morph::runCalibrate(calib);

@@ -16,6 +16,8 @@
 #include "comm/communicator.h"
 #include "control/internal.h"
 #include "control/store_server.h"
+#include "core/memory_estimate.h"
+#include "core/parse_number.h"
 #include "exec/pipeline.h"
 #include "models/model.h"
 #include "plan/calibrate.h"
@@ -224,8 +226,8 @@ void printAllocations(const std::vector<AllocationRow>& rows) {
 
 SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
   SimOptions o;
-  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) o.bucket_bytes = std::max<int64_t>(1, std::atoll(s));
-  if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) o.link_delay_s = std::atof(d) / 1000.0;
+  o.bucket_bytes = bucketBytes();
+  o.link_delay_s = pipeDelayMs().first / 1000.0;
   o.clipping = job.optim.clip_norm > 0;
   o.in_process = in_process;
   o.checkpoints = job.checkpoint_every > 0;
@@ -234,6 +236,7 @@ SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
 
 int runCalibrate(const CalibrateOptions& o) {
   const JobSpec job = loadJobFile(o.job_path, o.overrides);
+  checkJobFitsMemory(job, 1, 1, availableMemoryBytes());  // it builds the model and loads the data here
   if (!o.resources.empty()) {
     // Emulated device types run on this machine: one profile serves them
     // all, and the planner scales its compute by each type's slowdown. On

@@ -12,7 +12,9 @@
 #include <xxhash.h>
 
 #include "control/internal.h"
+#include "core/memory_estimate.h"
 #include "exec/fixed_point.h"
+#include "exec/pipeline.h"
 #include "plan/resources.h"
 
 namespace morph {
@@ -401,6 +403,22 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
 
 void setCheckpointFileSystemFactory(FileSystemFactory factory) { detail::fileSystemFactory() = std::move(factory); }
 
+namespace {
+
+// Refuses, before anything is allocated, a job whose local worker processes
+// cannot fit this machine's memory (core/memory_estimate.h): each holds the
+// dataset; data-parallel workers each hold the whole model, pipeline stages
+// together hold one model per P of them.
+void checkLocalMemory(const JobSpec& job, const RunOptions& o) {
+  const int local = o.workers == 0 ? 1 : o.spawn >= 0 ? o.spawn : o.workers;
+  if (local == 0) return;
+  const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
+  const double models = pipeline ? std::max(1.0, static_cast<double>(local) / std::max(1, o.stages)) : local;
+  checkJobFitsMemory(job, models, local, availableMemoryBytes());
+}
+
+}  // namespace
+
 int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.
   const std::string text = readJobFile(given.job_path);
@@ -420,6 +438,11 @@ int runJob(const RunOptions& given) {
       for (const Device& d : res.devices) o.spawn += d.host == "local";
     }
   }
+  checkLocalMemory(job, o);
+  // Numeric environment settings are checked before any work too (workers
+  // inherit them and would each fail later).
+  bucketBytes();
+  pipeDelayMs();
   if (o.plan == "auto") {
     if (o.workers == 0) {
       o.plan.clear();  // one process: there is nothing to choose

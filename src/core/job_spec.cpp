@@ -61,6 +61,15 @@ class Reader {
       if (required) fail(key, "missing; expected an integer");
       return def;
     }
+    if (n->is_floating_point()) {
+      // 1e8 or 100.0 is a float in TOML: say how to write it as an integer.
+      const double f = n->as_floating_point()->get();
+      std::ostringstream os;
+      os << "expected an integer, got the number " << f;
+      if (std::isfinite(f) && f == std::floor(f) && std::fabs(f) < 9e18)
+        os << " (write it without a decimal point or exponent: " << static_cast<int64_t>(f) << ")";
+      fail(key, os.str());
+    }
     if (!n->is_integer()) fail(key, std::string("expected an integer, got ") + typeName(*n));
     int64_t v = n->as_integer()->get();
     if (v < lo || v > hi) {
@@ -111,7 +120,10 @@ class Reader {
     for (const toml::node& e : *arr) {
       if (!e.is_integer() || e.as_integer()->get() < lo || e.as_integer()->get() > hi) {
         std::ostringstream os;
-        os << "expected an array of integers in [" << lo << ", " << hi << "]";
+        os << "expected an array of integers in [" << lo << ", " << hi << "], but element " << out.size() << " is ";
+        if (e.is_integer()) os << e.as_integer()->get();
+        else if (e.is_floating_point()) os << "the number " << e.as_floating_point()->get();
+        else os << typeName(e);
         fail(key, os.str());
       }
       out.push_back(e.as_integer()->get());

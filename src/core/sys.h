@@ -12,7 +12,8 @@ void pinThreads(int threads);
 
 // Keeps glibc from returning large freed blocks to the kernel: otherwise
 // every VN's gradient buffers (megabytes) are mmapped, page-faulted and
-// unmapped again (measured: 20-25% of an MLP step). Call first in main().
+// unmapped again on every VN, and throughput was bimodal from run to run
+// (docs/performance.md, "Choices that differ"). Call first in main().
 void tuneAllocator();
 
 // Name of the BLAS the process calls ("openblas ..." or "reference"); warns on

@@ -179,6 +179,13 @@ std::unique_ptr<Dataset> loadFashionSplit(const std::string& dir, const std::str
   std::string ip = (fs::path(dir) / (prefix + "-images-idx3-ubyte.gz")).string();
   std::string lp = (fs::path(dir) / (prefix + "-labels-idx1-ubyte.gz")).string();
   torch::Tensor images = readIdxGz(ip, 3);
+  // The models take Fashion-MNIST's 1x28x28 samples (ModelSpec::input), and
+  // both splits must have them: a test split of another size would only
+  // fail at the first evaluation, hundreds of steps in.
+  if (images.size(1) != 28 || images.size(2) != 28)
+    throw InputError(ip + ": images are " + std::to_string(images.size(1)) + "x" + std::to_string(images.size(2)) +
+                     "; expected 28x28 like Fashion-MNIST's (and the same in both splits: " + prefix +
+                     (prefix == "train" ? " is the training split)" : " is the test split)"));
   torch::Tensor labels = readIdxGz(lp, 1).to(torch::kInt64);
   if (images.size(0) != labels.size(0))
     throw InputError(ip + ": holds " + std::to_string(images.size(0)) + " images but " + lp +

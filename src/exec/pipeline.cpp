@@ -23,9 +23,11 @@
 #include <numeric>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/model_hash.h"
+#include "core/parse_number.h"
 #include "core/sys.h"
 #include "models/loss.h"
 #include "exec/trainer.h"
@@ -143,6 +145,18 @@ class RecvChannel {
   std::thread thread_;
 };
 
+std::pair<double, double> pipeDelayMs() {
+  const char* d = std::getenv("MORPH_PIPE_DELAY_MS");
+  if (!d) return {0.0, 0.0};
+  const std::string spec = d;
+  const size_t colon = spec.find(':');
+  const double mean = parseDoubleOr(spec.substr(0, colon), "MORPH_PIPE_DELAY_MS (MEAN[:JITTER] ms)", 0.0, 1e6);
+  const double jitter = colon == std::string::npos
+                            ? 0.0
+                            : parseDoubleOr(spec.substr(colon + 1), "MORPH_PIPE_DELAY_MS (MEAN[:JITTER] ms)", 0.0, 1e6);
+  return {mean, jitter};
+}
+
 // Sends one channel's messages in order on a thread of its own, which waits
 // for each transfer and then drops the tensor. MORPH_PIPE_DELAY_MS="MEAN" or
 // "MEAN:JITTER" holds each message back MEAN +- JITTER ms (uniform, order
@@ -151,11 +165,8 @@ class RecvChannel {
 class SendChannel {
  public:
   SendChannel(Communicator& comm, int peer, int tag) : comm_(comm), peer_(peer), tag_(tag) {
-    if (const char* d = std::getenv("MORPH_PIPE_DELAY_MS")) {
-      const std::string spec = d;
-      const size_t colon = spec.find(':');
-      delay_ms_ = std::atof(spec.substr(0, colon).c_str());
-      if (colon != std::string::npos) jitter_ms_ = std::atof(spec.substr(colon + 1).c_str());
+    std::tie(delay_ms_, jitter_ms_) = pipeDelayMs();
+    if (delay_ms_ > 0 || jitter_ms_ > 0) {
       rng_.seed(static_cast<unsigned>(getpid()) * 2654435761u + static_cast<unsigned>(tag));
     }
     thread_ = std::thread([this] { loop(); });

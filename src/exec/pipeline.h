@@ -168,6 +168,11 @@ struct StageMemory {
   int64_t total() const { return runtime_bytes + init_bytes + training(); }
 };
 
+// MORPH_PIPE_DELAY_MS="MEAN" or "MEAN:JITTER" (ms, >= 0): the emulated
+// slow link of pipeline sends; {0, 0} when unset. InputError naming the
+// variable when it is not numbers.
+std::pair<double, double> pipeDelayMs();
+
 // Estimates each stage's memory for the job cut at `cuts`, run with the
 // given schedule on `micro_batches` VNs per replica: the tensor sizes are
 // exact, a VN's activations are measured by running one training forward

@@ -5,20 +5,20 @@
 
 #include "core/error.h"
 #include "core/model_hash.h"
+#include "core/parse_number.h"
 #include "core/sys.h"
 #include "models/loss.h"
 
 namespace morph {
 
-namespace {
-// Gradient bytes per all-reduce bucket: small enough that the first
-// reductions start early in the last VN's backward pass, large enough that
-// per-collective latency does not dominate. MORPH_BUCKET_BYTES overrides it
-// (a tuning knob; it never changes results).
+// Small enough that the first reductions start early in the last VN's
+// backward pass, large enough that per-collective latency does not dominate.
 int64_t bucketBytes() {
-  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) return std::max<int64_t>(1, std::atoll(s));
+  if (const char* s = std::getenv("MORPH_BUCKET_BYTES")) return parseInt64Or(s, "MORPH_BUCKET_BYTES", 1, int64_t{1} << 40);
   return int64_t{25} << 20;  // as DDP
 }
+
+namespace {
 
 const std::vector<char> kNoLayers;  // buildModel's `held` for a stage-local worker before placement
 }  // namespace

@@ -32,6 +32,11 @@
 
 namespace morph {
 
+// Gradient bytes per all-reduce bucket: MORPH_BUCKET_BYTES (a whole number
+// of bytes, >= 1; anything else is an InputError naming it), else 25 MiB.
+// A tuning knob: it never changes results.
+int64_t bucketBytes();
+
 struct StepStats {
   int64_t step = 0;
   double loss = 0.0;            // mean training loss over the global batch

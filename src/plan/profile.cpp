@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include "core/error.h"
+#include "core/parse_number.h"
 #include "core/job_spec.h"
 #include "core/sys.h"
 
@@ -154,15 +155,10 @@ class Reader {
     if (!m.is_object() || m.empty()) fail(path + k, "expected an object of group size -> fit");
     std::map<int, LinearFit> out;
     for (auto it = m.begin(); it != m.end(); ++it) {
-      int g = 0;
-      try {
-        size_t used = 0;
-        g = std::stoi(it.key(), &used);
-        if (used != it.key().size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        fail(path + k + "." + it.key(), "expected a group size");
-      }
-      if (g < 2) fail(path + k + "." + it.key(), "group sizes start at 2");
+      const auto parsed = parseInt64(it.key());
+      if (!parsed) fail(path + k + "." + it.key(), "expected a group size");
+      if (*parsed < 2 || *parsed > (1 << 20)) fail(path + k + "." + it.key(), "expected a group size in [2, 1048576]");
+      const int g = static_cast<int>(*parsed);
       out[g] = fit(it.value(), path + k + "." + it.key() + ".");
     }
     return out;

@@ -170,6 +170,64 @@ TEST_F(Cli, BadInputExitsTwoNamingTheProblem) {
   }
 }
 
+// Issue 13, "bad values everywhere": sizes that cannot fit this machine,
+// numbers with trailing garbage, impossible resize targets, IDX images of
+// the wrong shape. Each exits 2 before any work, naming the key, flag or file.
+TEST_F(Cli, ImpossibleValuesExitTwoNamingTheKey) {
+  struct Case {
+    std::string args, expect;
+  };
+  const std::string good = job(kJob) + " --out " + out("bad");
+  const std::string resize = "resize --join 127.0.0.1:1 --token-file " + job(kJob) + " --workers ";
+  std::vector<Case> cases = {
+      // 1M x 1M weights: terabytes, on any machine.
+      {"run " + good + " --set 'model.hidden=[1048576, 1048576]'", "model.hidden: the job needs at least"},
+      {"run " + good + " --workers 2 --set 'model.hidden=[1048576, 1048576]'", "available (MemAvailable"},
+      // 12 local workers x 74 GiB of synthetic images.
+      {"run " + good + " --workers 12 --set data.train_size=100000000", "data.train_size"},
+      {"run " + good + " --set data.train_size=1e8", "data.train_size"},
+      {"run " + good + " --set data.train_size=-1", "data.train_size"},
+      {"run " + good + " --steps 12abc", "--steps"},
+      {"run " + good + " --workers 2 --heartbeat-interval 1 --heartbeat-timeout 1", "--heartbeat-interval"},
+      {"run " + good + " --heartbeat-interval 3 --heartbeat-timeout 2", "--heartbeat-interval"},
+      {"run " + good + " --heartbeat-interval 1x", "--heartbeat-interval"},
+      {resize + "0", "--workers"},
+      {resize + "-3", "--workers"},
+      {resize + "x", "--workers"},
+      {resize + "12abc", "--workers"},
+      {resize + "5000", "--workers"},
+      {"calibrate " + job(kJob) + " --set 'model.hidden=[1048576, 1048576]'", "model.hidden"},
+  };
+  for (const auto& c : cases) {
+    Result r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+  }
+  // Environment settings are numbers too.
+  setenv("MORPH_BUCKET_BYTES", "25M", 1);
+  Result r = run("run " + job(kJob) + " --quiet --out " + out("env"));
+  unsetenv("MORPH_BUCKET_BYTES");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("MORPH_BUCKET_BYTES '25M'"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, FashionImagesOfAnotherShapeExitTwoNamingTheFile) {
+  fs::create_directories(dir_ / "fm");
+  auto idx = [&](const std::string& file, std::vector<uint32_t> dims, size_t payload) {
+    std::string h = {0, 0, 8, static_cast<char>(dims.size())};
+    for (uint32_t d : dims)
+      for (int s = 24; s >= 0; s -= 8) h += static_cast<char>(d >> s);
+    std::ofstream((dir_ / "fm" / file).string(), std::ios::binary) << h << std::string(payload, '\x01');
+  };
+  idx("train-images-idx3-ubyte.gz", {64, 28, 28}, 64 * 28 * 28);
+  idx("train-labels-idx1-ubyte.gz", {64}, 64);
+  idx("t10k-images-idx3-ubyte.gz", {16, 32, 32}, 16 * 32 * 32);  // not the training split's 28x28
+  idx("t10k-labels-idx1-ubyte.gz", {16}, 16);
+  Result r = run("run " + job(fashionJob((dir_ / "fm").string())) + " --out " + out("fm"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("t10k-images-idx3-ubyte.gz: images are 32x32; expected 28x28"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, CorruptDataFileExitsTwo) {
   fs::create_directories(dir_ / "fm");
   for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",

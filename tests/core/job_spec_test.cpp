@@ -90,6 +90,21 @@ global = 32
                    {"job.toml", "job.steps", "expected an integer", "a string"});
 }
 
+// Sizes are integers in range: 1e8 is a float in TOML, and a negative or
+// zero size is refused, each naming the key (issue 13).
+TEST(JobSpec, RejectsNonIntegerAndOutOfRangeSizes) {
+  expectInputError(kValid, {"job.toml", "data.train_size", "expected an integer", "100000000"},
+                   {"data.train_size=1e8"});
+  expectInputError(kValid, {"data.train_size", "expected an integer in [1, 100000000], got -5"},
+                   {"data.train_size=-5"});
+  expectInputError(kValid, {"data.test_size", "got 0"}, {"data.test_size=0"});
+  expectInputError(kValid, {"batch.global", "expected an integer", "32.5"}, {"batch.global=32.5"});
+  expectInputError(kValid, {"model.hidden", "element 1 is the number 1.5"}, {"model.hidden=[16, 1.5]"});
+  expectInputError(kValid, {"model.hidden", "element 0 is -16"}, {"model.hidden=[-16]"});
+  expectInputError(kValid, {"job.steps", "expected an integer"}, {"job.steps=\"12abc\""});
+  expectInputError(kValid, {"optim.lr", "expected a number"}, {"optim.lr=\"0.1x\""});
+}
+
 TEST(JobSpec, RejectsVnCountNotDividingGlobalBatch) {
   expectInputError(kValid, {"batch.virtual_nodes", "divisor of batch.global = 32", "got 5"},
                    {"batch.virtual_nodes=5"});

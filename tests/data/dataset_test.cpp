@@ -57,5 +57,45 @@ TEST(Dataset, RejectsIdxHeadersThatClaimTooMuch) {
   EXPECT_NE(msg.find("truncated: ended after 64 of 1073741824 bytes of the IDX payload"), std::string::npos) << msg;
 }
 
+// A Fashion-MNIST folder of crafted IDX files (uncompressed: zlib reads
+// them as they are) whose images are `train` and `test` pixels square.
+std::string craftFashion(const std::string& name, uint32_t train, uint32_t test) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto images = [&](const char* file, uint32_t side) {
+    std::ofstream(dir / file, std::ios::binary) << header({2, side, side}) << std::string(2 * side * side, '\x10');
+  };
+  images("train-images-idx3-ubyte.gz", train);
+  images("t10k-images-idx3-ubyte.gz", test);
+  for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    std::ofstream(dir / f, std::ios::binary) << header({2}) << std::string("\x01\x02", 2);
+  return dir.string();
+}
+
+std::string loadError(const std::string& dir) {
+  DataSpec spec;
+  spec.dataset = "fashion-mnist";
+  spec.path = dir;
+  try {
+    loadDatasets(spec, 1);
+  } catch (const InputError& e) {
+    std::filesystem::remove_all(dir);
+    return e.what();
+  }
+  std::filesystem::remove_all(dir);
+  return "(no InputError)";
+}
+
+TEST(Dataset, FashionImagesMustBe28x28InBothSplits) {
+  std::string msg = loadError(craftFashion("morph-fm-ok", 28, 28));
+  EXPECT_EQ(msg, "(no InputError)");
+  msg = loadError(craftFashion("morph-fm-train", 32, 32));
+  EXPECT_NE(msg.find("train-images-idx3-ubyte.gz: images are 32x32; expected 28x28"), std::string::npos) << msg;
+  msg = loadError(craftFashion("morph-fm-test", 28, 14));
+  EXPECT_NE(msg.find("t10k-images-idx3-ubyte.gz: images are 14x14; expected 28x28"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("test split"), std::string::npos) << msg;
+}
+
+
 }  // namespace
 }  // namespace morph
