@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +54,12 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const;
+  // Writes applied so far, heartbeats ("workers/<id>/hb") left out: the
+  // manager sleeps until the count moves instead of polling the store.
+  int64_t writes() const;
+  // Blocks until writes() differs from `seen` or `timeout` passes; returns
+  // writes().
+  int64_t waitForWrite(int64_t seen, std::chrono::milliseconds timeout);
   // Counters for tests and benchmarks.
   int64_t refusedConnections() const;  // handshake failed, malformed or oversized frames
   int64_t deniedWrites() const;
