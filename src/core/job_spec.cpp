@@ -391,6 +391,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   if (j.straggler_factor <= 1.0) r.fail("elastic.straggler_factor", "expected a number > 1 (e.g. 1.5), got 1");
   j.straggler_steps = r.integer("elastic.straggler_steps", 10, 1, 1000000);
   j.straggler_replan = r.boolean("elastic.straggler_replan", true);
+  j.collective_timeout = r.number("elastic.collective_timeout", 0.0, 0.0, 86400.0);
 
   r.rejectUnknown();
   return j;

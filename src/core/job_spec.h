@@ -80,6 +80,12 @@ struct JobSpec {
   double straggler_factor = 2.0;
   int64_t straggler_steps = 10;
   bool straggler_replan = true;
+  // Seconds a member waits in a collective before it asks whether the
+  // members it waits for are still alive (docs/distributed.md,
+  // "Deadlines"); 0: derived from the measured step, evaluation and
+  // checkpoint-snapshot times. A member that still heart-beats is never
+  // given up on for being slow.
+  double collective_timeout = 0;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Loss terms per sample: 1 for classification, seq_len for a language
