@@ -8,8 +8,10 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
-#include <fstream>
+#include <cctype>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -30,15 +32,30 @@ using namespace detail;
 
 namespace {
 
-// How long the manager's loop sleeps between looks at the store: while
-// membership changes (joins, a new generation) and while training.
-constexpr long kBusyPollNs = 1000000L;     // 1 ms
-constexpr long kSteadyPollNs = 20000000L;  // 20 ms
+// The manager's loop sleeps until a worker writes to the store (heartbeats
+// aside) or this long passes: deadlines, heartbeats and local children's
+// exits are looked at on this clock (docs/distributed.md, "Deadlines").
+constexpr auto kIdleWait = std::chrono::milliseconds(100);
+// A worker that took an id (workers/next_id) must announce its pid within
+// this long, or the id is skipped (it died while registering).
+constexpr double kAnnounceDeadlineS = 10.0;
+// Generation 0 forms when every expected worker is ready; if that has not
+// happened this long after the manager started, it forms with the workers
+// that are ready (none: exit 3).
+constexpr double kStartDeadlineS = 120.0;
+// A member that has not answered a generation change after
+// max(kRegroupFloorS, kDeadlineFactor x the longest measured time between
+// two committed steps) is reported; it is declared dead only once its
+// heartbeats stop (a busy member is not a dead one).
+constexpr double kRegroupFloorS = 60.0;
+constexpr double kDeadlineFactor = 4.0;
 
 struct WorkerInfo {
   pid_t pid = -1;        // local child, or -1
   bool alive = true;
   bool placeable = false;  // data loaded ("workers/<id>/ready")
+  bool announced = true;   // false: took an id but never posted its pid
+  double warned = 0;       // when it was last reported slow to answer a generation change
   std::string hb;        // last heartbeat value seen
   double hb_time = 0;    // when it last changed
 };
@@ -72,6 +89,16 @@ class Manager {
   // The pipeline's shape with `workers` workers (the documented rule).
   MorphShape morphShape(int workers) const;
   [[noreturn]] void noWorkerLeft(const std::string& why);
+  // A worker that died, failed or was refused before it was ever ready.
+  void startFailed(int64_t id, const std::string& why, bool input);
+  // Generation 0: publishes it when every expected worker is ready, or when
+  // those that can start are (the others failed), or at kStartDeadlineS.
+  void maybeStart(double since);
+  std::string resumeCommand() const;
+  double regroupDeadline() const {
+    return job_.collective_timeout > 0 ? job_.collective_timeout
+                                       : std::max(kRegroupFloorS, kDeadlineFactor * longest_gap_);
+  }
   void markDead(int64_t id, const std::string& why);
   void setUpPipeline();
   json pipelineResults(const std::vector<json>& results);
@@ -107,7 +134,6 @@ class Manager {
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
   int64_t events_seen_ = 0;
-  double last_slow_poll_ = 0;  // registrations and resize requests
   std::unique_ptr<RunLog> log_;
   int64_t steps_ = -1, next_ = 0, committed_ = -1, first_step_ = 0;
   json resizes_ = json::array();
@@ -119,6 +145,13 @@ class Manager {
   json pipeline_;
   json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
   int spawned_ = 0;   // local workers started at the beginning
+  // Workers that could not start before generation 0 (each with why) and
+  // whether every one of them failed on bad input (exit 2 if none starts).
+  std::vector<std::string> start_failures_;
+  bool start_failures_input_ = true;
+  std::map<int64_t, double> unannounced_;  // id -> when it was first seen without a pid
+  int unmatched_deaths_ = 0;  // local workers that died before announcing an id (skipped ids not counted twice)
+  double last_commit_unix_ = 0, longest_gap_ = 0;  // between two committed steps' lines (seconds)
   // Data parallelism from a plan file: VNs per worker while the job runs
   // on exactly that many (a resize falls back to even shares).
   std::vector<int64_t> dp_shares_;
@@ -413,7 +446,9 @@ void Manager::spawn(int count) {
     pid_t pid = fork();
     if (pid < 0) throw JobError("cannot start a worker process");
     if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the manager dies
+      // No orphans if the manager dies: the worker names the newest good
+      // checkpoint and the resume command, and exits (worker.cpp).
+      prctl(PR_SET_PDEATHSIG, kManagerDeathSignal);
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -428,23 +463,125 @@ void Manager::spawn(int count) {
 
 void Manager::pollRegistrations() {
   const int64_t n = store_->add("workers/next_id", 0);
-  for (int64_t id = static_cast<int64_t>(workers_.size()); id < n; ++id) {
+  const double now = nowSeconds();
+  for (int64_t id = 0; id < n; ++id) {
+    if (workers_.count(id)) continue;
     const std::string k = "workers/" + std::to_string(id) + "/pid";
-    if (!store_->check({k})) return;  // registered but not yet announced: next time
+    if (!store_->check({k})) {
+      // Took an id but has not announced itself yet; one that died in
+      // between is skipped after a deadline (later ids are not held up).
+      auto it = unannounced_.emplace(id, now).first;
+      if (now - it->second > kAnnounceDeadlineS) {
+        WorkerInfo w;
+        w.announced = false;
+        w.alive = false;
+        workers_[id] = w;
+        unannounced_.erase(id);
+        if (unmatched_deaths_ > 0) {
+          --unmatched_deaths_;  // the local worker that died before registering: counted then
+        } else {
+          startFailed(id, "took an id but did not announce itself within " +
+                              std::to_string(static_cast<int>(kAnnounceDeadlineS)) + " s (it died while registering?)",
+                      false);
+        }
+      }
+      continue;
+    }
+    unannounced_.erase(id);
     WorkerInfo w;
-    pid_t pid = static_cast<pid_t>(std::stol(getString(*store_, k)));
+    const std::string pid_text = getString(*store_, k);
+    pid_t pid = static_cast<pid_t>(parseStoreInt(k, pid_text));
     if (unregistered_pids_.erase(pid)) w.pid = pid;
-    w.hb_time = nowSeconds();
+    w.hb_time = now;  // watched by heartbeat from now on
     workers_[id] = w;
   }
+  bool local_alive = !unregistered_pids_.empty();
+  for (auto& [id, w] : workers_) local_alive = local_alive || (w.alive && w.pid > 0);
   for (auto& [id, w] : workers_) {
     if (!w.alive || w.placeable) continue;
-    if (!store_->check({"workers/" + std::to_string(id) + "/ready"})) continue;
+    const std::string me = "workers/" + std::to_string(id);
+    if (store_->check({me + "/start_error"})) {
+      // It could not start (bad data, resume folder, checkpoint folder...)
+      // and said why before exiting.
+      const json e = json::parse(getString(*store_, me + "/start_error"), nullptr, false);
+      const std::string why = e.is_object() ? e.value("why", std::string("?")) : std::string("?");
+      w.alive = false;
+      if (w.pid > 0) kill(w.pid, SIGKILL);
+      startFailed(id, why, e.is_object() && e.value("input", false));
+      continue;
+    }
+    if (!store_->check({me + "/ready"})) continue;
     // The data every worker must match is a local worker's (it reads this
     // host's files) when there are any: a remote worker waits for it.
-    if (!fingerprint_.contains("data") && spawned_ > 0 && w.pid <= 0) continue;
+    if (!fingerprint_.contains("data") && spawned_ > 0 && local_alive && w.pid <= 0) continue;
     w.placeable = true;
     admit(id, w);
+  }
+}
+
+void Manager::startFailed(int64_t id, const std::string& why, bool input) {
+  const std::string who = id >= 0 ? "worker " + std::to_string(id) : std::string("a local worker");
+  std::fprintf(stderr, "morph: %s could not start: %s\n", who.c_str(), why.c_str());
+  std::fflush(stderr);
+  if (gen_ >= 0) return;  // a joiner: the job goes on as it is
+  start_failures_.push_back(who + ": " + why);
+  start_failures_input_ = start_failures_input_ && input;
+}
+
+// Generation 0 waits for target_ workers, less those that could not start:
+// a job whose other workers can start goes on without the failed ones (a
+// replacement may join later, as any joiner does); a job none of whose
+// workers can start stops (exit 2 when each failed on bad input, else 3).
+void Manager::maybeStart(double since) {
+  int placeable = 0, pending = static_cast<int>(unregistered_pids_.size() + unannounced_.size());
+  if (plan_workers_.empty()) {
+    for (auto& [id, w] : workers_) {
+      placeable += w.alive && w.placeable;
+      pending += w.alive && !w.placeable;
+    }
+  } else {  // the plan's own slots
+    for (int slot : plan_workers_) {
+      auto it = workers_.find(slot);
+      placeable += it != workers_.end() && it->second.alive && it->second.placeable;
+    }
+  }
+  const int failed = static_cast<int>(start_failures_.size());
+  // A plan file's slots and a pipeline's shape need exactly their workers.
+  const bool exact = !plan_workers_.empty() || pipelined();
+  const int want = exact ? target_ : std::max(1, target_ - failed);
+  if (placeable >= want) {
+    if (placeable < target_)
+      std::printf("morph: starting with %d of %d workers (%d could not start; others may join later)\n", placeable,
+                  target_, failed);
+    publish();
+    return;
+  }
+  const std::string why = start_failures_.empty() ? std::string() : " (" + [&] {
+    std::string t;
+    for (const auto& f : start_failures_) t += (t.empty() ? "" : "; ") + f;
+    return t;
+  }() + ")";
+  if (placeable == 0 && pending == 0 && failed > 0 && failed >= target_) {
+    killChildren();
+    if (start_failures_input_) throw InputError("no worker could start" + why);
+    throw JobError("no worker could start" + why);
+  }
+  if (failed > 0 && exact && pending == 0 && o_.spawn == o_.workers) {
+    killChildren();
+    const std::string msg = "the plan needs " + std::to_string(target_) + " workers and only " +
+                            std::to_string(placeable) + " could start" + why;
+    if (start_failures_input_) throw InputError(msg);
+    throw JobError(msg);
+  }
+  if (nowSeconds() - since > kStartDeadlineS) {
+    if (placeable > 0 && !exact) {
+      std::printf("morph: starting with %d of %d workers: the others were not ready within %d s\n", placeable,
+                  target_, static_cast<int>(kStartDeadlineS));
+      publish();
+      return;
+    }
+    killChildren();
+    throw JobError("workers did not start within " + std::to_string(static_cast<int>(kStartDeadlineS)) + " s" + why);
   }
 }
 
@@ -470,6 +607,9 @@ void Manager::admit(int64_t id, WorkerInfo& w) {
   setString(*store_, me + "/refused", "this worker differs from the job's (exact mode needs the same on every worker): " + why);
   w.placeable = false;
   w.alive = false;
+  if (gen_ < 0) {
+    start_failures_.push_back("worker " + std::to_string(id) + ": refused: " + why);
+  }
 }
 
 void Manager::markDead(int64_t id, const std::string& why) {
@@ -485,6 +625,13 @@ void Manager::markDead(int64_t id, const std::string& why) {
   // A worker that found the job cannot go on said why before it exited.
   const std::string fatal = "workers/" + std::to_string(id) + "/fatal";
   if (store_->check({fatal})) noWorkerLeft("worker " + std::to_string(id) + ": " + getString(*store_, fatal));
+  if (!w.placeable) {
+    // Never ready: a start-up failure (its own reason, if it posted one).
+    const std::string se = "workers/" + std::to_string(id) + "/start_error";
+    const json e = store_->check({se}) ? json::parse(getString(*store_, se), nullptr, false) : json();
+    startFailed(id, e.is_object() ? e.value("why", why) : why, e.is_object() && e.value("input", false));
+    return;
+  }
   if (member && !all_steps_done) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
@@ -501,14 +648,22 @@ void Manager::pollChildren() {
     int64_t id = -1;
     for (auto& [wid, w] : workers_)
       if (w.pid == pid) id = wid;
-    unregistered_pids_.erase(pid);
+    const bool unregistered = unregistered_pids_.erase(pid) > 0;
     if (bad_input) {
       killChildren();
       while (waitpid(-1, nullptr, 0) > 0) {
       }
       throw InputError("a worker rejected the job's input (its message is above)");
     }
-    if (id < 0) continue;
+    if (id < 0) {
+      if (unregistered) ++unmatched_deaths_;
+      if (unregistered)
+        startFailed(-1, "pid " + std::to_string(pid) + " ended before it registered (" +
+                            (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                               : "signal " + std::to_string(WTERMSIG(status))) + ")",
+                    false);
+      continue;
+    }
     const std::string k = key(gen_, "left", id);
     if (gen_ >= 0 && store_->check({k})) {
       workers_[id].alive = false;  // left gracefully; the transition handles it
@@ -573,8 +728,8 @@ void Manager::pollResizeRequests() {
 
 void Manager::pollMetrics() {
   if (!log_ && store_->check({"job/steps"})) {
-    steps_ = std::stoll(getString(*store_, "job/steps"));
-    next_ = first_step_ = std::stoll(getString(*store_, "job/start_step"));
+    steps_ = getInt(*store_, "job/steps");
+    next_ = first_step_ = getInt(*store_, "job/start_step");
     log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
     if (status_page_) {
       status_page_->setSteps(steps_);
@@ -584,6 +739,12 @@ void Manager::pollMetrics() {
   while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
     json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
     log_->record(line);
+    if (line.contains("unix_time")) {
+      // Everything between two commits: steps, evaluations, snapshots.
+      const double t = line.at("unix_time").get<double>();
+      if (last_commit_unix_ > 0) longest_gap_ = std::max(longest_gap_, t - last_commit_unix_);
+      last_commit_unix_ = t;
+    }
     watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
     committed_ = next_++;
@@ -677,9 +838,18 @@ bool Manager::transitionComplete() {
   for (int64_t id : members_) {
     if (!workers_[id].alive) continue;
     if (store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)})) continue;
-    if (nowSeconds() - transition_start_ > 60.0) {
-      markDead(id, "did not answer a generation change within 60 s");
-      continue;
+    // Its heartbeats are watched (pollHeartbeats declares it dead once they
+    // stop); one still heart-beating is busy (a long evaluation, step or
+    // checkpoint snapshot), so it is waited for and reported, never killed.
+    const double now = nowSeconds();
+    const double deadline = regroupDeadline();
+    if (now - transition_start_ > deadline && now - workers_[id].warned > deadline) {
+      workers_[id].warned = now;
+      std::fprintf(stderr,
+                   "morph: worker %lld has not answered the generation change for %.0f s but still heart-beats: "
+                   "waiting for it (deadline %.0f s = max(%.0f, %.0f x the longest %.1f s between two steps))\n",
+                   static_cast<long long>(id), now - transition_start_, deadline, kRegroupFloorS, kDeadlineFactor,
+                   longest_gap_);
     }
     return false;
   }
@@ -707,7 +877,7 @@ void Manager::publish() {
       workers_[id].alive = false;  // it exits on its own
     }
     if (!workers_[id].alive || !store_->check({key(gen_, "ready", id)})) continue;
-    committed[id] = std::stoll(getString(*store_, key(gen_, "ready", id)));
+    committed[id] = getInt(*store_, key(gen_, "ready", id));
     survivors.push_back(id);
     best = std::max(best, committed[id]);
   }
@@ -908,6 +1078,37 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
   return mp.members;
 }
 
+// `morph run` as this job was started, plus --resume of its checkpoint
+// folder: what continues the job if the manager is lost.
+std::string Manager::resumeCommand() const {
+  auto quote = [](const std::string& a) {
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-=:,+@%", c) != nullptr;
+    });
+    if (plain) return a;
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  auto abs = [](const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); };
+  std::vector<std::string> a = {o_.self_exe, "run", abs(o_.job_path), "--workers", std::to_string(o_.workers)};
+  if (o_.spawn >= 0 && o_.spawn != o_.workers) a.insert(a.end(), {"--spawn", std::to_string(o_.spawn)});
+  if (o_.host != "127.0.0.1") a.insert(a.end(), {"--host", o_.host});
+  if (o_.stages > 1) a.insert(a.end(), {"--stages", std::to_string(o_.stages)});
+  if (!o_.schedule.empty()) a.insert(a.end(), {"--schedule", o_.schedule});
+  if (!o_.plan.empty()) a.insert(a.end(), {"--plan", o_.plan == "auto" ? o_.plan : abs(o_.plan)});
+  if (o_.recompute) a.push_back("--recompute");
+  if (!o_.resources.empty()) a.insert(a.end(), {"--resources", abs(o_.resources)});
+  if (o_.memory_cap_mib > 0) a.insert(a.end(), {"--memory-cap", std::to_string(static_cast<int64_t>(o_.memory_cap_mib))});
+  for (const auto& ov : effectiveOverrides(o_)) a.insert(a.end(), {"--set", ov});
+  a.insert(a.end(), {"--out", abs(dir_)});
+  if (!o_.checkpoint_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", checkpointDir(o_, job_)});
+  a.insert(a.end(), {"--resume", checkpointDir(o_, job_)});
+  std::string out;
+  for (const auto& x : a) out += (out.empty() ? "" : " ") + quote(x);
+  return out;
+}
+
 int Manager::run() {
   setUpPipeline();
   if (!pipelined()) assignVns(job_.virtual_nodes, target_);  // validates the worker count
@@ -951,6 +1152,8 @@ int Manager::run() {
   setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   setString(*store_, "gen/want", "0");
+  // What a worker prints when it loses the manager (docs/distributed.md).
+  setString(*store_, "job/resume_command", resumeCommand());
   status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
                                              job_.checkpoint_every > 0 ? checkpointDir(o_, job_) : "", false});
   std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
@@ -958,43 +1161,22 @@ int Manager::run() {
     std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawn_count,
                 o_.host == "0.0.0.0" ? "THIS_HOST" : o_.host.c_str(), port_, token_file_.c_str());
   std::fflush(stdout);
-  sigset_t block;
-  sigemptyset(&block);
-  sigaddset(&block, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &block, nullptr);
   spawned_ = spawn_count;
   spawn(spawn_count);
 
   const double start = nowSeconds();
-  // SIGCHLD ends the loop's wait at once, so a local worker's death is seen
-  // without busy polling (children get the mask restored before exec).
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
   while (true) {
-    const double now = nowSeconds();
-    if (gen_ < 0 || in_transition_ || now - last_slow_poll_ > 0.05) {
-      last_slow_poll_ = now;
-      pollRegistrations();
-      pollResizeRequests();
-    }
+    // Every worker write (registrations, ready, left, metrics, requests)
+    // after this count wakes the wait at the end of the loop.
+    const int64_t seen = server_->writes();
+    pollRegistrations();
+    pollResizeRequests();
     pollChildren();
     pollHeartbeats();
     pollMetrics();
     updateStatus();
     if (gen_ < 0) {
-      int placeable = 0;
-      if (plan_workers_.empty()) {
-        for (auto& [id, w] : workers_) placeable += w.alive && w.placeable;
-      } else {  // the plan's own slots
-        for (int slot : plan_workers_) {
-          auto it = workers_.find(slot);
-          placeable += it != workers_.end() && it->second.alive && it->second.placeable;
-        }
-      }
-      if (placeable >= target_) publish();
-      else if (spawn_count == o_.workers && nowSeconds() - start > 120)
-        throw JobError("workers did not start within 120 s");
+      maybeStart(start);
     } else if (in_transition_) {
       if (transitionComplete()) publish();
     } else {
@@ -1055,12 +1237,14 @@ int Manager::run() {
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
     if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
-    // Steady training needs no quick answers: a local death wakes the loop
-    // (SIGCHLD), heartbeats are read every interval anyway, and each store
-    // round trip here costs the workers' cores time (a 5 ms loop took 14% of
-    // a core next to a 2-core job's worker).
-    const timespec wait = {0, in_transition_ || gen_ < 0 ? kBusyPollNs : kSteadyPollNs};
-    sigtimedwait(&chld, nullptr, &wait);
+    // No polling: the loop sleeps until a worker writes (a dead local
+    // worker's peers post "ready" at once) or, for heartbeats, deadlines and
+    // child exits, the heartbeat interval (at most kIdleWait). Each store
+    // round trip here costs the workers' cores time (a 5 ms loop took 14%
+    // of a core next to a 2-core job's worker).
+    const auto idle = std::min<std::chrono::milliseconds>(
+        kIdleWait, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(hb_interval_ * 1000))));
+    server_->waitForWrite(seen, idle);
   }
 
   std::string hash;

@@ -95,7 +95,15 @@ FileSystemFactory& fileSystemFactory() {
   static FileSystemFactory f;
   return f;
 }
+FaultHook& faultHook() {
+  static FaultHook f;
+  return f;
+}
 }  // namespace
+
+void faultPoint(const std::string& point, int64_t worker) {
+  if (faultHook()) faultHook()(point, worker);
+}
 
 std::unique_ptr<FileSystem> checkpointFileSystem() {
   if (fileSystemFactory()) return fileSystemFactory()();
@@ -310,6 +318,25 @@ std::string getString(c10d::Store& s, const std::string& key) {
   auto v = s.get(key);
   return std::string(v.begin(), v.end());
 }
+int64_t parseStoreInt(const std::string& key, const std::string& value) {
+  const size_t digits = value.size() - (value.rfind('-', 0) == 0 ? 1 : 0);
+  bool ok = digits > 0 && digits <= 19 &&
+            std::all_of(value.end() - static_cast<std::ptrdiff_t>(digits), value.end(),
+                        [](char c) { return c >= '0' && c <= '9'; });
+  int64_t v = 0;
+  if (ok) {
+    errno = 0;
+    char* end = nullptr;
+    v = std::strtoll(value.c_str(), &end, 10);
+    ok = errno == 0 && *end == '\0';
+  }
+  if (!ok)
+    throw JobError("the job's store holds '" + value.substr(0, 40) + "' under " + key +
+                   ", where a whole number belongs: a worker or client wrote a bad value (docs/distributed.md, store keys)");
+  return v;
+}
+int64_t getInt(c10d::Store& s, const std::string& key) { return parseStoreInt(key, getString(s, key)); }
+
 void setString(c10d::Store& s, const std::string& key, const std::string& value) {
   s.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -396,6 +423,7 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
 }  // namespace detail
 
 void setCheckpointFileSystemFactory(FileSystemFactory factory) { detail::fileSystemFactory() = std::move(factory); }
+void setFaultHook(FaultHook hook) { detail::faultHook() = std::move(hook); }
 
 int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.
