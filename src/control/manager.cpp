@@ -605,11 +605,10 @@ void Manager::admit(int64_t id, WorkerInfo& w) {
   std::fprintf(stderr, "morph: refusing worker %lld: it differs from this job's: %s\n", static_cast<long long>(id),
                why.c_str());
   setString(*store_, me + "/refused", "this worker differs from the job's (exact mode needs the same on every worker): " + why);
+  // Unlike a worker that cannot start, a refused one leaves its slot open:
+  // generation 0 waits for a matching worker (kStartDeadlineS).
   w.placeable = false;
   w.alive = false;
-  if (gen_ < 0) {
-    start_failures_.push_back("worker " + std::to_string(id) + ": refused: " + why);
-  }
 }
 
 void Manager::markDead(int64_t id, const std::string& why) {

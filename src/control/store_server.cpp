@@ -309,7 +309,8 @@ struct StoreServer::Impl {
       }
     }
     std::unique_lock<std::mutex> l(mu);
-    if (isWrite(req.op) && !isHeartbeat(req.keys.at(0))) {
+    // add(key, 0) reads a counter (the manager's polls): not a write here.
+    if (isWrite(req.op) && !(req.op == Op::kAdd && req.delta == 0) && !isHeartbeat(req.keys.at(0))) {
       // Woken after this write applies: the waiter needs `mu` too.
       ++writes;
       wrote.notify_all();

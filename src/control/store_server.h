@@ -54,7 +54,8 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const;
-  // Writes applied so far, heartbeats ("workers/<id>/hb") left out: the
+  // Writes applied so far, heartbeats ("workers/<id>/hb") and add(key, 0)
+  // (a read of a counter) left out: the
   // manager sleeps until the count moves instead of polling the store.
   int64_t writes() const;
   // Blocks until writes() differs from `seen` or `timeout` passes; returns

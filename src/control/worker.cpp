@@ -53,11 +53,12 @@ constexpr double kGlooCeilingFactor = 10.0;
 // and watches that the manager is still there (kManagerLostAfterS).
 class Heartbeat {
  public:
-  using Connect = std::function<c10::intrusive_ptr<StoreClient>()>;
-  Heartbeat(Connect connect, int64_t id, double interval_s, std::string join)
+  // Connects as this worker, waiting at most the seconds given.
+  using Connect = std::function<c10::intrusive_ptr<StoreClient>(double)>;
+  Heartbeat(Connect connect, double connect_timeout_s, int64_t id, double interval_s, std::string join)
       : connect_(std::move(connect)), key_("workers/" + std::to_string(id) + "/hb"), id_(id), interval_(interval_s),
         join_(std::move(join)) {
-    store_ = connect_();
+    store_ = connect_(connect_timeout_s);
     last_ok_ = nowSeconds();
     thread_ = std::thread([this] { loop(); });
     watchdog_ = std::thread([this] { watch(); });
@@ -87,7 +88,7 @@ class Heartbeat {
   void loop() {
     for (int64_t n = 0; !stop_; ++n) {
       try {
-        if (!store_) store_ = connect_();  // after a lost connection
+        if (!store_) store_ = connect_(1.0);  // after a lost connection: briefly, the watchdog decides
         setString(*store_, key_, std::to_string(n));
         last_ok_ = nowSeconds();
       } catch (const std::exception&) {
@@ -379,10 +380,10 @@ int runWorker(const WorkerOptions& o) {
   // Its own connection, as this worker (registered on `store`): the
   // manager watches this worker's heartbeats from here on.
   Heartbeat heartbeat(
-      [join = o.join, key = morph::store::workerKey(token, store->sessionNonce()), me, t = o.connect_timeout_s] {
+      [join = o.join, key = morph::store::workerKey(token, store->sessionNonce()), me](double t) {
         return connectToManager(join, key, "worker/" + me, t);
       },
-      id, hb.at("interval").get<double>(), o.join);
+      o.connect_timeout_s, id, hb.at("interval").get<double>(), o.join);
   if (store->check({"job/resume_command"})) heartbeat.setLossNote("", getString(*store, "job/resume_command"));
   faultPoint("registered", id);
   bool ready = false;  // posted workers/<id>/ready: past start-up
@@ -649,8 +650,10 @@ int runWorker(const WorkerOptions& o) {
       }
     }
     // A store call failing because the manager is gone: the watchdog
-    // prints the resume command and exits.
-    heartbeat.waitIfManagerLost();
+    // prints the resume command and exits. Bad input and a job that cannot
+    // go on are this worker's own findings (the manager may be gone already
+    // because of them).
+    if (!dynamic_cast<const InputError*>(&e) && !dynamic_cast<const JobError*>(&e)) heartbeat.waitIfManagerLost();
     throw;
   }
 }
