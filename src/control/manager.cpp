@@ -50,6 +50,61 @@ constexpr double kStartDeadlineS = 120.0;
 constexpr double kRegroupFloorS = 60.0;
 constexpr double kDeadlineFactor = 4.0;
 
+// The manager's own view of the store it hosts: the requests of a
+// connection with the manager role, applied in this process (no socket, no
+// server thread woken: the manager looks at the store many times a second).
+class InProcessStore : public c10d::Store {
+ public:
+  explicit InProcessStore(store::StoreServer& server) : c10d::Store(std::chrono::seconds(60)), server_(server) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store::Request r = request(store::Op::kSet, {key});
+    r.value = value;
+    call(r);
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    store::Request r = request(store::Op::kCompareSet, {key});
+    r.value = expected;
+    r.value2 = desired;
+    return call(r).value;
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    store::Request r = request(store::Op::kGet, {key});
+    r.timeout_ms = static_cast<uint64_t>(timeout_.count());
+    return call(r).value;
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    store::Request r = request(store::Op::kAdd, {key});
+    r.delta = value;
+    return call(r).number;
+  }
+  bool deleteKey(const std::string& key) override { return call(request(store::Op::kDelete, {key})).number != 0; }
+  bool check(const std::vector<std::string>& keys) override {
+    return call(request(store::Op::kCheck, keys)).number != 0;
+  }
+  int64_t getNumKeys() override { return call(request(store::Op::kNumKeys, {})).number; }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store::Request r = request(store::Op::kWait, keys);
+    r.timeout_ms = static_cast<uint64_t>(timeout.count());
+    call(r);
+  }
+
+ private:
+  static store::Request request(store::Op op, std::vector<std::string> keys) {
+    store::Request r;
+    r.op = op;
+    r.keys = std::move(keys);
+    return r;
+  }
+  store::Reply call(const store::Request& r) {
+    store::Reply rep = server_.localCall(r);
+    if (rep.status != store::Status::kOk) throw StoreError(rep.message);
+    return rep;
+  }
+  store::StoreServer& server_;
+};
+
 struct WorkerInfo {
   pid_t pid = -1;        // local child, or -1
   bool alive = true;
@@ -119,7 +174,7 @@ class Manager {
   std::string dir_;
   int target_;
   std::unique_ptr<store::StoreServer> server_;
-  c10::intrusive_ptr<StoreClient> store_;  // the manager's own connection (role manager)
+  c10::intrusive_ptr<c10d::Store> store_;  // the manager's own view of the store (InProcessStore)
   int port_ = 0;
   std::string token_file_;  // OUT/token: what local workers prove
   std::string join_host_;   // how local workers reach the store
@@ -428,7 +483,6 @@ void Manager::hostStore() {
                          "token keeps others out, and Gloo's data connections are not authenticated at all "
                          "(docs/distributed.md, \"Security\")\n");
   join_host_ = so.bind_addr == "0.0.0.0" ? "127.0.0.1" : so.bind_addr;
-  const std::string manager_key = so.manager_key;
   try {
     server_ = std::make_unique<store::StoreServer>(so);
   } catch (const std::exception& e) {
@@ -436,7 +490,7 @@ void Manager::hostStore() {
                      e.what());
   }
   port_ = server_->port();
-  store_ = c10::make_intrusive<StoreClient>(join_host_, port_, manager_key, "manager", std::chrono::seconds(10));
+  store_ = c10::make_intrusive<InProcessStore>(*server_);
   store_->setTimeout(std::chrono::seconds(60));
 }
 

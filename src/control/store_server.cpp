@@ -466,6 +466,14 @@ int64_t StoreServer::writes() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   return impl_->writes;
 }
+Reply StoreServer::localCall(const Request& r) {
+  Impl::Conn c;
+  c.peer = "the manager (in process)";
+  Role role;
+  role.kind = Role::kManager;
+  return impl_->apply(role, r, c);
+}
+
 int64_t StoreServer::waitForWrite(int64_t seen, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(impl_->mu);
   impl_->wrote.wait_for(l, timeout, [&] { return impl_->writes != seen || impl_->stopping; });
