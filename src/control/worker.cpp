@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
+#include "control/store_keys.h"
 #include "control/straggler.h"
 #include "exec/pipeline.h"
 
@@ -56,7 +57,7 @@ class Heartbeat {
   // Connects as this worker, waiting at most the seconds given.
   using Connect = std::function<c10::intrusive_ptr<StoreClient>(double)>;
   Heartbeat(Connect connect, double connect_timeout_s, int64_t id, double interval_s, std::string join)
-      : connect_(std::move(connect)), key_("workers/" + std::to_string(id) + "/hb"), id_(id), interval_(interval_s),
+      : connect_(std::move(connect)), key_(keys::workerHeartbeat(id)), id_(id), interval_(interval_s),
         join_(std::move(join)) {
     store_ = connect_(connect_timeout_s);
     last_ok_ = nowSeconds();
@@ -161,7 +162,7 @@ class PeerWatch {
     last_check_ = now;
     for (int64_t p : peers_) {
       if (p == me_) continue;
-      const std::string k = "workers/" + std::to_string(p) + "/hb";
+      const std::string k = keys::workerHeartbeat(p);
       const std::string v = store_->check({k}) ? getString(*store_, k) : std::string();
       std::string& seen = beats_[p];
       if (!first && v == seen) return false;  // silent for a heartbeat timeout: dead
@@ -371,12 +372,12 @@ int runWorker(const WorkerOptions& o) {
   auto store = connectToManager(o.join, token, "worker", o.connect_timeout_s);
   store->setTimeout(std::chrono::seconds(300));
 
-  json hb = json::parse(getString(*store, "job/heartbeat"));
-  const int64_t id = store->add("workers/next_id", 1) - 1;
+  json hb = json::parse(getString(*store, keys::kJobHeartbeat));
+  const int64_t id = store->add(keys::kNextWorkerId, 1) - 1;
   const std::string me = std::to_string(id);
   faultPoint("registering", id);
-  setString(*store, "workers/" + me + "/pid", std::to_string(getpid()));
-  setString(*store, "workers/" + me + "/addr", iface);
+  setString(*store, keys::workerPid(id), std::to_string(getpid()));
+  setString(*store, keys::workerAddr(id), iface);
   // Its own connection, as this worker (registered on `store`): the
   // manager watches this worker's heartbeats from here on.
   Heartbeat heartbeat(
@@ -384,12 +385,12 @@ int runWorker(const WorkerOptions& o) {
         return connectToManager(join, key, "worker/" + me, t);
       },
       o.connect_timeout_s, id, hb.at("interval").get<double>(), o.join);
-  if (store->check({"job/resume_command"})) heartbeat.setLossNote("", getString(*store, "job/resume_command"));
+  if (store->check({keys::kJobResumeCommand})) heartbeat.setLossNote("", getString(*store, keys::kJobResumeCommand));
   faultPoint("registered", id);
   bool ready = false;  // posted workers/<id>/ready: past start-up
   try {
-    JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
-                           splitLines(getString(*store, "job/overrides")));
+    JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
+                           splitLines(getString(*store, keys::kJobOverrides)));
     // `morph slow` (straggler.h): polled on a connection of its own.
     SlowdownKnob knob(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
                                        o.connect_timeout_s),
@@ -402,11 +403,11 @@ int runWorker(const WorkerOptions& o) {
     if (job.checkpoint_every > 0) {
       // Checkpoints must land where the manager (and a later --resume) finds
       // them: this worker must see the marker the manager wrote there.
-      ckpt_dir = getString(*store, "job/ckpt_dir");
-      if (store->check({"job/resume_command"})) heartbeat.setLossNote(ckpt_dir, getString(*store, "job/resume_command"));
+      ckpt_dir = getString(*store, keys::kJobCkptDir);
+      if (store->check({keys::kJobResumeCommand})) heartbeat.setLossNote(ckpt_dir, getString(*store, keys::kJobResumeCommand));
       std::ifstream in(ckpt_dir + "/" + kCheckpointMarker);
       std::string seen;
-      if (!std::getline(in, seen) || seen != getString(*store, "job/ckpt_marker"))
+      if (!std::getline(in, seen) || seen != getString(*store, keys::kJobCkptMarker))
         throw InputError("checkpoint folder " + ckpt_dir + ": this worker does not see the folder the manager writes (" +
                          std::string(kCheckpointMarker) + " " + (in ? "differs" : "missing") +
                          "); on several hosts the checkpoint folder must be shared (--checkpoint-dir, checkpoint.dir)");
@@ -418,7 +419,7 @@ int runWorker(const WorkerOptions& o) {
 
     LocalCommunicator none;
     // A pipeline worker holds no layer until it knows its stage.
-    const bool stage_local = getString(*store, "job/stage_local") == "1";
+    const bool stage_local = getString(*store, keys::kJobStageLocal) == "1";
     // The executor: a data-parallel worker's, or a pipeline stage's (placed
     // when its generation forms).
     std::unique_ptr<VnExecutor> vn_ex;
@@ -427,7 +428,7 @@ int runWorker(const WorkerOptions& o) {
     else vn_ex = std::make_unique<VnExecutor>(job, steps, *data.train, none);
     Executor& tr = stage_local ? static_cast<Executor&>(*stage_ex) : *vn_ex;
     StepCore& core = tr.core();
-    const std::string resume = getString(*store, "job/resume");
+    const std::string resume = getString(*store, keys::kJobResume);
     std::string resume_ckpt;  // stage-local: the checkpoint whose layers this worker loads once placed
     if (!resume.empty()) {
       if (stage_local) resume_ckpt = resumeStepFrom(resume, tr, id == 0);
@@ -439,57 +440,65 @@ int runWorker(const WorkerOptions& o) {
     auto createOnce = [&](const std::string& key, const std::string& v) {
       store->compareSet(key, {}, std::vector<uint8_t>(v.begin(), v.end()));
     };
-    if (!store->check({"job/steps"})) {
-      createOnce("job/start_step", std::to_string(core.nextStep()));
-      createOnce("job/steps", std::to_string(steps));
+    if (!store->check({keys::kJobSteps})) {
+      createOnce(keys::kJobStartStep, std::to_string(core.nextStep()));
+      createOnce(keys::kJobSteps, std::to_string(steps));
     }
     auto fs = checkpointFileSystem();
     std::unique_ptr<CheckpointWriter> ckpt;
     std::optional<CheckpointKeeper> keeper;  // counts failed checkpoint writes of `ckpt`
     // What the manager checks this worker against (same build, settings and
     // data as the job's other workers).
-    setString(*store, "workers/" + me + "/fingerprint", runtimeFingerprint(&data).dump());
+    setString(*store, keys::workerFingerprint(id), runtimeFingerprint(&data).dump());
     // Data loaded and model built: from now on this worker can join a
     // generation within milliseconds.
-    setString(*store, "workers/" + me + "/ready", "1");
+    setString(*store, keys::workerReady(id), "1");
     ready = true;
     const double hb_timeout = hb.at("timeout").get<double>();
     double last_commit = 0, longest_gap = 0;  // between two committed steps here (seconds)
     // Process groups of past generations: never destroyed, since their threads
     // may still be blocked on a dead peer until Gloo's own timeout.
     std::vector<std::unique_ptr<Communicator>> comms;
+    // Nor at exit: a group whose work was abandoned blocks its destructor
+    // until Gloo's own timeout (a ceiling of minutes now, see "Deadlines"),
+    // and the process ends anyway.
+    struct LeaveGroupsAtExit {
+      std::vector<std::unique_ptr<Communicator>>& groups;
+      ~LeaveGroupsAtExit() {
+        for (auto& g : groups) (void)g.release();
+      }
+    } leave_groups_at_exit{comms};
 
     int64_t gen = -1;
     json last_line;  // metrics of the last step this worker committed
     HeldRange held;  // pipeline: the layers this worker holds at its committed step
     // Reports the committed step when leaving a generation (ready or left).
     auto report = [&](const std::string& what) {
-      const std::string gk = "gen/" + std::to_string(gen) + "/";
-      if (!last_line.is_null()) setString(*store, gk + "line/" + me, last_line.dump());
-      if (stage_ex) setString(*store, gk + "held/" + me, std::to_string(held.lo) + "," + std::to_string(held.hi));
-      setString(*store, gk + what + "/" + me, std::to_string(core.nextStep()));
-      store->add("events", 1);  // wakes the manager's membership check
+      if (!last_line.is_null()) setString(*store, keys::genReport(gen, "line", id), last_line.dump());
+      if (stage_ex) setString(*store, keys::genReport(gen, "held", id), std::to_string(held.lo) + "," + std::to_string(held.hi));
+      setString(*store, keys::genReport(gen, what, id), std::to_string(core.nextStep()));
+      store->add(keys::kEvents, 1);  // wakes the manager's membership check
     };
     while (true) {
       // Wait for a generation newer than ours.
       json plan;
       while (true) {
-        if (store->check({"job/finished"})) return 0;
-        if (store->check({"gen/current"})) {
-          int64_t g = getInt(*store, "gen/current");
+        if (store->check({keys::kJobFinished})) return 0;
+        if (store->check({keys::kGenCurrent})) {
+          int64_t g = getInt(*store, keys::kGenCurrent);
           if (g > gen) {
-            plan = json::parse(getString(*store, "gen/" + std::to_string(g) + "/plan"));
+            plan = json::parse(getString(*store, keys::genPlan(g)));
             gen = g;
             break;
           }
         }
         if (g_leave_requested) return 0;  // not in a generation: nothing to hand over
-        if (store->check({"workers/" + me + "/refused"})) throw InputError(getString(*store, "workers/" + me + "/refused"));
+        if (store->check({keys::workerRefused(id)})) throw InputError(getString(*store, keys::workerRefused(id)));
         // Sleeps in the store until the next generation's plan appears (the
         // manager writes it before gen/current), or kUnplacedWait.
-        const int64_t cur = store->check({"gen/current"}) ? getInt(*store, "gen/current") : -1;
+        const int64_t cur = store->check({keys::kGenCurrent}) ? getInt(*store, keys::kGenCurrent) : -1;
         try {
-          store->wait({"gen/" + std::to_string(std::max(cur, gen) + 1) + "/plan"}, kUnplacedWait);
+          store->wait({keys::genPlan(std::max(cur, gen) + 1)}, kUnplacedWait);
         } catch (const StoreError&) {
           // Timed out (a lost connection fails the next call).
         }
@@ -504,7 +513,7 @@ int runWorker(const WorkerOptions& o) {
         continue;                                // not placed yet: wait for the next one
       }
       const int world = static_cast<int>(members.size());
-      const std::string gkey = "gen/" + std::to_string(gen);
+      const std::string gkey = keys::gen(gen);
       GlooOptions go;
       go.interface_addr = iface;
       // Deadlines from what this worker measured (docs/distributed.md, "Deadlines").
@@ -546,7 +555,7 @@ int runWorker(const WorkerOptions& o) {
           // Each stage's first replica writes its layers; world rank 0 also
           // commits the checkpoint once every stage's share is durable.
           CheckpointShare share;
-          share.attempt = getString(*store, "job/ckpt_marker") + "-g" + std::to_string(gen);
+          share.attempt = getString(*store, keys::kJobCkptMarker) + "-g" + std::to_string(gen);
           share.commit = rank == 0;
           share.total_layers = static_cast<int64_t>(core.model().size());
           ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep), share);
@@ -559,7 +568,7 @@ int runWorker(const WorkerOptions& o) {
         }
         bool regroup = false;
         while (core.nextStep() < steps && !regroup) {
-          const double want = static_cast<double>(getInt(*store, "gen/want"));
+          const double want = static_cast<double>(getInt(*store, keys::kGenWant));
           std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
           if (vn_ex) control.resize(2 + static_cast<size_t>(world), 0.0);  // + every member's seconds per VN
           core.setControl(std::move(control));
@@ -586,7 +595,7 @@ int runWorker(const WorkerOptions& o) {
               const auto& ctl = core.reducedControl();
               line["vn_seconds"] = std::vector<double>(ctl.begin() + 2, ctl.end());
             }
-            setString(*store, "metrics/" + std::to_string(st.step), line.dump());
+            setString(*store, keys::metrics(st.step), line.dump());
           }
           const auto& ctl = core.reducedControl();
           regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
@@ -622,11 +631,11 @@ int runWorker(const WorkerOptions& o) {
           if (!st.trace().empty()) {
             json ev = json::array();
             for (const TraceEvent& e : st.trace()) ev.push_back({e.name, e.step, e.start, e.end});
-            setString(*store, "trace/" + me, ev.dump());
+            setString(*store, keys::trace(id), ev.dump());
           }
         }
-        setString(*store, "result/" + me, res.dump());
-        store->wait({"job/finished"}, std::chrono::hours(1));
+        setString(*store, keys::result(id), res.dump());
+        store->wait({keys::kJobFinished}, std::chrono::hours(1));
         return 0;
       } catch (const CommFailure& e) {
         // The step in flight did not commit; report what did and regroup.
@@ -636,7 +645,7 @@ int runWorker(const WorkerOptions& o) {
         // The job cannot go on (e.g. no checkpoint for checkpoint.max_failures
         // intervals): the manager stops every worker with this message rather
         // than regrouping without this one.
-        setString(*store, "workers/" + me + "/fatal", e.what());
+        setString(*store, keys::workerFatal(id), e.what());
         throw;
       }
     }
@@ -644,7 +653,7 @@ int runWorker(const WorkerOptions& o) {
     if (!ready) {
       // It cannot start: the manager prints why (and goes on without it).
       try {
-        setString(*store, "workers/" + me + "/start_error",
+        setString(*store, keys::workerStartError(id),
                   json({{"why", e.what()}, {"input", dynamic_cast<const InputError*>(&e) != nullptr}}).dump());
       } catch (const std::exception&) {
       }
