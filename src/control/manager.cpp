@@ -19,6 +19,7 @@
 
 #include "control/internal.h"
 #include "control/morph_plan.h"
+#include "control/store_keys.h"
 #include "control/store_server.h"
 #include "control/straggler.h"
 #include "core/model_hash.h"
@@ -160,7 +161,7 @@ class Manager {
   void writeTrace();
   bool pipelined() const { return !pipeline_.is_null(); }
   std::string key(int64_t g, const std::string& what, int64_t id) const {
-    return "gen/" + std::to_string(g) + "/" + what + "/" + std::to_string(id);
+    return keys::genReport(g, what, id);
   }
   void killChildren() {
     for (auto& [id, w] : workers_)
@@ -378,7 +379,7 @@ void Manager::writeTrace() {
   std::vector<std::pair<int, json>> ranks;
   double t0 = INFINITY;
   for (size_t r = 0; r < members_.size(); ++r) {
-    const std::string k = "trace/" + std::to_string(members_[r]);
+    const std::string k = keys::trace(members_[r]);
     if (!store_->check({k})) continue;
     json ev = json::parse(getString(*store_, k));
     for (const auto& e : ev) t0 = std::min(t0, e.at(2).get<double>());
@@ -516,11 +517,11 @@ void Manager::spawn(int count) {
 }
 
 void Manager::pollRegistrations() {
-  const int64_t n = store_->add("workers/next_id", 0);
+  const int64_t n = store_->add(keys::kNextWorkerId, 0);
   const double now = nowSeconds();
   for (int64_t id = 0; id < n; ++id) {
     if (workers_.count(id)) continue;
-    const std::string k = "workers/" + std::to_string(id) + "/pid";
+    const std::string k = keys::workerPid(id);
     if (!store_->check({k})) {
       // Took an id but has not announced itself yet; one that died in
       // between is skipped after a deadline (later ids are not held up).
@@ -553,18 +554,17 @@ void Manager::pollRegistrations() {
   for (auto& [id, w] : workers_) local_alive = local_alive || (w.alive && w.pid > 0);
   for (auto& [id, w] : workers_) {
     if (!w.alive || w.placeable) continue;
-    const std::string me = "workers/" + std::to_string(id);
-    if (store_->check({me + "/start_error"})) {
+    if (store_->check({keys::workerStartError(id)})) {
       // It could not start (bad data, resume folder, checkpoint folder...)
       // and said why before exiting.
-      const json e = json::parse(getString(*store_, me + "/start_error"), nullptr, false);
+      const json e = json::parse(getString(*store_, keys::workerStartError(id)), nullptr, false);
       const std::string why = e.is_object() ? e.value("why", std::string("?")) : std::string("?");
       w.alive = false;
       if (w.pid > 0) kill(w.pid, SIGKILL);
       startFailed(id, why, e.is_object() && e.value("input", false));
       continue;
     }
-    if (!store_->check({me + "/ready"})) continue;
+    if (!store_->check({keys::workerReady(id)})) continue;
     // The data every worker must match is a local worker's (it reads this
     // host's files) when there are any: a remote worker waits for it.
     if (!fingerprint_.contains("data") && spawned_ > 0 && local_alive && w.pid <= 0) continue;
@@ -643,8 +643,8 @@ void Manager::maybeStart(double since) {
 // must match this build, these settings and the first worker's data, or it
 // is refused (it exits 2 with the reason); the job goes on without it.
 void Manager::admit(int64_t id, WorkerInfo& w) {
-  const std::string me = "workers/" + std::to_string(id);
-  const json got = store_->check({me + "/fingerprint"}) ? json::parse(getString(*store_, me + "/fingerprint"), nullptr, false)
+  const json got = store_->check({keys::workerFingerprint(id)})
+                       ? json::parse(getString(*store_, keys::workerFingerprint(id)), nullptr, false)
                                                         : json();
   if (!fingerprint_.contains("data") && got.is_object() && got.contains("data")) fingerprint_["data"] = got.at("data");
   const std::vector<std::string> diff = fingerprintDifferences(fingerprint_, got.is_object() ? got : json::object());
@@ -658,7 +658,7 @@ void Manager::admit(int64_t id, WorkerInfo& w) {
   }
   std::fprintf(stderr, "morph: refusing worker %lld: it differs from this job's: %s\n", static_cast<long long>(id),
                why.c_str());
-  setString(*store_, me + "/refused", "this worker differs from the job's (exact mode needs the same on every worker): " + why);
+  setString(*store_, keys::workerRefused(id), "this worker differs from the job's (exact mode needs the same on every worker): " + why);
   // Unlike a worker that cannot start, a refused one leaves its slot open:
   // generation 0 waits for a matching worker (kStartDeadlineS).
   w.placeable = false;
@@ -674,13 +674,13 @@ void Manager::markDead(int64_t id, const std::string& why) {
   // Nothing left to recompute: the last step is committed (perhaps not yet
   // read by pollMetrics), and the members are past their training loop.
   const bool all_steps_done =
-      log_ && (next_ >= steps_ || store_->check({"metrics/" + std::to_string(steps_ - 1)}));
+      log_ && (next_ >= steps_ || store_->check({keys::metrics(steps_ - 1)}));
   // A worker that found the job cannot go on said why before it exited.
-  const std::string fatal = "workers/" + std::to_string(id) + "/fatal";
+  const std::string fatal = keys::workerFatal(id);
   if (store_->check({fatal})) noWorkerLeft("worker " + std::to_string(id) + ": " + getString(*store_, fatal));
   if (!w.placeable) {
     // Never ready: a start-up failure (its own reason, if it posted one).
-    const std::string se = "workers/" + std::to_string(id) + "/start_error";
+    const std::string se = keys::workerStartError(id);
     const json e = store_->check({se}) ? json::parse(getString(*store_, se), nullptr, false) : json();
     startFailed(id, e.is_object() ? e.value("why", why) : why, e.is_object() && e.value("input", false));
     return;
@@ -688,7 +688,7 @@ void Manager::markDead(int64_t id, const std::string& why) {
   if (member && !all_steps_done) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
-    setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
+    setString(*store_, keys::genAbort(gen_), "1");
     if (!in_transition_) startTransition("failure");
   }
 }
@@ -733,7 +733,7 @@ void Manager::pollHeartbeats() {
   last_hb_poll_ = now;
   for (auto& [id, w] : workers_) {
     if (!w.alive) continue;
-    const std::string k = "workers/" + std::to_string(id) + "/hb";
+    const std::string k = keys::workerHeartbeat(id);
     if (store_->check({k})) {
       std::string v = getString(*store_, k);
       if (v != w.hb) {
@@ -754,10 +754,10 @@ void Manager::pollHeartbeats() {
 }
 
 void Manager::pollResizeRequests() {
-  const int64_t seq = store_->add("ctl/resize_seq", 0);
+  const int64_t seq = store_->add(keys::kResizeSeq, 0);
   if (seq == resize_seq_) return;
   resize_seq_ = seq;
-  const std::string asked = getString(*store_, "ctl/resize_target");
+  const std::string asked = getString(*store_, keys::kResizeTarget);
   const bool number = !asked.empty() && asked.size() <= 6 &&
                       std::all_of(asked.begin(), asked.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!number) {
@@ -780,17 +780,17 @@ void Manager::pollResizeRequests() {
 }
 
 void Manager::pollMetrics() {
-  if (!log_ && store_->check({"job/steps"})) {
-    steps_ = getInt(*store_, "job/steps");
-    next_ = first_step_ = getInt(*store_, "job/start_step");
+  if (!log_ && store_->check({keys::kJobSteps})) {
+    steps_ = getInt(*store_, keys::kJobSteps);
+    next_ = first_step_ = getInt(*store_, keys::kJobStartStep);
     log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
     if (status_page_) {
       status_page_->setSteps(steps_);
       log_->setObserver([s = status_page_.get()](const json& l) { s->record(l); });
     }
   }
-  while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
-    json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
+  while (log_ && next_ < steps_ && store_->check({keys::metrics(next_)})) {
+    json line = json::parse(getString(*store_, keys::metrics(next_)));
     log_->record(line);
     if (line.contains("unix_time")) {
       // Everything between two commits: steps, evaluations, snapshots.
@@ -860,7 +860,7 @@ void Manager::watchStragglers(const json& line) {
     target_ = static_cast<int>(members_.size()) - 1;
   }
   straggler_note_ = {{"worker", e->worker}, {"ratio", e->ratio}, {"dropped", e->drop}, {"detected_step", line.at("step")}};
-  setString(*store_, "gen/want", std::to_string(gen_ + 1));
+  setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
   startTransition("straggler");
 }
 
@@ -874,7 +874,7 @@ void Manager::updateStatus() {
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
             {"resizes", resizes_},    {"vn_shares", vn_shares_}};
-  setString(*store_, "status", s.dump());
+  setString(*store_, keys::kStatus, s.dump());
   if (status_page_) status_page_->setStatus(s);
 }
 
@@ -942,7 +942,7 @@ void Manager::publish() {
     const std::string lk = key(gen_, "line", id);
     if (!store_->check({lk})) continue;
     json line = json::parse(getString(*store_, lk));
-    const std::string mk = "metrics/" + line.at("step").dump();
+    const std::string mk = keys::metrics(line.at("step").get<int64_t>());
     if (!store_->check({mk})) setString(*store_, mk, line.dump());
   }
   std::vector<int64_t> candidates = survivors;
@@ -1009,8 +1009,8 @@ void Manager::publish() {
   }
   straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
                            plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
-  setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
-  setString(*store_, "gen/current", std::to_string(g));
+  setString(*store_, keys::genPlan(g), plan.dump());
+  setString(*store_, keys::kGenCurrent, std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
     std::string text;
     for (size_t r = 0; r < next.size(); ++r)
@@ -1177,10 +1177,10 @@ int Manager::run() {
                      std::to_string(hb_timeout_) + " s (a worker would be declared dead between two heartbeats)");
 
   hostStore();
-  setString(*store_, "job/text", job_text_);
-  setString(*store_, "job/origin", o_.job_path);
-  setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
-  setString(*store_, "job/out", std::filesystem::absolute(dir_).string());
+  setString(*store_, keys::kJobText, job_text_);
+  setString(*store_, keys::kJobOrigin, o_.job_path);
+  setString(*store_, keys::kJobOverrides, joinLines(effectiveOverrides(o_)));
+  setString(*store_, keys::kJobOut, std::filesystem::absolute(dir_).string());
   if (job_.checkpoint_every > 0) {
     // The folder every checkpoint writer must see: a marker with a token of
     // this run, which each worker reads back before it starts.
@@ -1197,16 +1197,16 @@ int Manager::run() {
     if (ec || !std::getline(back, seen) || seen != token)
       throw InputError("checkpoint folder " + cdir + ": cannot write " + marker +
                        (ec ? " (" + ec.message() + ")" : std::string()));
-    setString(*store_, "job/ckpt_dir", cdir);
-    setString(*store_, "job/ckpt_marker", token);
+    setString(*store_, keys::kJobCkptDir, cdir);
+    setString(*store_, keys::kJobCkptMarker, token);
   }
   // A pipeline worker builds only its stage's layers once it is placed.
-  setString(*store_, "job/stage_local", pipelined() ? "1" : "0");
-  setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
-  setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
-  setString(*store_, "gen/want", "0");
+  setString(*store_, keys::kJobStageLocal, pipelined() ? "1" : "0");
+  setString(*store_, keys::kJobResume, o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
+  setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
+  setString(*store_, keys::kGenWant, "0");
   // What a worker prints when it loses the manager (docs/distributed.md).
-  setString(*store_, "job/resume_command", resumeCommand());
+  setString(*store_, keys::kJobResumeCommand, resumeCommand());
   status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
                                              job_.checkpoint_every > 0 ? checkpointDir(o_, job_) : "", false});
   std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
@@ -1235,7 +1235,7 @@ int Manager::run() {
     } else {
       // Members bump "events" after posting ready/left: one read instead of
       // two per member.
-      const int64_t events = store_->add("events", 0);
+      const int64_t events = store_->add(keys::kEvents, 0);
       bool posted = false;
       if (events != events_seen_) {
         events_seen_ = events;
@@ -1254,17 +1254,17 @@ int Manager::run() {
         const MorphShape now{pipeline_.at("stages").get<int>(), pipeline_.at("replicas").get<int>()};
         const MorphShape could = morphShape(size + joiners);
         if (joiners > 0 && could.workers() > now.workers()) {
-          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
           startTransition(resize_seq_ > 0 ? "request" : "join");
         } else if (size > target_) {
-          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
           startTransition("request");
         }
       } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
-        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
         startTransition(resize_seq_ > 0 ? "request" : "join");
       } else if (size > target_) {
-        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
         startTransition("request");
       }
     }
@@ -1274,7 +1274,7 @@ int Manager::run() {
       std::vector<std::string> keys;
       int posted = 0;
       for (int64_t id : members_) {
-        const std::string k = "result/" + std::to_string(id);
+        const std::string k = keys::result(id);
         if (workers_[id].alive) keys.push_back(k);
         posted += store_->check({k});
       }
@@ -1306,8 +1306,8 @@ int Manager::run() {
   json checkpoint_timing;
   std::map<int, std::string> stage_hashes;
   for (int64_t id : members_) {
-    if (!store_->check({"result/" + std::to_string(id)})) continue;
-    json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
+    if (!store_->check({keys::result(id)})) continue;
+    json res = json::parse(getString(*store_, keys::result(id)));
     results.push_back(res);
     // World rank 0 commits every checkpoint: its timing is the job's.
     if (id == members_.front() && res.contains("checkpoint")) checkpoint_timing = res.at("checkpoint");
@@ -1354,7 +1354,7 @@ int Manager::run() {
     for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
     hash = layeredHash(layers);
   }
-  setString(*store_, "job/finished", "1");
+  setString(*store_, keys::kJobFinished, "1");
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
   json extra = json::object();
@@ -1393,14 +1393,14 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 int runResize(const std::string& join, int workers, const std::string& token_file) {
   auto store = connectToManager(join, readToken(token_file), "client", 5.0);
   // What the manager would ignore is refused here, where the user sees it.
-  const JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
-                               splitLines(getString(*store, "job/overrides")));
+  const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
+                               splitLines(getString(*store, keys::kJobOverrides)));
   if (workers > job.virtual_nodes)
     throw InputError("--workers " + std::to_string(workers) + ": the job at " + join + " has " +
                      std::to_string(job.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
                      std::to_string(job.virtual_nodes) + " workers");
-  setString(*store, "ctl/resize_target", std::to_string(workers));
-  store->add("ctl/resize_seq", 1);
+  setString(*store, keys::kResizeTarget, std::to_string(workers));
+  store->add(keys::kResizeSeq, 1);
   std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
   return 0;
 }
