@@ -44,11 +44,14 @@ constexpr auto kUnplacedWait = std::chrono::milliseconds(250);
 // time it measured between two committed steps) — or elastic.
 // collective_timeout — it looks at the members' heartbeats, and waits on
 // while every one still beats. Gloo's own timeout is only a ceiling far
-// above: max(kGlooCeilingS, kGlooCeilingFactor x the deadline).
+// above: max(kGlooCeilingS, kGlooCeilingFactor x the deadline). The
+// ceiling also bounds how long a pipeline's send/receive threads and an
+// abandoned group's threads stay blocked on a dead peer, so it stays a
+// minute by default (raise elastic.collective_timeout for longer pauses).
 constexpr double kCollectiveFloorS = 30.0;
 constexpr double kCollectiveFactor = 4.0;
-constexpr double kGlooCeilingS = 600.0;
-constexpr double kGlooCeilingFactor = 10.0;
+constexpr double kGlooCeilingS = 60.0;
+constexpr double kGlooCeilingFactor = 2.0;
 
 // Sends this worker's pulse to the manager on a store connection of its own,
 // and watches that the manager is still there (kManagerLostAfterS).
