@@ -20,7 +20,8 @@ class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                    const GlooOptions& o)
-      : rank_(rank), size_(size), should_abort_(o.should_abort), poll_(o.poll_interval) {
+      : rank_(rank), size_(size), should_abort_(o.should_abort), keep_waiting_(o.keep_waiting),
+        poll_(o.poll_interval) {
     auto opts = c10d::ProcessGroupGloo::Options::create();
     opts->timeout = o.timeout;
     opts->devices.push_back(o.interface_addr.empty()
@@ -71,12 +72,19 @@ class GlooCommunicator : public Communicator {
     bool p2p = false;
     torch::Tensor keep;
     void wait() override {
-      if (!comm->should_abort_ || p2p) {
+      if ((!comm->should_abort_ && !comm->keep_waiting_) || p2p) {
         waitOrThrow(std::chrono::milliseconds(0));
         return;
       }
-      while (!waitOrThrow(comm->poll_))
-        if (comm->should_abort_()) throw CommFailure("collective abandoned: the generation was aborted");
+      const auto start = std::chrono::steady_clock::now();
+      while (!waitOrThrow(comm->poll_)) {
+        if (comm->should_abort_ && comm->should_abort_())
+          throw CommFailure("collective abandoned: the generation was aborted");
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (comm->keep_waiting_ && !comm->keep_waiting_(waited))
+          throw CommFailure("collective given up after " + std::to_string(static_cast<int64_t>(waited)) +
+                            " s: a member it waits for stopped heart-beating");
+      }
     }
     void waitAbortable() override {
       if (!p2p || !comm->should_abort_) return wait();
@@ -165,6 +173,7 @@ class GlooCommunicator : public Communicator {
 
   int rank_, size_;
   std::function<bool()> should_abort_;
+  std::function<bool(double)> keep_waiting_;
   std::chrono::milliseconds poll_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };

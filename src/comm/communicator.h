@@ -97,6 +97,12 @@ struct GlooOptions {
   // blocked on a peer that died without closing its connections.
   std::function<bool()> should_abort;
   std::chrono::milliseconds poll_interval{20};
+  // Asked (every poll_interval) while a collective is still waiting, with
+  // the seconds it has waited; returning false gives it up with
+  // CommFailure. Unset: it waits until done, aborted, or Gloo's own
+  // `timeout` (then a hard ceiling). The control plane answers from the
+  // members' heartbeats, so a busy member is never taken for a dead one.
+  std::function<bool(double waited_s)> keep_waiting;
 };
 
 // A process group over `store` (already prefixed for the generation).

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,8 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& 
               const EvalStats* eval = nullptr);
 
 std::unique_ptr<FileSystem> checkpointFileSystem();
+// The fault seam (runner.h): calls the installed hook, if any.
+void faultPoint(const std::string& point, int64_t worker);
 // Loads the newest intact checkpoint of `dir`; reports damaged ones on
 // stderr. Throws InputError when there is none.
 void resumeFrom(const std::string& dir, Executor& tr, bool report);
@@ -193,7 +196,15 @@ std::string checkpointDir(const RunOptions& o, const JobSpec& job);
 // reads back (a worker that does not see it cannot write checkpoints that
 // anyone finds).
 constexpr const char* kCheckpointMarker = ".morph-job";
+// What a local worker receives when its manager dies (prctl
+// PR_SET_PDEATHSIG): it then exits naming the resume command (worker.cpp).
+constexpr int kManagerDeathSignal = SIGUSR2;
 std::string getString(c10d::Store& s, const std::string& key);
+// A whole number read from the store, parsed strictly: the value must be
+// an optional '-' and digits only, in int64 range ("12abc", "", " 1" are
+// refused). JobError naming the key and the value.
+int64_t getInt(c10d::Store& s, const std::string& key);
+int64_t parseStoreInt(const std::string& key, const std::string& value);
 void setString(c10d::Store& s, const std::string& key, const std::string& value);
 std::string joinLines(const std::vector<std::string>& v);
 std::vector<std::string> splitLines(const std::string& s);

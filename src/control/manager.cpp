@@ -8,8 +8,10 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
-#include <fstream>
+#include <cctype>
 #include <chrono>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +19,7 @@
 
 #include "control/internal.h"
 #include "control/morph_plan.h"
+#include "control/store_keys.h"
 #include "control/store_server.h"
 #include "control/straggler.h"
 #include "core/model_hash.h"
@@ -31,15 +34,85 @@ using namespace detail;
 
 namespace {
 
-// How long the manager's loop sleeps between looks at the store: while
-// membership changes (joins, a new generation) and while training.
-constexpr long kBusyPollNs = 1000000L;     // 1 ms
-constexpr long kSteadyPollNs = 20000000L;  // 20 ms
+// The manager's loop sleeps until a worker writes to the store (heartbeats
+// aside) or this long passes: deadlines, heartbeats and local children's
+// exits are looked at on this clock (docs/distributed.md, "Deadlines").
+constexpr auto kIdleWait = std::chrono::milliseconds(100);
+// A worker that took an id (workers/next_id) must announce its pid within
+// this long, or the id is skipped (it died while registering).
+constexpr double kAnnounceDeadlineS = 10.0;
+// Generation 0 forms when every expected worker is ready; if that has not
+// happened this long after the manager started, it forms with the workers
+// that are ready (none: exit 3).
+constexpr double kStartDeadlineS = 120.0;
+// A member that has not answered a generation change after
+// max(kRegroupFloorS, kDeadlineFactor x the longest measured time between
+// two committed steps) is reported; it is declared dead only once its
+// heartbeats stop (a busy member is not a dead one).
+constexpr double kRegroupFloorS = 60.0;
+constexpr double kDeadlineFactor = 4.0;
+
+// The manager's own view of the store it hosts: the requests of a
+// connection with the manager role, applied in this process (no socket, no
+// server thread woken: the manager looks at the store many times a second).
+class InProcessStore : public c10d::Store {
+ public:
+  explicit InProcessStore(store::StoreServer& server) : c10d::Store(std::chrono::seconds(60)), server_(server) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store::Request r = request(store::Op::kSet, {key});
+    r.value = value;
+    call(r);
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    store::Request r = request(store::Op::kCompareSet, {key});
+    r.value = expected;
+    r.value2 = desired;
+    return call(r).value;
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    store::Request r = request(store::Op::kGet, {key});
+    r.timeout_ms = static_cast<uint64_t>(timeout_.count());
+    return call(r).value;
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    store::Request r = request(store::Op::kAdd, {key});
+    r.delta = value;
+    return call(r).number;
+  }
+  bool deleteKey(const std::string& key) override { return call(request(store::Op::kDelete, {key})).number != 0; }
+  bool check(const std::vector<std::string>& keys) override {
+    return call(request(store::Op::kCheck, keys)).number != 0;
+  }
+  int64_t getNumKeys() override { return call(request(store::Op::kNumKeys, {})).number; }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store::Request r = request(store::Op::kWait, keys);
+    r.timeout_ms = static_cast<uint64_t>(timeout.count());
+    call(r);
+  }
+
+ private:
+  static store::Request request(store::Op op, std::vector<std::string> keys) {
+    store::Request r;
+    r.op = op;
+    r.keys = std::move(keys);
+    return r;
+  }
+  store::Reply call(const store::Request& r) {
+    store::Reply rep = server_.localCall(r);
+    if (rep.status != store::Status::kOk) throw StoreError(rep.message);
+    return rep;
+  }
+  store::StoreServer& server_;
+};
 
 struct WorkerInfo {
   pid_t pid = -1;        // local child, or -1
   bool alive = true;
   bool placeable = false;  // data loaded ("workers/<id>/ready")
+  bool announced = true;   // false: took an id but never posted its pid
+  double warned = 0;       // when it was last reported slow to answer a generation change
   std::string hb;        // last heartbeat value seen
   double hb_time = 0;    // when it last changed
 };
@@ -89,13 +162,23 @@ class Manager {
   // Whether the pipeline should grow onto `joiners` waiting workers.
   bool shouldGrow(int size, int joiners);
   [[noreturn]] void noWorkerLeft(const std::string& why);
+  // A worker that died, failed or was refused before it was ever ready.
+  void startFailed(int64_t id, const std::string& why, bool input);
+  // Generation 0: publishes it when every expected worker is ready, or when
+  // those that can start are (the others failed), or at kStartDeadlineS.
+  void maybeStart(double since);
+  std::string resumeCommand() const;
+  double regroupDeadline() const {
+    return job_.collective_timeout > 0 ? job_.collective_timeout
+                                       : std::max(kRegroupFloorS, kDeadlineFactor * longest_gap_);
+  }
   void markDead(int64_t id, const std::string& why);
   void setUpPipeline();
   json pipelineResults(const std::vector<json>& results);
   void writeTrace();
   bool pipelined() const { return !pipeline_.is_null(); }
   std::string key(int64_t g, const std::string& what, int64_t id) const {
-    return "gen/" + std::to_string(g) + "/" + what + "/" + std::to_string(id);
+    return keys::genReport(g, what, id);
   }
   void killChildren() {
     for (auto& [id, w] : workers_)
@@ -109,7 +192,7 @@ class Manager {
   std::string dir_;
   int target_;
   std::unique_ptr<store::StoreServer> server_;
-  c10::intrusive_ptr<StoreClient> store_;  // the manager's own connection (role manager)
+  c10::intrusive_ptr<c10d::Store> store_;  // the manager's own view of the store (InProcessStore)
   int port_ = 0;
   std::string token_file_;  // OUT/token: what local workers prove
   std::string join_host_;   // how local workers reach the store
@@ -124,7 +207,6 @@ class Manager {
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
   int64_t events_seen_ = 0;
-  double last_slow_poll_ = 0;  // registrations and resize requests
   std::unique_ptr<RunLog> log_;
   int64_t steps_ = -1, next_ = 0, committed_ = -1, first_step_ = 0;
   json resizes_ = json::array();
@@ -136,6 +218,13 @@ class Manager {
   json pipeline_;
   json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
   int spawned_ = 0;   // local workers started at the beginning
+  // Workers that could not start before generation 0 (each with why) and
+  // whether every one of them failed on bad input (exit 2 if none starts).
+  std::vector<std::string> start_failures_;
+  bool start_failures_input_ = true;
+  std::map<int64_t, double> unannounced_;  // id -> when it was first seen without a pid
+  int unmatched_deaths_ = 0;  // local workers that died before announcing an id (skipped ids not counted twice)
+  double last_commit_unix_ = 0, longest_gap_ = 0;  // between two committed steps' lines (seconds)
   // Data parallelism from a plan file: VNs per worker while the job runs
   // on exactly that many (a resize falls back to even shares).
   std::vector<int64_t> dp_shares_;
@@ -321,7 +410,7 @@ void Manager::writeTrace() {
   std::vector<std::pair<int, json>> ranks;
   double t0 = INFINITY;
   for (size_t r = 0; r < members_.size(); ++r) {
-    const std::string k = "trace/" + std::to_string(members_[r]);
+    const std::string k = keys::trace(members_[r]);
     if (!store_->check({k})) continue;
     json ev = json::parse(getString(*store_, k));
     for (const auto& e : ev) t0 = std::min(t0, e.at(2).get<double>());
@@ -426,7 +515,6 @@ void Manager::hostStore() {
                          "token keeps others out, and Gloo's data connections are not authenticated at all "
                          "(docs/distributed.md, \"Security\")\n");
   join_host_ = so.bind_addr == "0.0.0.0" ? "127.0.0.1" : so.bind_addr;
-  const std::string manager_key = so.manager_key;
   try {
     server_ = std::make_unique<store::StoreServer>(so);
   } catch (const std::exception& e) {
@@ -434,7 +522,7 @@ void Manager::hostStore() {
                      e.what());
   }
   port_ = server_->port();
-  store_ = c10::make_intrusive<StoreClient>(join_host_, port_, manager_key, "manager", std::chrono::seconds(10));
+  store_ = c10::make_intrusive<InProcessStore>(*server_);
   store_->setTimeout(std::chrono::seconds(60));
 }
 
@@ -444,7 +532,9 @@ void Manager::spawn(int count) {
     pid_t pid = fork();
     if (pid < 0) throw JobError("cannot start a worker process");
     if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphans if the manager dies
+      // No orphans if the manager dies: the worker names the newest good
+      // checkpoint and the resume command, and exits (worker.cpp).
+      prctl(PR_SET_PDEATHSIG, kManagerDeathSignal);
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -458,24 +548,125 @@ void Manager::spawn(int count) {
 }
 
 void Manager::pollRegistrations() {
-  const int64_t n = store_->add("workers/next_id", 0);
-  for (int64_t id = static_cast<int64_t>(workers_.size()); id < n; ++id) {
-    const std::string k = "workers/" + std::to_string(id) + "/pid";
-    if (!store_->check({k})) return;  // registered but not yet announced: next time
+  const int64_t n = store_->add(keys::kNextWorkerId, 0);
+  const double now = nowSeconds();
+  for (int64_t id = 0; id < n; ++id) {
+    if (workers_.count(id)) continue;
+    const std::string k = keys::workerPid(id);
+    if (!store_->check({k})) {
+      // Took an id but has not announced itself yet; one that died in
+      // between is skipped after a deadline (later ids are not held up).
+      auto it = unannounced_.emplace(id, now).first;
+      if (now - it->second > kAnnounceDeadlineS) {
+        WorkerInfo w;
+        w.announced = false;
+        w.alive = false;
+        workers_[id] = w;
+        unannounced_.erase(id);
+        if (unmatched_deaths_ > 0) {
+          --unmatched_deaths_;  // the local worker that died before registering: counted then
+        } else {
+          startFailed(id, "took an id but did not announce itself within " +
+                              std::to_string(static_cast<int>(kAnnounceDeadlineS)) + " s (it died while registering?)",
+                      false);
+        }
+      }
+      continue;
+    }
+    unannounced_.erase(id);
     WorkerInfo w;
-    pid_t pid = static_cast<pid_t>(std::stol(getString(*store_, k)));
+    const std::string pid_text = getString(*store_, k);
+    pid_t pid = static_cast<pid_t>(parseStoreInt(k, pid_text));
     if (unregistered_pids_.erase(pid)) w.pid = pid;
-    w.hb_time = nowSeconds();
+    w.hb_time = now;  // watched by heartbeat from now on
     workers_[id] = w;
   }
+  bool local_alive = !unregistered_pids_.empty();
+  for (auto& [id, w] : workers_) local_alive = local_alive || (w.alive && w.pid > 0);
   for (auto& [id, w] : workers_) {
     if (!w.alive || w.placeable) continue;
-    if (!store_->check({"workers/" + std::to_string(id) + "/ready"})) continue;
+    if (store_->check({keys::workerStartError(id)})) {
+      // It could not start (bad data, resume folder, checkpoint folder...)
+      // and said why before exiting.
+      const json e = json::parse(getString(*store_, keys::workerStartError(id)), nullptr, false);
+      const std::string why = e.is_object() ? e.value("why", std::string("?")) : std::string("?");
+      w.alive = false;
+      if (w.pid > 0) kill(w.pid, SIGKILL);
+      startFailed(id, why, e.is_object() && e.value("input", false));
+      continue;
+    }
+    if (!store_->check({keys::workerReady(id)})) continue;
     // The data every worker must match is a local worker's (it reads this
     // host's files) when there are any: a remote worker waits for it.
-    if (!fingerprint_.contains("data") && spawned_ > 0 && w.pid <= 0) continue;
+    if (!fingerprint_.contains("data") && spawned_ > 0 && local_alive && w.pid <= 0) continue;
     w.placeable = true;
     admit(id, w);
+  }
+}
+
+void Manager::startFailed(int64_t id, const std::string& why, bool input) {
+  const std::string who = id >= 0 ? "worker " + std::to_string(id) : std::string("a local worker");
+  std::fprintf(stderr, "morph: %s could not start: %s\n", who.c_str(), why.c_str());
+  std::fflush(stderr);
+  if (gen_ >= 0) return;  // a joiner: the job goes on as it is
+  start_failures_.push_back(who + ": " + why);
+  start_failures_input_ = start_failures_input_ && input;
+}
+
+// Generation 0 waits for target_ workers, less those that could not start:
+// a job whose other workers can start goes on without the failed ones (a
+// replacement may join later, as any joiner does); a job none of whose
+// workers can start stops (exit 2 when each failed on bad input, else 3).
+void Manager::maybeStart(double since) {
+  int placeable = 0, pending = static_cast<int>(unregistered_pids_.size() + unannounced_.size());
+  if (plan_workers_.empty()) {
+    for (auto& [id, w] : workers_) {
+      placeable += w.alive && w.placeable;
+      pending += w.alive && !w.placeable;
+    }
+  } else {  // the plan's own slots
+    for (int slot : plan_workers_) {
+      auto it = workers_.find(slot);
+      placeable += it != workers_.end() && it->second.alive && it->second.placeable;
+    }
+  }
+  const int failed = static_cast<int>(start_failures_.size());
+  // A plan file's slots and a pipeline's shape need exactly their workers.
+  const bool exact = !plan_workers_.empty() || pipelined();
+  const int want = exact ? target_ : std::max(1, target_ - failed);
+  if (placeable >= want) {
+    if (placeable < target_)
+      std::printf("morph: starting with %d of %d workers (%d could not start; others may join later)\n", placeable,
+                  target_, failed);
+    publish();
+    return;
+  }
+  const std::string why = start_failures_.empty() ? std::string() : " (" + [&] {
+    std::string t;
+    for (const auto& f : start_failures_) t += (t.empty() ? "" : "; ") + f;
+    return t;
+  }() + ")";
+  if (placeable == 0 && pending == 0 && failed > 0 && failed >= target_) {
+    killChildren();
+    if (start_failures_input_) throw InputError("no worker could start" + why);
+    throw JobError("no worker could start" + why);
+  }
+  if (failed > 0 && exact && pending == 0 && o_.spawn == o_.workers) {
+    killChildren();
+    const std::string msg = "the plan needs " + std::to_string(target_) + " workers and only " +
+                            std::to_string(placeable) + " could start" + why;
+    if (start_failures_input_) throw InputError(msg);
+    throw JobError(msg);
+  }
+  if (nowSeconds() - since > kStartDeadlineS) {
+    if (placeable > 0 && !exact) {
+      std::printf("morph: starting with %d of %d workers: the others were not ready within %d s\n", placeable,
+                  target_, static_cast<int>(kStartDeadlineS));
+      publish();
+      return;
+    }
+    killChildren();
+    throw JobError("workers did not start within " + std::to_string(static_cast<int>(kStartDeadlineS)) + " s" + why);
   }
 }
 
@@ -483,8 +674,8 @@ void Manager::pollRegistrations() {
 // must match this build, these settings and the first worker's data, or it
 // is refused (it exits 2 with the reason); the job goes on without it.
 void Manager::admit(int64_t id, WorkerInfo& w) {
-  const std::string me = "workers/" + std::to_string(id);
-  const json got = store_->check({me + "/fingerprint"}) ? json::parse(getString(*store_, me + "/fingerprint"), nullptr, false)
+  const json got = store_->check({keys::workerFingerprint(id)})
+                       ? json::parse(getString(*store_, keys::workerFingerprint(id)), nullptr, false)
                                                         : json();
   if (!fingerprint_.contains("data") && got.is_object() && got.contains("data")) fingerprint_["data"] = got.at("data");
   const std::vector<std::string> diff = fingerprintDifferences(fingerprint_, got.is_object() ? got : json::object());
@@ -498,7 +689,9 @@ void Manager::admit(int64_t id, WorkerInfo& w) {
   }
   std::fprintf(stderr, "morph: refusing worker %lld: it differs from this job's: %s\n", static_cast<long long>(id),
                why.c_str());
-  setString(*store_, me + "/refused", "this worker differs from the job's (exact mode needs the same on every worker): " + why);
+  setString(*store_, keys::workerRefused(id), "this worker differs from the job's (exact mode needs the same on every worker): " + why);
+  // Unlike a worker that cannot start, a refused one leaves its slot open:
+  // generation 0 waits for a matching worker (kStartDeadlineS).
   w.placeable = false;
   w.alive = false;
 }
@@ -512,14 +705,21 @@ void Manager::markDead(int64_t id, const std::string& why) {
   // Nothing left to recompute: the last step is committed (perhaps not yet
   // read by pollMetrics), and the members are past their training loop.
   const bool all_steps_done =
-      log_ && (next_ >= steps_ || store_->check({"metrics/" + std::to_string(steps_ - 1)}));
+      log_ && (next_ >= steps_ || store_->check({keys::metrics(steps_ - 1)}));
   // A worker that found the job cannot go on said why before it exited.
-  const std::string fatal = "workers/" + std::to_string(id) + "/fatal";
+  const std::string fatal = keys::workerFatal(id);
   if (store_->check({fatal})) noWorkerLeft("worker " + std::to_string(id) + ": " + getString(*store_, fatal));
+  if (!w.placeable) {
+    // Never ready: a start-up failure (its own reason, if it posted one).
+    const std::string se = keys::workerStartError(id);
+    const json e = store_->check({se}) ? json::parse(getString(*store_, se), nullptr, false) : json();
+    startFailed(id, e.is_object() ? e.value("why", why) : why, e.is_object() && e.value("input", false));
+    return;
+  }
   if (member && !all_steps_done) {
     std::fprintf(stderr, "morph: worker %lld %s\n", static_cast<long long>(id), why.c_str());
     // Survivors blocked on the dead peer bail out of their collectives.
-    setString(*store_, "gen/" + std::to_string(gen_) + "/abort", "1");
+    setString(*store_, keys::genAbort(gen_), "1");
     if (!in_transition_) startTransition("failure");
   }
 }
@@ -532,14 +732,22 @@ void Manager::pollChildren() {
     int64_t id = -1;
     for (auto& [wid, w] : workers_)
       if (w.pid == pid) id = wid;
-    unregistered_pids_.erase(pid);
+    const bool unregistered = unregistered_pids_.erase(pid) > 0;
     if (bad_input) {
       killChildren();
       while (waitpid(-1, nullptr, 0) > 0) {
       }
       throw InputError("a worker rejected the job's input (its message is above)");
     }
-    if (id < 0) continue;
+    if (id < 0) {
+      if (unregistered) ++unmatched_deaths_;
+      if (unregistered)
+        startFailed(-1, "pid " + std::to_string(pid) + " ended before it registered (" +
+                            (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                               : "signal " + std::to_string(WTERMSIG(status))) + ")",
+                    false);
+      continue;
+    }
     const std::string k = key(gen_, "left", id);
     if (gen_ >= 0 && store_->check({k})) {
       workers_[id].alive = false;  // left gracefully; the transition handles it
@@ -556,7 +764,7 @@ void Manager::pollHeartbeats() {
   last_hb_poll_ = now;
   for (auto& [id, w] : workers_) {
     if (!w.alive) continue;
-    const std::string k = "workers/" + std::to_string(id) + "/hb";
+    const std::string k = keys::workerHeartbeat(id);
     if (store_->check({k})) {
       std::string v = getString(*store_, k);
       if (v != w.hb) {
@@ -577,10 +785,10 @@ void Manager::pollHeartbeats() {
 }
 
 void Manager::pollResizeRequests() {
-  const int64_t seq = store_->add("ctl/resize_seq", 0);
+  const int64_t seq = store_->add(keys::kResizeSeq, 0);
   if (seq == resize_seq_) return;
   resize_seq_ = seq;
-  const std::string asked = getString(*store_, "ctl/resize_target");
+  const std::string asked = getString(*store_, keys::kResizeTarget);
   const bool number = !asked.empty() && asked.size() <= 6 &&
                       std::all_of(asked.begin(), asked.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (!number) {
@@ -603,18 +811,24 @@ void Manager::pollResizeRequests() {
 }
 
 void Manager::pollMetrics() {
-  if (!log_ && store_->check({"job/steps"})) {
-    steps_ = std::stoll(getString(*store_, "job/steps"));
-    next_ = first_step_ = std::stoll(getString(*store_, "job/start_step"));
+  if (!log_ && store_->check({keys::kJobSteps})) {
+    steps_ = getInt(*store_, keys::kJobSteps);
+    next_ = first_step_ = getInt(*store_, keys::kJobStartStep);
     log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
     if (status_page_) {
       status_page_->setSteps(steps_);
       log_->setObserver([s = status_page_.get()](const json& l) { s->record(l); });
     }
   }
-  while (log_ && next_ < steps_ && store_->check({"metrics/" + std::to_string(next_)})) {
-    json line = json::parse(getString(*store_, "metrics/" + std::to_string(next_)));
+  while (log_ && next_ < steps_ && store_->check({keys::metrics(next_)})) {
+    json line = json::parse(getString(*store_, keys::metrics(next_)));
     log_->record(line);
+    if (line.contains("unix_time")) {
+      // Everything between two commits: steps, evaluations, snapshots.
+      const double t = line.at("unix_time").get<double>();
+      if (last_commit_unix_ > 0) longest_gap_ = std::max(longest_gap_, t - last_commit_unix_);
+      last_commit_unix_ = t;
+    }
     watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
     committed_ = next_++;
@@ -679,7 +893,7 @@ void Manager::watchStragglers(const json& line) {
     target_ = static_cast<int>(members_.size()) - 1;
   }
   straggler_note_ = {{"worker", e->worker}, {"ratio", e->ratio}, {"dropped", e->drop}, {"detected_step", line.at("step")}};
-  setString(*store_, "gen/want", std::to_string(gen_ + 1));
+  setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
   startTransition("straggler");
 }
 
@@ -693,7 +907,7 @@ void Manager::updateStatus() {
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
             {"resizes", resizes_},    {"vn_shares", vn_shares_}};
-  setString(*store_, "status", s.dump());
+  setString(*store_, keys::kStatus, s.dump());
   if (status_page_) status_page_->setStatus(s);
 }
 
@@ -710,9 +924,18 @@ bool Manager::transitionComplete() {
   for (int64_t id : members_) {
     if (!workers_[id].alive) continue;
     if (store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)})) continue;
-    if (nowSeconds() - transition_start_ > 60.0) {
-      markDead(id, "did not answer a generation change within 60 s");
-      continue;
+    // Its heartbeats are watched (pollHeartbeats declares it dead once they
+    // stop); one still heart-beating is busy (a long evaluation, step or
+    // checkpoint snapshot), so it is waited for and reported, never killed.
+    const double now = nowSeconds();
+    const double deadline = regroupDeadline();
+    if (now - transition_start_ > deadline && now - workers_[id].warned > deadline) {
+      workers_[id].warned = now;
+      std::fprintf(stderr,
+                   "morph: worker %lld has not answered the generation change for %.0f s but still heart-beats: "
+                   "waiting for it (deadline %.0f s = max(%.0f, %.0f x the longest %.1f s between two steps))\n",
+                   static_cast<long long>(id), now - transition_start_, deadline, kRegroupFloorS, kDeadlineFactor,
+                   longest_gap_);
     }
     return false;
   }
@@ -740,7 +963,7 @@ void Manager::publish() {
       workers_[id].alive = false;  // it exits on its own
     }
     if (!workers_[id].alive || !store_->check({key(gen_, "ready", id)})) continue;
-    committed[id] = std::stoll(getString(*store_, key(gen_, "ready", id)));
+    committed[id] = getInt(*store_, key(gen_, "ready", id));
     survivors.push_back(id);
     best = std::max(best, committed[id]);
   }
@@ -752,7 +975,7 @@ void Manager::publish() {
     const std::string lk = key(gen_, "line", id);
     if (!store_->check({lk})) continue;
     json line = json::parse(getString(*store_, lk));
-    const std::string mk = "metrics/" + line.at("step").dump();
+    const std::string mk = keys::metrics(line.at("step").get<int64_t>());
     if (!store_->check({mk})) setString(*store_, mk, line.dump());
   }
   std::vector<int64_t> candidates = survivors;
@@ -826,8 +1049,8 @@ void Manager::publish() {
     straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
                              plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
   }
-  setString(*store_, "gen/" + std::to_string(g) + "/plan", plan.dump());
-  setString(*store_, "gen/current", std::to_string(g));
+  setString(*store_, keys::genPlan(g), plan.dump());
+  setString(*store_, keys::kGenCurrent, std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
     std::string text;
     for (size_t r = 0; r < next.size(); ++r)
@@ -1075,6 +1298,37 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
   return mp.members;
 }
 
+// `morph run` as this job was started, plus --resume of its checkpoint
+// folder: what continues the job if the manager is lost.
+std::string Manager::resumeCommand() const {
+  auto quote = [](const std::string& a) {
+    const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-=:,+@%", c) != nullptr;
+    });
+    if (plain) return a;
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  auto abs = [](const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); };
+  std::vector<std::string> a = {o_.self_exe, "run", abs(o_.job_path), "--workers", std::to_string(o_.workers)};
+  if (o_.spawn >= 0 && o_.spawn != o_.workers) a.insert(a.end(), {"--spawn", std::to_string(o_.spawn)});
+  if (o_.host != "127.0.0.1") a.insert(a.end(), {"--host", o_.host});
+  if (o_.stages > 1) a.insert(a.end(), {"--stages", std::to_string(o_.stages)});
+  if (!o_.schedule.empty()) a.insert(a.end(), {"--schedule", o_.schedule});
+  if (!o_.plan.empty()) a.insert(a.end(), {"--plan", o_.plan == "auto" ? o_.plan : abs(o_.plan)});
+  if (o_.recompute) a.push_back("--recompute");
+  if (!o_.resources.empty()) a.insert(a.end(), {"--resources", abs(o_.resources)});
+  if (o_.memory_cap_mib > 0) a.insert(a.end(), {"--memory-cap", std::to_string(static_cast<int64_t>(o_.memory_cap_mib))});
+  for (const auto& ov : effectiveOverrides(o_)) a.insert(a.end(), {"--set", ov});
+  a.insert(a.end(), {"--out", abs(dir_)});
+  if (!o_.checkpoint_dir.empty()) a.insert(a.end(), {"--checkpoint-dir", checkpointDir(o_, job_)});
+  a.insert(a.end(), {"--resume", checkpointDir(o_, job_)});
+  std::string out;
+  for (const auto& x : a) out += (out.empty() ? "" : " ") + quote(x);
+  return out;
+}
+
 int Manager::run() {
   setUpPipeline();
   if (!pipelined()) assignVns(job_.virtual_nodes, target_);  // validates the worker count
@@ -1090,10 +1344,10 @@ int Manager::run() {
                      std::to_string(hb_timeout_) + " s (a worker would be declared dead between two heartbeats)");
 
   hostStore();
-  setString(*store_, "job/text", job_text_);
-  setString(*store_, "job/origin", o_.job_path);
-  setString(*store_, "job/overrides", joinLines(effectiveOverrides(o_)));
-  setString(*store_, "job/out", std::filesystem::absolute(dir_).string());
+  setString(*store_, keys::kJobText, job_text_);
+  setString(*store_, keys::kJobOrigin, o_.job_path);
+  setString(*store_, keys::kJobOverrides, joinLines(effectiveOverrides(o_)));
+  setString(*store_, keys::kJobOut, std::filesystem::absolute(dir_).string());
   if (job_.checkpoint_every > 0) {
     // The folder every checkpoint writer must see: a marker with a token of
     // this run, which each worker reads back before it starts.
@@ -1110,14 +1364,16 @@ int Manager::run() {
     if (ec || !std::getline(back, seen) || seen != token)
       throw InputError("checkpoint folder " + cdir + ": cannot write " + marker +
                        (ec ? " (" + ec.message() + ")" : std::string()));
-    setString(*store_, "job/ckpt_dir", cdir);
-    setString(*store_, "job/ckpt_marker", token);
+    setString(*store_, keys::kJobCkptDir, cdir);
+    setString(*store_, keys::kJobCkptMarker, token);
   }
   // A pipeline worker builds only its stage's layers once it is placed.
-  setString(*store_, "job/stage_local", pipelined() ? "1" : "0");
-  setString(*store_, "job/resume", o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
-  setString(*store_, "job/heartbeat", json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
-  setString(*store_, "gen/want", "0");
+  setString(*store_, keys::kJobStageLocal, pipelined() ? "1" : "0");
+  setString(*store_, keys::kJobResume, o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
+  setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
+  setString(*store_, keys::kGenWant, "0");
+  // What a worker prints when it loses the manager (docs/distributed.md).
+  setString(*store_, keys::kJobResumeCommand, resumeCommand());
   status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
                                              job_.checkpoint_every > 0 ? checkpointDir(o_, job_) : "", false});
   std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
@@ -1125,49 +1381,28 @@ int Manager::run() {
     std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawn_count,
                 o_.host == "0.0.0.0" ? "THIS_HOST" : o_.host.c_str(), port_, token_file_.c_str());
   std::fflush(stdout);
-  sigset_t block;
-  sigemptyset(&block);
-  sigaddset(&block, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &block, nullptr);
   spawned_ = spawn_count;
   spawn(spawn_count);
 
   const double start = nowSeconds();
-  // SIGCHLD ends the loop's wait at once, so a local worker's death is seen
-  // without busy polling (children get the mask restored before exec).
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
   while (true) {
-    const double now = nowSeconds();
-    if (gen_ < 0 || in_transition_ || now - last_slow_poll_ > 0.05) {
-      last_slow_poll_ = now;
-      pollRegistrations();
-      pollResizeRequests();
-    }
+    // Every worker write (registrations, ready, left, metrics, requests)
+    // after this count wakes the wait at the end of the loop.
+    const int64_t seen = server_->writes();
+    pollRegistrations();
+    pollResizeRequests();
     pollChildren();
     pollHeartbeats();
     pollMetrics();
     updateStatus();
     if (gen_ < 0) {
-      int placeable = 0;
-      if (plan_workers_.empty()) {
-        for (auto& [id, w] : workers_) placeable += w.alive && w.placeable;
-      } else {  // the plan's own slots
-        for (int slot : plan_workers_) {
-          auto it = workers_.find(slot);
-          placeable += it != workers_.end() && it->second.alive && it->second.placeable;
-        }
-      }
-      if (placeable >= target_) publish();
-      else if (spawn_count == o_.workers && nowSeconds() - start > 120)
-        throw JobError("workers did not start within 120 s");
+      maybeStart(start);
     } else if (in_transition_) {
       if (transitionComplete()) publish();
     } else {
       // Members bump "events" after posting ready/left: one read instead of
       // two per member.
-      const int64_t events = store_->add("events", 0);
+      const int64_t events = store_->add(keys::kEvents, 0);
       bool posted = false;
       if (events != events_seen_) {
         events_seen_ = events;
@@ -1184,17 +1419,17 @@ int Manager::run() {
         // Grow when the workers at hand make a bigger shape (joiners, or a
         // larger --workers target); extra workers wait as spares.
         if (shouldGrow(size, joiners)) {
-          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
           startTransition(resize_seq_ > 0 ? "request" : "join");
         } else if (size > target_) {
-          setString(*store_, "gen/want", std::to_string(gen_ + 1));
+          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
           startTransition("request");
         }
       } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
-        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
         startTransition(resize_seq_ > 0 ? "request" : "join");
       } else if (size > target_) {
-        setString(*store_, "gen/want", std::to_string(gen_ + 1));
+        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
         startTransition("request");
       }
     }
@@ -1204,7 +1439,7 @@ int Manager::run() {
       std::vector<std::string> keys;
       int posted = 0;
       for (int64_t id : members_) {
-        const std::string k = "result/" + std::to_string(id);
+        const std::string k = keys::result(id);
         if (workers_[id].alive) keys.push_back(k);
         posted += store_->check({k});
       }
@@ -1220,12 +1455,14 @@ int Manager::run() {
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
     if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
-    // Steady training needs no quick answers: a local death wakes the loop
-    // (SIGCHLD), heartbeats are read every interval anyway, and each store
-    // round trip here costs the workers' cores time (a 5 ms loop took 14% of
-    // a core next to a 2-core job's worker).
-    const timespec wait = {0, in_transition_ || gen_ < 0 ? kBusyPollNs : kSteadyPollNs};
-    sigtimedwait(&chld, nullptr, &wait);
+    // No polling: the loop sleeps until a worker writes (a dead local
+    // worker's peers post "ready" at once) or, for heartbeats, deadlines and
+    // child exits, the heartbeat interval (at most kIdleWait). Each store
+    // round trip here costs the workers' cores time (a 5 ms loop took 14%
+    // of a core next to a 2-core job's worker).
+    const auto idle = std::min<std::chrono::milliseconds>(
+        kIdleWait, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(hb_interval_ * 1000))));
+    server_->waitForWrite(seen, idle);
   }
 
   std::string hash;
@@ -1234,8 +1471,8 @@ int Manager::run() {
   json checkpoint_timing;
   std::map<int, std::string> stage_hashes;
   for (int64_t id : members_) {
-    if (!store_->check({"result/" + std::to_string(id)})) continue;
-    json res = json::parse(getString(*store_, "result/" + std::to_string(id)));
+    if (!store_->check({keys::result(id)})) continue;
+    json res = json::parse(getString(*store_, keys::result(id)));
     results.push_back(res);
     // World rank 0 commits every checkpoint: its timing is the job's.
     if (id == members_.front() && res.contains("checkpoint")) checkpoint_timing = res.at("checkpoint");
@@ -1282,7 +1519,7 @@ int Manager::run() {
     for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
     hash = layeredHash(layers);
   }
-  setString(*store_, "job/finished", "1");
+  setString(*store_, keys::kJobFinished, "1");
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
   json extra = json::object();
@@ -1321,14 +1558,14 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 int runResize(const std::string& join, int workers, const std::string& token_file) {
   auto store = connectToManager(join, readToken(token_file), "client", 5.0);
   // What the manager would ignore is refused here, where the user sees it.
-  const JobSpec job = parseJob(getString(*store, "job/text"), getString(*store, "job/origin"),
-                               splitLines(getString(*store, "job/overrides")));
+  const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
+                               splitLines(getString(*store, keys::kJobOverrides)));
   if (workers > job.virtual_nodes)
     throw InputError("--workers " + std::to_string(workers) + ": the job at " + join + " has " +
                      std::to_string(job.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
                      std::to_string(job.virtual_nodes) + " workers");
-  setString(*store, "ctl/resize_target", std::to_string(workers));
-  store->add("ctl/resize_seq", 1);
+  setString(*store, keys::kResizeTarget, std::to_string(workers));
+  store->add(keys::kResizeSeq, 1);
   std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
   return 0;
 }

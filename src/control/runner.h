@@ -24,6 +24,15 @@ class FileSystem;  // ckpt/checkpoint_store.h
 using FileSystemFactory = std::function<std::unique_ptr<FileSystem>()>;
 void setCheckpointFileSystemFactory(FileSystemFactory factory);
 
+// The test seam for control-plane faults: a worker calls it at named points
+// with its id — "registering" (it took an id, before announcing its pid),
+// "registered" (announced and heart-beating, before loading data) and
+// "evaluate" (before each evaluation it runs as the reporter). Unset: nothing
+// happens. The shipped binary never sets it; tests/cli/crashy_main.cpp does
+// (MORPH_TEST_FAULT), and the workers it starts run that binary too.
+using FaultHook = std::function<void(const std::string& point, int64_t worker)>;
+void setFaultHook(FaultHook hook);
+
 struct RunOptions {
   std::string job_path;
   std::vector<std::string> overrides;  // --set key=value

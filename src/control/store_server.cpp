@@ -100,7 +100,12 @@ std::string jobPolicyRefusal(const Role& role, Op op, const std::string& key, in
   if ((p.size() == 2 && (p[0] == "result" || p[0] == "trace") && p[1] == me)) return "";
   if (p.size() == 2 && p[0] == "metrics" && isDigits(p[1]) && op == Op::kSet) return "";
   if (key == "events" && op == Op::kAdd) return "";
-  if (role.worker == 0 && (key == "job/steps" || key == "job/start_step") && op == Op::kSet) return "";
+  // The job's first and last step: whichever worker gets there first
+  // creates them (compareSet from empty; a later one changes nothing), so a
+  // job whose worker 0 died still starts. Worker 0 may also set them.
+  if ((key == "job/steps" || key == "job/start_step") &&
+      (op == Op::kCompareSet || (role.worker == 0 && op == Op::kSet)))
+    return "";
   if (p.size() >= 3 && p[0] == "gen" && isDigits(p[1])) {
     // Its own reports of a generation, and Gloo's rendezvous of its groups.
     if (p.size() == 4 && (p[2] == "ready" || p[2] == "left" || p[2] == "line" || p[2] == "held" || p[2] == "morph") &&
@@ -124,6 +129,8 @@ struct StoreServer::Impl {
   // The keys.
   std::mutex mu;
   std::condition_variable changed;
+  std::condition_variable wrote;  // writes changed (waitForWrite)
+  int64_t writes = 0;
   std::unordered_map<std::string, std::vector<uint8_t>> kv;
   // Per registered worker id: the key its further connections prove
   // (workerKey of the registering connection's nonce).
@@ -280,6 +287,11 @@ struct StoreServer::Impl {
     }
   }
 
+  // "workers/<id>/hb": read by the manager on its own clock, so it wakes nobody.
+  static bool isHeartbeat(const std::string& key) {
+    return key.size() > 3 && key.compare(key.size() - 3, 3, "/hb") == 0 && key.rfind("workers/", 0) == 0;
+  }
+
   static bool isWrite(Op op) {
     return op == Op::kSet || op == Op::kAdd || op == Op::kCompareSet || op == Op::kDelete;
   }
@@ -297,6 +309,12 @@ struct StoreServer::Impl {
       }
     }
     std::unique_lock<std::mutex> l(mu);
+    // add(key, 0) reads a counter (the manager's polls): not a write here.
+    if (isWrite(req.op) && !(req.op == Op::kAdd && req.delta == 0) && !isHeartbeat(req.keys.at(0))) {
+      // Woken after this write applies: the waiter needs `mu` too.
+      ++writes;
+      wrote.notify_all();
+    }
     auto waitFor = [&](const std::vector<std::string>& keys, uint64_t timeout_ms) {
       auto all = [&] {
         if (stopping) return true;
@@ -444,6 +462,23 @@ StoreServer::~StoreServer() {
 }
 
 int StoreServer::port() const { return impl_->port; }
+int64_t StoreServer::writes() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return impl_->writes;
+}
+Reply StoreServer::localCall(const Request& r) {
+  Impl::Conn c;
+  c.peer = "the manager (in process)";
+  Role role;
+  role.kind = Role::kManager;
+  return impl_->apply(role, r, c);
+}
+
+int64_t StoreServer::waitForWrite(int64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(impl_->mu);
+  impl_->wrote.wait_for(l, timeout, [&] { return impl_->writes != seen || impl_->stopping; });
+  return impl_->writes;
+}
 int64_t StoreServer::refusedConnections() const { return impl_->refused; }
 int64_t StoreServer::deniedWrites() const { return impl_->denied; }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,6 +54,17 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
 
   int port() const;
+  // Writes applied so far, heartbeats ("workers/<id>/hb") and add(key, 0)
+  // (a read of a counter) left out: the
+  // manager sleeps until the count moves instead of polling the store.
+  int64_t writes() const;
+  // Blocks until writes() differs from `seen` or `timeout` passes; returns
+  // writes().
+  int64_t waitForWrite(int64_t seen, std::chrono::milliseconds timeout);
+  // Applies `r` in this process with the manager's role, as the manager's
+  // own connection would, without the socket round trip and the server
+  // thread it wakes (the manager reads the store many times a second).
+  Reply localCall(const Request& r);
   // Counters for tests and benchmarks.
   int64_t refusedConnections() const;  // handshake failed, malformed or oversized frames
   int64_t deniedWrites() const;

@@ -467,6 +467,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.straggler_steps = r.integer("elastic.straggler_steps", 10, 1, 1000000);
   j.straggler_replan = r.boolean("elastic.straggler_replan", true);
   j.grow_interval = r.number("elastic.grow_interval", 5.0, 0.0, 86400.0);
+  j.collective_timeout = r.number("elastic.collective_timeout", 0.0, 0.0, 86400.0);
 
   r.rejectUnknown();
   return j;

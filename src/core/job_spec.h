@@ -92,6 +92,12 @@ struct JobSpec {
   // Pipeline jobs: seconds between the manager's checks whether workers
   // waiting as spares make a faster shape (a join is checked at once).
   double grow_interval = 5.0;
+  // Seconds a member waits in a collective before it asks whether the
+  // members it waits for are still alive (docs/distributed.md,
+  // "Deadlines"); 0: derived from the measured step, evaluation and
+  // checkpoint-snapshot times. A member that still heart-beats is never
+  // given up on for being slow.
+  double collective_timeout = 0;
 
   int64_t vnSize() const { return global_batch / virtual_nodes; }
   // Loss terms per sample: 1 for classification, seq_len for a language

@@ -9,12 +9,22 @@
 // commit), "rename" (publishing). Workers it starts run this binary too.
 // It strikes once per checkpoint folder (a marker file there remembers),
 // so a job that survives the crash (a pipeline morphs) writes on.
+//
+// MORPH_TEST_FAULT = POINT:WORKER:ACTION[,...] acts at a control-plane
+// fault point (runner.h, setFaultHook) of worker id WORKER: ACTION "exit"
+// ends the process at once (exit code 9, as a kill would), "sleep=S" holds
+// it there S seconds (a slow evaluation, say). E.g. "registered:0:exit",
+// "evaluate:0:sleep=6".
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ckpt/checkpoint_store.h"
 #include "cli/cli.h"
@@ -58,12 +68,46 @@ class CrashingFileSystem : public morph::PosixFileSystem {
   std::string tag_, name_;
 };
 
+struct Fault {
+  std::string point;
+  int64_t worker = -1;
+  std::string action;
+};
+
+std::vector<Fault> parseFaults(const std::string& spec) {
+  std::vector<Fault> out;
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t a = item.find(':'), b = item.find(':', a == std::string::npos ? a : a + 1);
+    if (a == std::string::npos || b == std::string::npos) {
+      std::fprintf(stderr, "MORPH_TEST_FAULT: '%s': expected POINT:WORKER:ACTION\n", item.c_str());
+      std::exit(2);
+    }
+    out.push_back({item.substr(0, a), std::atoll(item.substr(a + 1, b - a - 1).c_str()), item.substr(b + 1)});
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (const char* spec = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT")) {
     const std::string s = spec;
     morph::setCheckpointFileSystemFactory([s] { return std::make_unique<CrashingFileSystem>(s); });
+  }
+  if (const char* spec = std::getenv("MORPH_TEST_FAULT")) {
+    morph::setFaultHook([faults = parseFaults(spec)](const std::string& point, int64_t worker) {
+      for (const Fault& f : faults) {
+        if (f.point != point || f.worker != worker) continue;
+        std::fprintf(stderr, "morph: test hook: worker %lld at '%s': %s\n", static_cast<long long>(worker),
+                     point.c_str(), f.action.c_str());
+        std::fflush(stderr);
+        if (f.action == "exit") _exit(9);
+        if (f.action.rfind("sleep=", 0) == 0)
+          std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(f.action.c_str() + 6)));
+      }
+    });
   }
   return morph::morphMain(argc, argv);
 }

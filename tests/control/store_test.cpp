@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/communicator.h"
+#include "control/internal.h"
 #include "control/store_client.h"
 #include "control/store_server.h"
 
@@ -158,6 +159,10 @@ TEST_F(StoreTest, RolesWriteOnlyTheirKeys) {
                         "job/finished", "status", "result/1", "workers/1/hb", "gen/0/ready/1", "ctl/resize_target"})
     EXPECT_THROW(w->set(k, bytes("x")), StoreError) << k;
   EXPECT_THROW(w1->set("job/steps", bytes("1")), StoreError);
+  // Any worker may create them (the first one wins), none may change them.
+  EXPECT_EQ(text(w1->compareSet("job/steps", {}, bytes("1"))), "10");
+  EXPECT_EQ(text(w1->compareSet("job/start_step", {}, bytes("0"))), "0");
+  EXPECT_EQ(text(w1->get("job/steps")), "10");
   EXPECT_THROW(w->add("workers/next_id", 1), StoreError);  // registers once
   EXPECT_THROW(w->deleteKey("gen/current"), StoreError);
   EXPECT_THROW(w->compareSet("gen/current", bytes("0"), bytes("9")), StoreError);
@@ -230,3 +235,18 @@ TEST_F(StoreTest, GlooProcessGroupFormsOverIt) {
 }
 
 }  // namespace
+
+// Numbers read from the store (internal.h): the whole value or an error
+// naming the key.
+TEST(StoreValues, WholeNumbersAreParsedStrictly) {
+  using morph::detail::parseStoreInt;
+  EXPECT_EQ(parseStoreInt("gen/current", "12"), 12);
+  EXPECT_EQ(parseStoreInt("gen/current", "-1"), -1);
+  for (const char* bad : {"12abc", "", " 1", "1 ", "-", "+1", "1.5", "99999999999999999999"})
+    EXPECT_THROW(parseStoreInt("gen/current", bad), morph::JobError) << bad;
+  try {
+    parseStoreInt("job/steps", "12abc");
+  } catch (const morph::JobError& e) {
+    EXPECT_NE(std::string(e.what()).find("'12abc' under job/steps"), std::string::npos) << e.what();
+  }
+}

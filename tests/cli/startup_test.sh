@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Start-up faults (issue 13): a worker that cannot start is reported and the
+# job goes on without it, or stops with exit 2 naming the cause; nothing
+# waits for an hour.
+#  1. Worker 0 dies right after registering, before it loaded its data or
+#     told the manager the job's steps (the fault seam of morph_crashy):
+#     the job starts with the other worker and ends with the
+#     single-process model.
+#  2. Worker 0 dies after taking its id, before announcing its pid: later
+#     ids are not held up; same model.
+#  3. A remote worker (`morph worker --join`) without the job's data (a
+#     relative data.path its folder lacks, as on a host without the files)
+#     says why and exits 2; the manager prints the cause and finishes with
+#     its local worker; same model.
+#  4. The same remote worker as the job's only worker: the manager exits 2
+#     naming the cause.
+set -euo pipefail
+MORPH=$1
+CRASHY=$2
+source "$(dirname "$0")/shell_util.sh"
+make_work
+fail() { echo "FAIL: $1"; shift; for f in "$@"; do echo "--- $f"; cat "$f"; done; exit 1; }
+
+mlp_job "$work/job.toml" startup 3
+ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
+[[ "$ref" == model_hash:* ]] || fail "no reference hash: $ref"
+
+# 1, 2: a local worker dies during start-up.
+for point in registered registering; do
+  set +e
+  MORPH_TEST_FAULT=$point:0:exit timeout 60 "$CRASHY" run "$work/job.toml" --workers 2 --out "$work/$point" \
+    > "$work/$point.log" 2>&1
+  rc=$?
+  set -e
+  [[ $rc -eq 0 ]] || fail "worker 0 dying at '$point': exit $rc" "$work/$point.log"
+  [[ "$(tail -n 1 "$work/$point.log")" == "$ref" ]] || fail "worker 0 dying at '$point': another model" "$work/$point.log"
+  grep -q "could not start" "$work/$point.log" || fail "the manager did not report the failed start" "$work/$point.log"
+  grep -q "starting with 1 of 2 workers" "$work/$point.log" || fail "did not start with the worker left" "$work/$point.log"
+done
+
+# 3, 4: a remote worker whose data is missing.
+mkdir -p "$work/here" "$work/elsewhere"
+ln -s /usr/share/datasets/fashion-mnist "$work/here/fm"
+cat > "$work/fm.toml" <<'TOML'
+[job]
+name = "startup-fm"
+seed = 2
+steps = 4
+[data]
+dataset = "fashion-mnist"
+path = "fm"
+[model]
+name = "mlp"
+hidden = [16]
+[batch]
+global = 32
+virtual_nodes = 4
+[optim]
+lr = 0.05
+TOML
+ref2=$(cd "$work/here" && "$MORPH" run ../fm.toml --quiet --out "$work/ref2" | tail -n 1)
+[[ "$ref2" == model_hash:* ]] || fail "no reference hash: $ref2"
+
+(cd "$work/here" && exec timeout 120 "$MORPH" run ../fm.toml --workers 2 --spawn 1 --out "$work/two") \
+  > "$work/two.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/two.log")
+set +e
+(cd "$work/elsewhere" && timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token") \
+  > "$work/remote.log" 2>&1
+rc=$?
+wait "$mpid"
+mrc=$?
+set -e
+[[ $rc -eq 2 ]] || fail "the remote worker without data exited $rc, expected 2" "$work/remote.log"
+[[ $mrc -eq 0 ]] || fail "the manager exited $mrc" "$work/two.log"
+grep -q "could not start: .*data.path" "$work/two.log" || fail "the manager did not print the cause" "$work/two.log"
+[[ "$(tail -n 1 "$work/two.log")" == "$ref2" ]] || fail "another model" "$work/two.log"
+
+(cd "$work/here" && exec timeout 60 "$MORPH" run ../fm.toml --workers 1 --spawn 0 --out "$work/none") \
+  > "$work/none.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/none.log")
+set +e
+(cd "$work/elsewhere" && timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/none/token") \
+  > "$work/remote2.log" 2>&1
+wait "$mpid"
+mrc=$?
+set -e
+[[ $mrc -eq 2 ]] || fail "no worker could start: the manager exited $mrc, expected 2" "$work/none.log"
+grep -q "no worker could start (worker 0: .*data.path" "$work/none.log" || fail "the message does not name the cause" "$work/none.log"
+echo "startup test passed"
