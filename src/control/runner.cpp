@@ -70,6 +70,22 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
 
 }  // namespace detail
 
+namespace {
+
+// Refuses, before anything is allocated, a job whose local worker processes
+// cannot fit this machine's memory (core/memory_estimate.h): each holds the
+// dataset; data-parallel workers each hold the whole model, pipeline stages
+// together hold one model per P of them.
+void checkLocalMemory(const JobSpec& job, const RunOptions& o) {
+  const int local = o.workers == 0 ? 1 : o.spawn >= 0 ? o.spawn : o.workers;
+  if (local == 0) return;
+  const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
+  const double models = pipeline ? std::max(1.0, static_cast<double>(local) / std::max(1, o.stages)) : local;
+  checkJobFitsMemory(job, models, local, availableMemoryBytes());
+}
+
+}  // namespace
+
 int runJob(const RunOptions& given) {
   // Read once: the manager sends workers the very text it validated.
   const std::string text = readJobFile(given.job_path);
