@@ -8,9 +8,13 @@ namespace morph {
 namespace {
 
 // State tensors are allocated on first use (a pipeline stage never touches
-// the state of other stages' parameters) and start at zero.
+// the state of other stages' parameters) and start at zero. A state made
+// while its parameter was hollow (a layer another stage held) has no
+// values; once the parameter holds values again, the state is made anew
+// at its size, so a checkpoint or a transfer can fill it (it was left
+// empty, and a morph onto that layer failed at its first step).
 torch::Tensor& lazy(std::vector<torch::Tensor>& v, size_t i, const torch::Tensor& param) {
-  if (!v[i].defined()) v[i] = torch::zeros_like(param);
+  if (!v[i].defined() || !v[i].sizes().equals(param.sizes())) v[i] = torch::zeros_like(param);
   return v[i];
 }
 

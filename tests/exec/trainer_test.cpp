@@ -1,4 +1,5 @@
 #include "exec/trainer.h"
+#include "exec/optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -110,6 +111,34 @@ INSTANTIATE_TEST_SUITE_P(Models, TrainerModels, ::testing::Values("mlp", "cnn", 
 
 // The tied head owns no parameter: the embedding's weight is counted once
 // and receives the gradient of both of its uses.
+// A layer held by another stage, then by this one (a pipeline morph): the
+// optimiser state read while the parameter was hollow must not stay
+// empty once the parameter holds values again, or a checkpoint or transfer
+// could not fill it.
+TEST(Optimizer, StateReadWhileHollowFollowsTheParameter) {
+  for (const char* name : {"adamw", "sgd"}) {
+    OptimSpec spec;
+    spec.name = name;
+    spec.momentum = 0.9;
+    torch::Tensor p = torch::empty({0});
+    auto opt = makeOptimizer(spec, {p});
+    for (auto& [n, st] : opt->paramState(0)) EXPECT_EQ(st.numel(), 0) << name << " " << n;
+    {
+      torch::NoGradGuard no_grad;
+      p.set_data(torch::ones({4}));
+    }
+    auto state = opt->paramState(0);
+    ASSERT_FALSE(state.empty()) << name;
+    for (auto& [n, st] : state) {
+      EXPECT_EQ(st.numel(), 4) << name << " " << n;
+      st.fill_(0.5);  // as a checkpoint import would
+    }
+    p.mutable_grad() = torch::ones({4});
+    opt->step(0.1);  // used to fail: a size-0 state against a size-4 gradient
+    for (auto& [n, st] : opt->paramState(0)) EXPECT_EQ(st.numel(), 4) << name << " " << n;
+  }
+}
+
 TEST(Trainer, GptMiniTiesTheHeadToTheEmbedding) {
   JobSpec job = smallJob("gpt-mini", modelKeys("gpt-mini"));
   DataPair data = loadDatasets(job.data, job.seed);
