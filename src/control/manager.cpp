@@ -51,6 +51,11 @@ constexpr double kStartDeadlineS = 120.0;
 // heartbeats stop (a busy member is not a dead one).
 constexpr double kRegroupFloorS = 60.0;
 constexpr double kDeadlineFactor = 4.0;
+// ... except one that still has not answered after kStuckFactor x that
+// deadline: it heart-beats but is stuck (seen: a survivor of a pipeline
+// morph whose joiner died while state moved), and the job would wait for
+// it forever; it is declared dead, and the morph goes on without it.
+constexpr double kStuckFactor = 3.0;
 
 // The manager's own view of the store it hosts: the requests of a
 // connection with the manager role, applied in this process (no socket, no
@@ -929,6 +934,13 @@ bool Manager::transitionComplete() {
     // checkpoint snapshot), so it is waited for and reported, never killed.
     const double now = nowSeconds();
     const double deadline = regroupDeadline();
+    if (now - transition_start_ > kStuckFactor * deadline) {
+      char why[160];
+      std::snprintf(why, sizeof why, "has not answered the generation change for %.0f s (%.0f x the deadline); "
+                    "declared dead although it heart-beats", now - transition_start_, kStuckFactor);
+      markDead(id, why);
+      continue;
+    }
     if (now - transition_start_ > deadline && now - workers_[id].warned > deadline) {
       workers_[id].warned = now;
       std::fprintf(stderr,
