@@ -71,6 +71,9 @@ TEST(JobSpec, StragglerKeysHaveDefaultsAndBounds) {
   expectInputError(kValid, {"elastic.straggler_factor", "got 0.5"}, {"elastic.straggler_factor=0.5"});
   expectInputError(kValid, {"elastic.straggler_steps", "got 0"}, {"elastic.straggler_steps=0"});
   expectInputError(kValid, {"elastic.straggler_replan", "expected a boolean"}, {"elastic.straggler_replan=2"});
+  EXPECT_DOUBLE_EQ(parseJob(kValid, "job.toml").grow_interval, 5.0);
+  EXPECT_DOUBLE_EQ(parseJob(kValid, "job.toml", {"elastic.grow_interval=0.5"}).grow_interval, 0.5);
+  expectInputError(kValid, {"elastic.grow_interval", "got -1"}, {"elastic.grow_interval=-1"});
 }
 
 TEST(JobSpec, RejectsUnknownKeyNamingFileAndKey) {
