@@ -4,16 +4,19 @@ after the manager re-planned around it, against doing nothing
 (elastic.straggler_replan = false) in the same run of this script.
 
 Three workers train an MLP (synthetic data, 12 VNs); after --slow-at steps
-worker 1 is made --factor times slower with `morph slow`. Each phase's
+worker 1 is made --factor times slower with `morph slow`. With --pipeline,
+four workers train the same MLP as 2 stages x 2 replicas and worker 3 (the
+last stage of replica 1) is slowed: the re-plan gives that replica fewer VNs. Each phase's
 figure is the median of the metrics lines' step_seconds:
   before:  steps [10, slowdown)
-  during:  from the slowdown to the re-plan (replan run), and to the end (do-nothing run)
-  after:   from 5 steps after the re-plan to the end (replan run); the same
-           steps in the do-nothing run
+  during:  from the slowdown to the re-plan (replan run)
+  after:   from 5 steps after the re-plan to the end (replan run)
+The do-nothing run's phases are the same numbers of steps, counted from the
+step where its own metrics first show the slowdown.
 Re-plans before the slowdown (timing noise: 3 workers on a shared 2-core
 machine) are counted and reported, not hidden.
 
-  python3 bench/straggler_bench.py [--morph build/morph] [--factor 4] [--steps 600] [--json out.json]
+  python3 bench/straggler_bench.py [--morph build/morph] [--factor 4] [--steps 600] [--pipeline] [--json out.json]
 """
 import argparse
 import json
@@ -64,7 +67,8 @@ def run(morph, work, tag, replan, a):
         f.write(JOB.format(steps=a.steps, hidden=a.hidden, replan="true" if replan else "false"))
     out = os.path.join(work, tag)
     log = open(os.path.join(work, tag + ".log"), "w")
-    p = subprocess.Popen([morph, "run", job, "--workers", "3", "--out", out], stdout=log, stderr=subprocess.STDOUT)
+    shape = ["--workers", "4", "--stages", "2"] if a.pipeline else ["--workers", "3"]
+    p = subprocess.Popen([morph, "run", job] + shape + ["--out", out], stdout=log, stderr=subprocess.STDOUT)
     metrics = os.path.join(out, "metrics.jsonl")
     port = None
     end = time.time() + 120
@@ -74,7 +78,7 @@ def run(morph, work, tag, replan, a):
                 if "manager on port" in l:
                     port = l.split("manager on port")[1].split()[0].rstrip(",")
         time.sleep(0.02)
-    subprocess.run([morph, "slow", "--join", "127.0.0.1:" + port, "--worker", "1", "--factor", str(a.factor),
+    subprocess.run([morph, "slow", "--join", "127.0.0.1:" + port, "--worker", str(a.slow_worker), "--factor", str(a.factor),
                     "--token-file", os.path.join(out, "token")], check=True, stdout=subprocess.DEVNULL)
     if p.wait() != 0:
         sys.exit("morph run failed: see " + log.name)
@@ -88,14 +92,15 @@ def run(morph, work, tag, replan, a):
     return lines, summary, text.strip().splitlines()[-1], ranks
 
 
-def onset_of(lines, ranks):
-    """First of 3 steps in a row where worker 1's seconds per VN are over 2x every other member's."""
+def onset_of(lines, ranks, w, peers):
+    """First of 3 steps in a row where worker w's seconds per VN are over 2x its peers'
+    (every other member's; in a pipeline, the other replica's worker of the same stage)."""
     def slow(l):
         ids = ranks.get(l["generation"], [])
-        if 1 not in ids or "vn_seconds" not in l:
+        if w not in ids or "vn_seconds" not in l:
             return False
         s = dict(zip(ids, l["vn_seconds"]))
-        return all(s[1] > 2 * v for i, v in s.items() if i != 1)
+        return all(s[w] > 2 * v for i, v in s.items() if i != w and (peers is None or i in peers))
     for i, l in enumerate(lines):
         if all(slow(x) for x in lines[i:i + 3]):
             return l["step"]
@@ -114,22 +119,26 @@ def main():
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--slow-at", type=int, default=150)
     ap.add_argument("--hidden", default="[512, 256]")
+    ap.add_argument("--pipeline", action="store_true", help="2 stages x 2 replicas on 4 workers; worker 3 slowed")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
+    a.slow_worker = 3 if a.pipeline else 1
+    peers = [1] if a.pipeline else None  # worker 1 runs stage 1 of replica 0
     work = tempfile.mkdtemp(prefix="straggler-bench-")
     on, on_sum, on_hash, on_ranks = run(a.morph, work, "replan", True, a)
     off, off_sum, off_hash, off_ranks = run(a.morph, work, "nothing", False, a)
-    o_on, o_off = onset_of(on, on_ranks), onset_of(off, off_ranks)
+    o_on = onset_of(on, on_ranks, a.slow_worker, peers)
+    o_off = onset_of(off, off_ranks, a.slow_worker, peers)
     if o_on is None or o_off is None:
         sys.exit("the slowdown does not show in the metrics (%s, %s); see %s" % (o_on, o_off, work))
     early = [r for r in on_sum["resizes"] if r["cause"] == "straggler" and r["detected_step"] < o_on]
-    st = [r for r in on_sum["resizes"] if r["cause"] == "straggler" and r["detected_step"] >= o_on and r["worker"] == 1]
+    st = [r for r in on_sum["resizes"] if r["cause"] == "straggler" and r["detected_step"] >= o_on and r["worker"] == a.slow_worker]
     if not st:
-        sys.exit("no straggler re-plan for worker 1 in %s" % on_sum["resizes"])
+        sys.exit("no straggler re-plan for worker %d in %s" % (a.slow_worker, on_sum["resizes"]))
     r = st[0]
     replan_step = r["step"]
     res = {
-        "factor": a.factor, "hidden": a.hidden, "steps": a.steps,
+        "factor": a.factor, "hidden": a.hidden, "steps": a.steps, "pipeline": a.pipeline,
         "replan": {
             "before": med(on, 10, o_on)[0], "during": med(on, o_on, replan_step)[0],
             "after": med(on, replan_step + 5, a.steps)[0], "slow_from_step": o_on,
@@ -139,13 +148,16 @@ def main():
             "replans_after": len([x for x in on_sum["resizes"] if x["cause"] == "straggler"]) - len(early) - 1,
         },
         "nothing": {
-            "before": med(off, 10, o_off)[0], "during": med(off, o_off, replan_step + 5)[0],
-            "after": med(off, replan_step + 5, a.steps)[0], "slow_from_step": o_off, "model_hash": off_hash,
+            # The same phases, counted from this run's own onset of the slowdown.
+            "before": med(off, 10, o_off)[0], "during": med(off, o_off, o_off + replan_step + 5 - o_on)[0],
+            "after": med(off, o_off + replan_step + 5 - o_on, a.steps)[0], "slow_from_step": o_off,
+            "model_hash": off_hash,
         },
     }
     # Ideal after the re-plan: the new shares at the speeds measured then.
-    print("straggler bench: 3 workers, MLP %s, 12 VNs, worker 1 made %gx slower at step ~%d (%s)"
-          % (a.hidden, a.factor, a.slow_at, a.morph))
+    print("straggler bench: %s, MLP %s, 12 VNs, worker %d made %gx slower at step ~%d (%s)"
+          % ("2 stages x 2 replicas" if a.pipeline else "3 workers", a.hidden, a.slow_worker, a.factor, a.slow_at,
+             a.morph))
     print("%-22s %10s %10s %10s" % ("ms per step (median)", "before", "slow", "after"))
     for k, name in (("nothing", "do nothing"), ("replan", "re-plan")):
         x = res[k]
