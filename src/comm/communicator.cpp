@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -189,7 +191,43 @@ std::unique_ptr<PendingWork> Communicator::recv(torch::Tensor, int, int) {
 
 std::unique_ptr<Communicator> makeGlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                    int rank, int size, const GlooOptions& opts) {
-  return std::make_unique<GlooCommunicator>(store, rank, size, opts);
+  if (!opts.should_abort || size == 1) return std::make_unique<GlooCommunicator>(store, rank, size, opts);
+  // Forming the group connects to every peer. A peer that published its
+  // address and then died leaves the others waiting for its connection
+  // until Gloo's timeout, which nothing can interrupt. So the group is
+  // formed by a thread of its own while this one polls the abort flag;
+  // given up, the thread ends by Gloo's timeout and drops what it made.
+  struct Forming {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::unique_ptr<Communicator> comm;
+    std::exception_ptr error;
+  };
+  auto f = std::make_shared<Forming>();
+  std::thread([f, store, rank, size, opts] {
+    std::unique_ptr<Communicator> c;
+    std::exception_ptr e;
+    try {
+      c = std::make_unique<GlooCommunicator>(store, rank, size, opts);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    std::lock_guard<std::mutex> l(f->mu);
+    f->comm = std::move(c);
+    f->error = e;
+    f->done = true;
+    f->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> l(f->mu);
+  while (!f->cv.wait_for(l, opts.poll_interval, [&] { return f->done; })) {
+    l.unlock();
+    const bool abort = opts.should_abort();
+    l.lock();
+    if (abort && !f->done) throw CommFailure("forming a group abandoned: the generation was aborted");
+  }
+  if (f->error) std::rethrow_exception(f->error);
+  return std::move(f->comm);
 }
 
 std::string localAddressToward(const std::string& host, int port) {

@@ -106,6 +106,8 @@ struct GlooOptions {
 };
 
 // A process group over `store` (already prefixed for the generation).
+// With opts.should_abort set, forming it (connecting to every peer) is
+// given up with CommFailure once the generation is aborted.
 std::unique_ptr<Communicator> makeGlooCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                                                    int rank, int size, const GlooOptions& opts);
 
