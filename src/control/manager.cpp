@@ -161,6 +161,8 @@ class Manager {
   void startTransition(const std::string& cause);
   bool transitionComplete();
   void publish();
+  // Deletes the keys of past generations and departed workers.
+  void forgetPast();
   // A pipeline job's next generation after a membership change: its shape,
   // placement and the layers that move (control/morph_plan.h). Fills
   // `plan` and returns the members.
@@ -220,6 +222,7 @@ class Manager {
   std::string join_host_;   // how local workers reach the store
   double hb_interval_ = 0, hb_timeout_ = 0;  // --heartbeat-interval, --heartbeat-timeout (seconds)
   std::map<int64_t, WorkerInfo> workers_;
+  std::set<int64_t> gone_before_, forgotten_;  // departed workers: at the last generation change; keys deleted
   std::set<pid_t> unregistered_pids_;
   std::vector<int64_t> members_;
   int64_t gen_ = -1;
@@ -853,6 +856,7 @@ void Manager::pollMetrics() {
     }
     watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
+    server_->erase(keys::metrics(next_));  // read once: the store stays bounded
     committed_ = next_++;
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
       pending_resize_["seconds"] = nowSeconds() - pending_since_;
@@ -928,7 +932,7 @@ void Manager::updateStatus() {
   json s = {{"generation", gen_},     {"members", members_},          {"workers", members_.size()},
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
-            {"resizes", resizes_},    {"vn_shares", vn_shares_}};
+            {"resizes", resizes_},    {"vn_shares", vn_shares_}, {"store_keys", store_->getNumKeys()}};
   setString(*store_, keys::kStatus, s.dump());
   if (status_page_) status_page_->setStatus(s);
 }
@@ -1004,8 +1008,9 @@ void Manager::publish() {
     const std::string lk = key(gen_, "line", id);
     if (!store_->check({lk})) continue;
     json line = json::parse(getString(*store_, lk));
-    const std::string mk = keys::metrics(line.at("step").get<int64_t>());
-    if (!store_->check({mk})) setString(*store_, mk, line.dump());
+    const int64_t step = line.at("step").get<int64_t>();
+    const std::string mk = keys::metrics(step);
+    if (step >= next_ && !store_->check({mk})) setString(*store_, mk, line.dump());  // (older ones were read)
   }
   std::vector<int64_t> candidates = survivors;
   for (auto& [id, w] : workers_)
@@ -1118,6 +1123,28 @@ void Manager::publish() {
   gen_ = g;
   in_transition_ = false;
   transition_cause_.clear();
+  forgetPast();
+}
+
+// The store stays bounded however long the job runs and however often it
+// regroups (docs/distributed.md, "Store keys"): the keys of generation
+// gen_ - 2 (every member left it before gen_ - 1 formed; one generation
+// more is kept for a member still on its way out) and of the workers that
+// were already gone at the previous generation change (one that exits
+// after a leave or release may still write its heartbeat in between).
+void Manager::forgetPast() {
+  if (gen_ >= 2) server_->erasePrefix(keys::genPrefix(gen_ - 2));
+  std::set<int64_t> gone;
+  for (auto& [id, w] : workers_) {
+    if (w.alive || forgotten_.count(id)) continue;
+    if (gone_before_.count(id)) {
+      server_->erasePrefix(keys::workerPrefix(id));
+      forgotten_.insert(id);
+    } else {
+      gone.insert(id);
+    }
+  }
+  gone_before_ = std::move(gone);
 }
 
 int64_t Manager::morphMemoryCap() const {

@@ -478,6 +478,25 @@ Reply StoreServer::localCall(const Request& r) {
   return impl_->apply(role, r, c);
 }
 
+int64_t StoreServer::erase(const std::string& key) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return static_cast<int64_t>(impl_->kv.erase(key));
+}
+
+int64_t StoreServer::erasePrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  int64_t n = 0;
+  for (auto it = impl_->kv.begin(); it != impl_->kv.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) {
+      it = impl_->kv.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 int64_t StoreServer::waitForWrite(int64_t seen, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(impl_->mu);
   impl_->wrote.wait_for(l, timeout, [&] { return impl_->writes != seen || impl_->stopping; });
