@@ -18,6 +18,7 @@
 #include "control/internal.h"
 #include "control/store_keys.h"
 #include "control/straggler.h"
+#include "core/memory_estimate.h"
 #include "exec/pipeline.h"
 
 namespace morph {
@@ -524,6 +525,11 @@ void WorkerJob::startUp() {
   }
   // A pipeline worker holds no layer until it knows its stage.
   const bool stage_local = getString(*store_, keys::kJobStageLocal) == "1";
+  // This machine's memory, before anything is allocated (core/
+  // memory_estimate.h): the manager checked only the workers it starts, on
+  // its own machine. A data-parallel worker holds the whole model; a
+  // pipeline worker's stage is not known yet, so only the dataset counts.
+  checkJobFitsMemory(job_, stage_local ? 0.0 : 1.0, 1.0, availableMemoryBytes());
   pinThreads(job_.threads);
   checkBlas(id_ == 0);
   data_ = loadDatasets(job_.data, job_.seed);
