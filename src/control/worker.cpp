@@ -488,9 +488,16 @@ class WorkerJob {
   std::optional<CheckpointKeeper> keeper_;  // counts failed checkpoint writes of `ckpt_`
   double hb_timeout_ = 0;
   double last_commit_ = 0, longest_gap_ = 0;  // between two committed steps here (seconds)
-  // Process groups of past generations: never destroyed, since their threads
-  // may still be blocked on a dead peer until Gloo's own timeout.
+  // Process groups of past generations whose work was abandoned (a
+  // CommFailure), and a pipeline's: never destroyed, since their threads
+  // may still be blocked on a dead peer until Gloo's own timeout. Those of
+  // the current generation start at gen_first_group_.
   std::vector<std::unique_ptr<Communicator>> comms_;
+  size_t gen_first_group_ = 0;
+  // Data parallelism: the groups of a generation that ended in a regroup
+  // with every collective completed; destroyed (their Gloo device thread,
+  // sockets and buffers freed) once the next generation's group is in use.
+  std::vector<std::unique_ptr<Communicator>> finished_groups_;
   // Nor at exit: a group whose work was abandoned blocks its destructor
   // until Gloo's own timeout (a ceiling of minutes now, see "Deadlines"),
   // and the process ends anyway.
@@ -500,6 +507,7 @@ class WorkerJob {
       for (auto& g : groups) (void)g.release();
     }
   } leave_groups_at_exit_;
+  LeaveGroupsAtExit leave_finished_at_exit_{finished_groups_};
   int64_t gen_ = -1;
   json last_line_;  // metrics of the last step this worker committed
   HeldRange held_;  // pipeline: the layers this worker holds at its committed step
@@ -614,6 +622,7 @@ WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
   go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
   const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<GenerationStore>(store_, keys::genAbort(gen_));
   const double rdv0 = nowSeconds();
+  gen_first_group_ = comms_.size();
   try {
     comms_.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", gstore), rank,
                                           pl.world, go));
@@ -630,6 +639,7 @@ WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
     setString(*store_, gkey + "/morph/" + reg_.me, m.dump());
   } else {
     vn_ex_->setCommunicator(pl.comm);
+    finished_groups_.clear();  // no longer referenced; no work of theirs pending
     syncState(*core_, *pl.comm, plan.at("source").get<int>());
     vn_ex_->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
   }
@@ -741,6 +751,13 @@ int WorkerJob::run() {
       const Placement p = joinGeneration(plan, rank);
       const bool regroup = trainLoop(p);
       if (keeper_) keeper_->flush();
+      if (regroup && vn_ex_) {
+        // Every collective of this generation completed: its group is
+        // destroyed once the executor uses the next one (a group whose
+        // work was abandoned stays, see comms_).
+        for (size_t i = gen_first_group_; i < comms_.size(); ++i) finished_groups_.push_back(std::move(comms_[i]));
+        comms_.resize(gen_first_group_);
+      }
       if (regroup) {
         if (g_leave_requested) {
           report("left");
