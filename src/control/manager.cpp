@@ -56,13 +56,22 @@ constexpr double kDeadlineFactor = 4.0;
 // morph whose joiner died while state moved), and the job would wait for
 // it forever; it is declared dead, and the morph goes on without it.
 constexpr double kStuckFactor = 3.0;
+// A store call of the manager's own (a read that waits for its key) fails
+// after this long.
+constexpr auto kManagerStoreTimeout = std::chrono::seconds(60);
+// The status record (`morph status`, the status page) is rewritten at most
+// this often.
+constexpr double kStatusIntervalS = 0.5;
+// `morph resize` and `morph status` give up on reaching the manager, and
+// `morph status` on its first status record, after this long.
+constexpr double kClientTimeoutS = 5.0;
 
 // The manager's own view of the store it hosts: the requests of a
 // connection with the manager role, applied in this process (no socket, no
 // server thread woken: the manager looks at the store many times a second).
 class InProcessStore : public c10d::Store {
  public:
-  explicit InProcessStore(store::StoreServer& server) : c10d::Store(std::chrono::seconds(60)), server_(server) {}
+  explicit InProcessStore(store::StoreServer& server) : c10d::Store(kManagerStoreTimeout), server_(server) {}
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     store::Request r = request(store::Op::kSet, {key});
     r.value = value;
@@ -128,9 +137,17 @@ class Manager {
       : o_(o), job_(job), job_text_(job_text), target_(o.workers),
         straggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}),
         pstraggler_({job.straggler_factor, job.straggler_steps, job.straggler_replan}) {}
+  // Phases: checkOptions, publishJob, superviseGenerations, finish.
   int run();
 
  private:
+  void checkOptions();
+  void publishJob();
+  void superviseGenerations();
+  void watchMembership();
+  bool resultsPosted();
+  std::string pipelineHash(const std::map<int, std::string>& stage_hashes);
+  int finish();
   void hostStore();
   void spawn(int count);
   void pollRegistrations();
@@ -144,6 +161,8 @@ class Manager {
   void startTransition(const std::string& cause);
   bool transitionComplete();
   void publish();
+  // Deletes the keys of past generations and departed workers.
+  void forgetPast();
   // A pipeline job's next generation after a membership change: its shape,
   // placement and the layers that move (control/morph_plan.h). Fills
   // `plan` and returns the members.
@@ -201,8 +220,9 @@ class Manager {
   int port_ = 0;
   std::string token_file_;  // OUT/token: what local workers prove
   std::string join_host_;   // how local workers reach the store
-  double hb_interval_ = 0.1, hb_timeout_ = 2.0;
+  double hb_interval_ = 0, hb_timeout_ = 0;  // --heartbeat-interval, --heartbeat-timeout (seconds)
   std::map<int64_t, WorkerInfo> workers_;
+  std::set<int64_t> gone_before_, forgotten_;  // departed workers: at the last generation change; keys deleted
   std::set<pid_t> unregistered_pids_;
   std::vector<int64_t> members_;
   int64_t gen_ = -1;
@@ -222,7 +242,7 @@ class Manager {
   // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
   json pipeline_;
   json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
-  int spawned_ = 0;   // local workers started at the beginning
+  int spawned_ = 0;   // local workers started at the beginning (--spawn, default --workers)
   // Workers that could not start before generation 0 (each with why) and
   // whether every one of them failed on bad input (exit 2 if none starts).
   std::vector<std::string> start_failures_;
@@ -528,7 +548,7 @@ void Manager::hostStore() {
   }
   port_ = server_->port();
   store_ = c10::make_intrusive<InProcessStore>(*server_);
-  store_->setTimeout(std::chrono::seconds(60));
+  store_->setTimeout(kManagerStoreTimeout);
 }
 
 void Manager::spawn(int count) {
@@ -836,6 +856,7 @@ void Manager::pollMetrics() {
     }
     watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
+    server_->erase(keys::metrics(next_));  // read once: the store stays bounded
     committed_ = next_++;
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
       pending_resize_["seconds"] = nowSeconds() - pending_since_;
@@ -904,14 +925,14 @@ void Manager::watchStragglers(const json& line) {
 
 void Manager::updateStatus() {
   const double now = nowSeconds();
-  if (now - last_status_ < 0.5) return;
+  if (now - last_status_ < kStatusIntervalS) return;
   last_status_ = now;
   int alive = 0;
   for (auto& [id, w] : workers_) alive += w.alive;
   json s = {{"generation", gen_},     {"members", members_},          {"workers", members_.size()},
             {"alive", alive},         {"target_workers", target_},    {"next_step", next_},
             {"steps", steps_},        {"samples_per_second", last_sps_}, {"in_transition", in_transition_},
-            {"resizes", resizes_},    {"vn_shares", vn_shares_}};
+            {"resizes", resizes_},    {"vn_shares", vn_shares_}, {"store_keys", store_->getNumKeys()}};
   setString(*store_, keys::kStatus, s.dump());
   if (status_page_) status_page_->setStatus(s);
 }
@@ -987,8 +1008,9 @@ void Manager::publish() {
     const std::string lk = key(gen_, "line", id);
     if (!store_->check({lk})) continue;
     json line = json::parse(getString(*store_, lk));
-    const std::string mk = keys::metrics(line.at("step").get<int64_t>());
-    if (!store_->check({mk})) setString(*store_, mk, line.dump());
+    const int64_t step = line.at("step").get<int64_t>();
+    const std::string mk = keys::metrics(step);
+    if (step >= next_ && !store_->check({mk})) setString(*store_, mk, line.dump());  // (older ones were read)
   }
   std::vector<int64_t> candidates = survivors;
   for (auto& [id, w] : workers_)
@@ -1101,6 +1123,28 @@ void Manager::publish() {
   gen_ = g;
   in_transition_ = false;
   transition_cause_.clear();
+  forgetPast();
+}
+
+// The store stays bounded however long the job runs and however often it
+// regroups (docs/distributed.md, "Store keys"): the keys of generation
+// gen_ - 2 (every member left it before gen_ - 1 formed; one generation
+// more is kept for a member still on its way out) and of the workers that
+// were already gone at the previous generation change (one that exits
+// after a leave or release may still write its heartbeat in between).
+void Manager::forgetPast() {
+  if (gen_ >= 2) server_->erasePrefix(keys::genPrefix(gen_ - 2));
+  std::set<int64_t> gone;
+  for (auto& [id, w] : workers_) {
+    if (w.alive || forgotten_.count(id)) continue;
+    if (gone_before_.count(id)) {
+      server_->erasePrefix(keys::workerPrefix(id));
+      forgotten_.insert(id);
+    } else {
+      gone.insert(id);
+    }
+  }
+  gone_before_ = std::move(gone);
 }
 
 int64_t Manager::morphMemoryCap() const {
@@ -1341,11 +1385,12 @@ std::string Manager::resumeCommand() const {
   return out;
 }
 
-int Manager::run() {
+// Phase 1: the options and the plan checked before anything starts.
+void Manager::checkOptions() {
   setUpPipeline();
   if (!pipelined()) assignVns(job_.virtual_nodes, target_);  // validates the worker count
-  const int spawn_count = o_.spawn < 0 ? o_.workers : o_.spawn;
-  if (spawn_count > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
+  spawned_ = o_.spawn < 0 ? o_.workers : o_.spawn;
+  if (spawned_ > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
   std::filesystem::create_directories(dir_);
   fingerprint_ = runtimeFingerprint(nullptr, &job_.model);  // the data's: from the first worker
@@ -1354,7 +1399,12 @@ int Manager::run() {
   if (hb_interval_ >= hb_timeout_)
     throw InputError("--heartbeat-interval " + std::to_string(hb_interval_) + " s must be shorter than --heartbeat-timeout " +
                      std::to_string(hb_timeout_) + " s (a worker would be declared dead between two heartbeats)");
+}
 
+// Phase 2: hosts the store, posts the job's keys for the workers (text,
+// checkpoint folder and marker, heartbeats, the resume command), starts the
+// status page and the local workers.
+void Manager::publishJob() {
   hostStore();
   setString(*store_, keys::kJobText, job_text_);
   setString(*store_, keys::kJobOrigin, o_.job_path);
@@ -1388,14 +1438,18 @@ int Manager::run() {
   setString(*store_, keys::kJobResumeCommand, resumeCommand());
   status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
                                              job_.checkpoint_every > 0 ? checkpointDir(o_, job_) : "", false});
-  std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawn_count);
-  if (spawn_count < o_.workers)
-    std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawn_count,
+  std::printf("morph: manager on port %d, %d workers (%d local)\n", port_, o_.workers, spawned_);
+  if (spawned_ < o_.workers)
+    std::printf("morph: waiting for %d more: morph worker --join %s:%d --token-file %s\n", o_.workers - spawned_,
                 o_.host == "0.0.0.0" ? "THIS_HOST" : o_.host.c_str(), port_, token_file_.c_str());
   std::fflush(stdout);
-  spawned_ = spawn_count;
-  spawn(spawn_count);
+  spawn(spawned_);
+}
 
+// Phase 3: generation after generation until every member still alive
+// posted its result: registrations, requests, deaths, heartbeats and
+// metrics are looked at each time a worker writes (or kIdleWait passes).
+void Manager::superviseGenerations() {
   const double start = nowSeconds();
   while (true) {
     // Every worker write (registrations, ready, left, metrics, requests)
@@ -1412,58 +1466,9 @@ int Manager::run() {
     } else if (in_transition_) {
       if (transitionComplete()) publish();
     } else {
-      // Members bump "events" after posting ready/left: one read instead of
-      // two per member.
-      const int64_t events = store_->add(keys::kEvents, 0);
-      bool posted = false;
-      if (events != events_seen_) {
-        events_seen_ = events;
-        for (int64_t id : members_)
-          posted = posted || store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)});
-      }
-      int joiners = 0;
-      for (auto& [id, w] : workers_)
-        joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
-      const int size = static_cast<int>(members_.size());
-      if (posted) {
-        startTransition("");  // a leave, or a failure a survivor saw first
-      } else if (pipelined()) {
-        // Grow when the workers at hand make a bigger shape (joiners, or a
-        // larger --workers target); extra workers wait as spares.
-        if (shouldGrow(size, joiners)) {
-          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
-          startTransition(resize_seq_ > 0 ? "request" : "join");
-        } else if (size > target_) {
-          setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
-          startTransition("request");
-        }
-      } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
-        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
-        startTransition(resize_seq_ > 0 ? "request" : "join");
-      } else if (size > target_) {
-        setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
-        startTransition("request");
-      }
+      watchMembership();
     }
-    if (log_ && next_ == steps_ && gen_ >= 0 && !in_transition_) {
-      // Results of every member still alive (one that died after the last
-      // step may or may not have posted one).
-      std::vector<std::string> keys;
-      int posted = 0;
-      for (int64_t id : members_) {
-        const std::string k = keys::result(id);
-        if (workers_[id].alive) keys.push_back(k);
-        posted += store_->check({k});
-      }
-      // Only results of this generation count (a member posts one when its
-      // training loop ends; one of an earlier generation is stale).
-      bool current = posted > 0 && store_->check(keys);
-      for (size_t i = 0; current && i < keys.size(); ++i) {
-        const json r = json::parse(getString(*store_, keys[i]), nullptr, false);
-        current = r.is_object() && r.value("generation", int64_t{-1}) == gen_;
-      }
-      if (current) break;
-    }
+    if (resultsPosted()) return;
     bool anyone = !unregistered_pids_.empty();
     for (auto& [id, w] : workers_) anyone = anyone || w.alive;
     if (!anyone && gen_ >= 0) noWorkerLeft("no worker is left");
@@ -1476,7 +1481,96 @@ int Manager::run() {
         kIdleWait, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(hb_interval_ * 1000))));
     server_->waitForWrite(seen, idle);
   }
+}
 
+// A running generation: starts a transition when a member posted ready or
+// left (a leave, or a failure a survivor saw first), when joiners can grow
+// it, or when a resize request shrinks it.
+void Manager::watchMembership() {
+  // Members bump "events" after posting ready/left: one read instead of
+  // two per member.
+  const int64_t events = store_->add(keys::kEvents, 0);
+  bool posted = false;
+  if (events != events_seen_) {
+    events_seen_ = events;
+    for (int64_t id : members_)
+      posted = posted || store_->check({key(gen_, "ready", id)}) || store_->check({key(gen_, "left", id)});
+  }
+  int joiners = 0;
+  for (auto& [id, w] : workers_)
+    joiners += w.alive && w.placeable && std::find(members_.begin(), members_.end(), id) == members_.end();
+  const int size = static_cast<int>(members_.size());
+  if (posted) {
+    startTransition("");  // a leave, or a failure a survivor saw first
+  } else if (pipelined()) {
+    // Grow when the workers at hand make a bigger shape (joiners, or a
+    // larger --workers target); extra workers wait as spares.
+    if (shouldGrow(size, joiners)) {
+      setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+      startTransition(resize_seq_ > 0 ? "request" : "join");
+    } else if (size > target_) {
+      setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+      startTransition("request");
+    }
+  } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
+    setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+    startTransition(resize_seq_ > 0 ? "request" : "join");
+  } else if (size > target_) {
+    setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+    startTransition("request");
+  }
+}
+
+// Whether training is over: every step's metrics read and every member
+// still alive posted its result of this generation.
+bool Manager::resultsPosted() {
+  if (!(log_ && next_ == steps_ && gen_ >= 0 && !in_transition_)) return false;
+  // Results of every member still alive (one that died after the last
+  // step may or may not have posted one).
+  std::vector<std::string> keys;
+  int posted = 0;
+  for (int64_t id : members_) {
+    const std::string k = keys::result(id);
+    if (workers_[id].alive) keys.push_back(k);
+    posted += store_->check({k});
+  }
+  // Only results of this generation count (a member posts one when its
+  // training loop ends; one of an earlier generation is stale).
+  bool current = posted > 0 && store_->check(keys);
+  for (size_t i = 0; current && i < keys.size(); ++i) {
+    const json r = json::parse(getString(*store_, keys[i]), nullptr, false);
+    current = r.is_object() && r.value("generation", int64_t{-1}) == gen_;
+  }
+  return current;
+}
+
+// A pipeline job's model hash from each stage's layer hashes
+// (core/model_hash.h): no worker needs the whole model for it.
+std::string Manager::pipelineHash(const std::map<int, std::string>& stage_hashes) {
+  std::vector<std::pair<std::string, std::string>> layers;
+  const int P = pipeline_.at("stages").get<int>();
+  for (int k = 0; k < P; ++k)
+    if (!stage_hashes.count(k))
+      noWorkerLeft("no worker of pipeline stage " + std::to_string(k) +
+                   " reported the end of training (see its error above)");
+  for (const auto& [stage, sh] : stage_hashes) {
+    size_t a = 0;
+    while (a <= sh.size()) {
+      const size_t b = std::min(sh.find(',', a), sh.size());
+      layers.emplace_back("", sh.substr(a, b - a));
+      a = b + 1;
+    }
+  }
+  if (layers.size() != layer_names_.size())
+    throw JobError("the stages reported " + std::to_string(layers.size()) + " layer hashes for " +
+                   std::to_string(layer_names_.size()) + " layers: a bug in Morph, please report it");
+  for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
+  return layeredHash(layers);
+}
+
+// Phase 4: the members' results checked against each other, the workers
+// told the job finished, and the summary written.
+int Manager::finish() {
   std::string hash;
   int64_t peak = 0, bytes = 0;
   std::vector<json> results;
@@ -1508,29 +1602,7 @@ int Manager::run() {
     peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
     bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
   }
-  if (pipelined() && !results.empty()) {
-    // The model's hash from each stage's layer hashes (core/model_hash.h):
-    // no worker needs the whole model for it.
-    std::vector<std::pair<std::string, std::string>> layers;
-    const int P = pipeline_.at("stages").get<int>();
-    for (int k = 0; k < P; ++k)
-      if (!stage_hashes.count(k))
-        noWorkerLeft("no worker of pipeline stage " + std::to_string(k) +
-                     " reported the end of training (see its error above)");
-    for (const auto& [stage, sh] : stage_hashes) {
-      size_t a = 0;
-      while (a <= sh.size()) {
-        const size_t b = std::min(sh.find(',', a), sh.size());
-        layers.emplace_back("", sh.substr(a, b - a));
-        a = b + 1;
-      }
-    }
-    if (layers.size() != layer_names_.size())
-      throw JobError("the stages reported " + std::to_string(layers.size()) + " layer hashes for " +
-                     std::to_string(layer_names_.size()) + " layers: a bug in Morph, please report it");
-    for (size_t l = 0; l < layers.size(); ++l) layers[l].first = layer_names_[l];
-    hash = layeredHash(layers);
-  }
+  if (pipelined() && !results.empty()) hash = pipelineHash(stage_hashes);
   setString(*store_, keys::kJobFinished, "1");
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) waitpid(w.pid, nullptr, 0);
@@ -1561,6 +1633,13 @@ int Manager::run() {
   return 0;
 }
 
+int Manager::run() {
+  checkOptions();
+  publishJob();
+  superviseGenerations();
+  return finish();
+}
+
 }  // namespace
 
 int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_text) {
@@ -1568,7 +1647,7 @@ int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_t
 }
 
 int runResize(const std::string& join, int workers, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", 5.0);
+  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
   // What the manager would ignore is refused here, where the user sees it.
   const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
                                splitLines(getString(*store, keys::kJobOverrides)));
@@ -1583,9 +1662,9 @@ int runResize(const std::string& join, int workers, const std::string& token_fil
 }
 
 int runStatus(const std::string& join, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", 5.0);
-  store->wait({"status"}, std::chrono::seconds(5));
-  std::printf("%s\n", json::parse(getString(*store, "status")).dump(2).c_str());
+  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
+  store->wait({keys::kStatus}, std::chrono::milliseconds(static_cast<int64_t>(kClientTimeoutS * 1000)));
+  std::printf("%s\n", json::parse(getString(*store, keys::kStatus)).dump(2).c_str());
   return 0;
 }
 

@@ -31,6 +31,9 @@ using namespace detail;
 
 namespace {
 
+// Calibration's own store: the connection to it, and a wait for the peer.
+constexpr auto kCalibConnectTimeout = std::chrono::seconds(10);
+constexpr auto kCalibStoreTimeout = std::chrono::seconds(60);
 // Seconds of measuring rounds over the layers (docs/profile_format.md).
 constexpr double kCalibrateBudget = 3.0;
 // VNs both calibration processes compute at once to measure contention.
@@ -75,8 +78,8 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   so.policy = store::KeyPolicy::kOpen;
   store::StoreServer server(so);
   auto store = c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), so.manager_key, "manager",
-                                                std::chrono::seconds(10));
-  store->setTimeout(std::chrono::seconds(60));
+                                                kCalibConnectTimeout);
+  store->setTimeout(kCalibStoreTimeout);
   const std::vector<int64_t> p2p = p2pSizes(p), ar = allreduceSizes(p);
   setString(*store, "calib/sizes", json({{"p2p", p2p}, {"allreduce", ar}}).dump());
   setString(*store, "calib/job", json({{"path", job_path}, {"overrides", overrides}}).dump());
@@ -104,7 +107,7 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
     measureComm(*comm, p2p, ar, &p, say);
     p.compute_contention = measureContention(job, *data.train, *comm, kContentionRounds);
     say("two workers computing at once: x" + fmt("%.3f", p.compute_contention) + " per VN");
-    store->wait({"calib/store_rtt"}, std::chrono::seconds(60));
+    store->wait({"calib/store_rtt"}, kCalibStoreTimeout);
     // A worker reads the generation key each step and rank 0 posts the
     // step's metrics: two store round trips.
     p.step_overhead_s = 2.0 * std::stod(getString(*store, "calib/store_rtt"));

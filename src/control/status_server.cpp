@@ -16,6 +16,10 @@
 namespace morph {
 namespace {
 
+// The HTTP server's loop is waited for at most this long, looked at this often.
+constexpr auto kListenStartWait = std::chrono::seconds(5);
+constexpr auto kListenStartPoll = std::chrono::milliseconds(1);
+
 using json = nlohmann::json;
 
 double unixNow() {
@@ -127,7 +131,9 @@ StatusServer::StatusServer(StatusOptions opts) : opts_(std::move(opts)), http_(s
   thread_ = std::thread([this] { http_->listen_after_bind(); });
   // httplib's stop() does nothing until the loop runs: wait for it, so the
   // destructor never joins a thread that goes on listening.
-  for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto started_by = std::chrono::steady_clock::now() + kListenStartWait;
+  while (!http_->is_running() && std::chrono::steady_clock::now() < started_by)
+    std::this_thread::sleep_for(kListenStartPoll);
 }
 
 StatusServer::~StatusServer() {

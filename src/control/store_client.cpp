@@ -45,6 +45,10 @@ int dial(const std::string& host, int port, std::string& why) {
 
 // How long a reply may take beyond the server's own wait.
 constexpr std::chrono::milliseconds kReplyMargin{30000};
+// Until connect_timeout, a refused or unreachable dial is retried this often.
+constexpr auto kDialRetry = std::chrono::milliseconds(50);
+// The handshake's frames get at least this long (a loaded server answers late).
+constexpr int64_t kHandshakeFloorMs = 5000;
 // The reply to a request the server holds up to `wait` (0: for ever).
 int64_t waitingReplyTimeout(std::chrono::milliseconds wait) {
   return wait.count() == 0 ? 0 : (wait + kReplyMargin).count();
@@ -59,11 +63,11 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& k
   std::string why;
   while ((fd_ = dial(host, port, why)) < 0) {
     if (std::chrono::steady_clock::now() >= deadline) throw StoreUnreachable(where_ + ": " + why);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(kDialRetry);
   }
   try {
     std::vector<uint8_t> buf;
-    const int64_t hs_ms = std::max<int64_t>(connect_timeout.count(), 5000);
+    const int64_t hs_ms = std::max<int64_t>(connect_timeout.count(), kHandshakeFloorMs);
     if (!readFrame(fd_, kMaxHandshakeFrame, buf, hs_ms)) throw ProtocolError("the server closed the connection");
     const Hello hello = decodeHello(buf.data(), buf.size());
     Auth auth;

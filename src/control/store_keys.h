@@ -32,10 +32,14 @@ inline std::string workerFingerprint(int64_t id) { return worker(id, "fingerprin
 inline std::string workerRefused(int64_t id) { return worker(id, "refused"); }
 inline std::string workerFatal(int64_t id) { return worker(id, "fatal"); }
 inline std::string workerStartError(int64_t id) { return worker(id, "start_error"); }
+// Every key of worker `id` starts with this.
+inline std::string workerPrefix(int64_t id) { return worker(id, ""); }
 
 // Generation g: gen/<g>, its plan and abort flag, and each member's reports
 // gen/<g>/<what>/<id> (what: ready, left, line, held, morph).
 inline std::string gen(int64_t g) { return "gen/" + std::to_string(g); }
+// Every key of generation g (its process groups' too) starts with this.
+inline std::string genPrefix(int64_t g) { return gen(g) + "/"; }
 inline std::string genPlan(int64_t g) { return gen(g) + "/plan"; }
 inline std::string genAbort(int64_t g) { return gen(g) + "/abort"; }
 inline std::string genReport(int64_t g, const std::string& what, int64_t id) {

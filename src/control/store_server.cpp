@@ -52,14 +52,18 @@ std::string describe(const Role& r) {
   return "?";
 }
 
-// A burst of 20 lines, then at most 5 a second reach stderr however hard a
-// peer tries; the rest are counted into the next line.
+// A burst of kLogBurst lines, then at most kLogPerSecond a second reach
+// stderr however hard a peer tries; the rest are counted into the next line.
+constexpr double kLogBurst = 20.0, kLogPerSecond = 5.0;
+// Out of file descriptors or memory: accept() is retried after this long.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(10);
+
 class RateLimitedLog {
  public:
   void line(const std::string& s) {
     std::lock_guard<std::mutex> l(mu_);
     const auto now = std::chrono::steady_clock::now();
-    credit_ = std::min(20.0, credit_ + 5.0 * std::chrono::duration<double>(now - last_).count());
+    credit_ = std::min(kLogBurst, credit_ + kLogPerSecond * std::chrono::duration<double>(now - last_).count());
     last_ = now;
     if (credit_ < 1.0) {
       ++suppressed_;
@@ -76,7 +80,7 @@ class RateLimitedLog {
  private:
   std::mutex mu_;
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
-  double credit_ = 20.0;
+  double credit_ = kLogBurst;
   int64_t suppressed_ = 0;
 };
 
@@ -160,7 +164,7 @@ struct StoreServer::Impl {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           note(std::string("accept: ") + std::strerror(errno));
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          std::this_thread::sleep_for(kAcceptRetry);
           continue;
         }
         return;  // the listening socket was shut down
@@ -472,6 +476,25 @@ Reply StoreServer::localCall(const Request& r) {
   Role role;
   role.kind = Role::kManager;
   return impl_->apply(role, r, c);
+}
+
+int64_t StoreServer::erase(const std::string& key) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return static_cast<int64_t>(impl_->kv.erase(key));
+}
+
+int64_t StoreServer::erasePrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  int64_t n = 0;
+  for (auto it = impl_->kv.begin(); it != impl_->kv.end();) {
+    if (it->first.compare(0, prefix.size(), prefix) == 0) {
+      it = impl_->kv.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
 }
 
 int64_t StoreServer::waitForWrite(int64_t seen, std::chrono::milliseconds timeout) {

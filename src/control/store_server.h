@@ -65,6 +65,12 @@ class StoreServer {
   // own connection would, without the socket round trip and the server
   // thread it wakes (the manager reads the store many times a second).
   Reply localCall(const Request& r);
+  // Remove the key `key`, or every key that starts with `prefix`, and return
+  // how many went: the manager's cleanup of steps it read, past generations
+  // and departed workers (docs/distributed.md, "Store keys"). Not counted
+  // in writes(): nobody waits for a key to vanish.
+  int64_t erase(const std::string& key);
+  int64_t erasePrefix(const std::string& prefix);
   // Counters for tests and benchmarks.
   int64_t refusedConnections() const;  // handshake failed, malformed or oversized frames
   int64_t deniedWrites() const;

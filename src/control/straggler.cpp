@@ -16,6 +16,8 @@ using detail::setString;
 
 namespace {
 constexpr double kMinGain = 0.9;  // a re-plan must cut the predicted compute to this fraction or less
+// `morph slow` reaches a worker within this long.
+constexpr auto kKnobPoll = std::chrono::milliseconds(50);
 }  // namespace
 
 double predictedCompute(const std::vector<int64_t>& shares, const std::vector<double>& seconds_per_vn) {
@@ -313,7 +315,7 @@ void SlowdownKnob::loop() {
     } catch (const std::exception&) {
       return;  // the manager is gone; the training thread notices too
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(kKnobPoll);
   }
 }
 

@@ -18,6 +18,7 @@
 #include "control/internal.h"
 #include "control/store_keys.h"
 #include "control/straggler.h"
+#include "core/memory_estimate.h"
 #include "exec/pipeline.h"
 
 namespace morph {
@@ -52,6 +53,23 @@ constexpr double kCollectiveFloorS = 30.0;
 constexpr double kCollectiveFactor = 4.0;
 constexpr double kGlooCeilingS = 60.0;
 constexpr double kGlooCeilingFactor = 2.0;
+// A store call of this worker (but waits with their own limit) fails after
+// this long without an answer.
+constexpr auto kWorkerStoreTimeout = std::chrono::seconds(300);
+// After posting its result, a worker waits this long for job/finished.
+constexpr auto kFinishedWait = std::chrono::hours(1);
+// The heartbeat thread reconnects for at most this long per try after a
+// lost connection (the watchdog decides whether the manager is gone).
+constexpr double kHeartbeatReconnectS = 1.0;
+// The watchdog looks at the last heartbeat that got through this often.
+constexpr auto kWatchdogInterval = std::chrono::milliseconds(100);
+// A worker with an error in hand waits for a heartbeat to get through
+// (polling this often) at most kManagerLostAfterS + kLossGraceS.
+constexpr auto kLossPoll = std::chrono::milliseconds(20);
+constexpr double kLossGraceS = 2.0;
+// A process group's rendezvous looks for its members' keys (and the
+// generation's abort flag) this often.
+constexpr auto kRendezvousPoll = std::chrono::milliseconds(2);
 
 // Sends this worker's pulse to the manager on a store connection of its own,
 // and watches that the manager is still there (kManagerLostAfterS).
@@ -84,15 +102,15 @@ class Heartbeat {
   // else the watchdog decides in the meantime (and exits the process).
   void waitIfManagerLost() const {
     const double since = nowSeconds();
-    while (!stop_ && last_ok_.load() < since && nowSeconds() - since < kManagerLostAfterS + 2)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!stop_ && last_ok_.load() < since && nowSeconds() - since < kManagerLostAfterS + kLossGraceS)
+      std::this_thread::sleep_for(kLossPoll);
   }
 
  private:
   void loop() {
     for (int64_t n = 0; !stop_; ++n) {
       try {
-        if (!store_) store_ = connect_(1.0);  // after a lost connection: briefly, the watchdog decides
+        if (!store_) store_ = connect_(kHeartbeatReconnectS);  // after a lost connection: briefly, the watchdog decides
         setString(*store_, key_, std::to_string(n));
         last_ok_ = nowSeconds();
       } catch (const std::exception&) {
@@ -107,7 +125,7 @@ class Heartbeat {
       const double silent = nowSeconds() - last_ok_.load();
       if (silent > kManagerLostAfterS) lost("no answer from the manager at " + join_ + " for " +
                                             std::to_string(static_cast<int>(silent)) + " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(kWatchdogInterval);
     }
   }
   [[noreturn]] void lost(const std::string& why) {
@@ -225,7 +243,7 @@ class GenerationStore : public c10d::Store {
       if (timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
         throw CommFailure("a member of the generation did not show up within " +
                           std::to_string(timeout.count() / 1000) + " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::this_thread::sleep_for(kRendezvousPoll);
     }
   }
   c10::intrusive_ptr<StoreClient> inner_;
@@ -365,298 +383,421 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
   return out;
 }
 
+// Phase 1, registration: the worker's id, pid and address posted, and its
+// heartbeat running (the manager watches it from here on).
+struct Registration {
+  std::string iface;  // this host's address toward the manager (Gloo binds it)
+  std::string token;
+  c10::intrusive_ptr<StoreClient> store;  // the worker's own connection, registered as `id`
+  json hb;                                // {"interval", "timeout"} of the job's heartbeats (seconds)
+  int64_t id = -1;
+  std::string me;                         // the id as text
+  std::unique_ptr<Heartbeat> heartbeat;   // declared after `store`: stops before it closes
+};
+
+Registration registerWithManager(const WorkerOptions& o) {
+  Registration r;
+  auto [host, port] = parseHostPort(o.join, "--join");
+  r.iface = localAddressToward(host, port);
+  r.token = readToken(o.token_file);
+  r.store = connectToManager(o.join, r.token, "worker", o.connect_timeout_s);
+  r.store->setTimeout(kWorkerStoreTimeout);
+
+  r.hb = json::parse(getString(*r.store, keys::kJobHeartbeat));
+  r.id = r.store->add(keys::kNextWorkerId, 1) - 1;
+  r.me = std::to_string(r.id);
+  faultPoint("registering", r.id);
+  setString(*r.store, keys::workerPid(r.id), std::to_string(getpid()));
+  setString(*r.store, keys::workerAddr(r.id), r.iface);
+  // Its own connection, as this worker (registered on `store`): the
+  // manager watches this worker's heartbeats from here on.
+  r.heartbeat = std::make_unique<Heartbeat>(
+      [join = o.join, key = morph::store::workerKey(r.token, r.store->sessionNonce()), me = r.me](double t) {
+        return connectToManager(join, key, "worker/" + me, t);
+      },
+      o.connect_timeout_s, r.id, r.hb.at("interval").get<double>(), o.join);
+  if (r.store->check({keys::kJobResumeCommand}))
+    r.heartbeat->setLossNote("", getString(*r.store, keys::kJobResumeCommand));
+  faultPoint("registered", r.id);
+  return r;
+}
+
+// Phases 2-5 of a registered worker: start-up (job, data, model, resume:
+// `ready`), then generation after generation: wait for one that places it,
+// join it, train until the job ends or membership changes, and at the end
+// post its result. Destroyed before its caller's error handling runs, as
+// the locals of one function were.
+class WorkerJob {
+ public:
+  WorkerJob(const WorkerOptions& o, Registration& reg)
+      : reg_(reg), store_(reg.store), id_(reg.id),
+        job_(parseJob(getString(*store_, keys::kJobText), getString(*store_, keys::kJobOrigin),
+                      splitLines(getString(*store_, keys::kJobOverrides)))),
+        // `morph slow` (straggler.h): polled on a connection of its own.
+        knob_(connectToManager(o.join, morph::store::workerKey(reg.token, store_->sessionNonce()), "worker/" + reg.me,
+                               o.connect_timeout_s),
+              id_),
+        leave_groups_at_exit_{comms_} {}
+
+  // Phase 2: everything a worker needs before it can join a generation
+  // within milliseconds; posts workers/<id>/ready last.
+  void startUp();
+  // Phases 3-5; returns the exit code.
+  int run();
+
+ private:
+  // Where this worker sits in a generation it joined.
+  struct Placement {
+    int rank = -1, world = 0;
+    double slowdown = 1.0;  // its emulated device's (resources file)
+    Communicator* comm = nullptr;  // the generation's world group
+  };
+  // Phase 3: waits for a generation newer than ours into `plan`; false
+  // when the worker should exit instead (job finished, leave requested).
+  bool waitForGeneration(json& plan);
+  // Phase 4a: forms the generation's process groups, receives its state and
+  // sets up its checkpoint writer (CommFailure: regroup).
+  Placement joinGeneration(const json& plan, int rank);
+  // Phase 4b: trains until the last step (false) or a regroup (true).
+  bool trainLoop(const Placement& p);
+  // Phase 5: posts the result and waits for the job to finish.
+  void finish(const Placement& p);
+  // Reports the committed step when leaving a generation (ready or left).
+  void report(const std::string& what);
+
+  Registration& reg_;
+  c10::intrusive_ptr<StoreClient> store_;
+  const int64_t id_;
+  // Declaration order is destruction order (reversed): as the locals of the
+  // one function this class was split from.
+  JobSpec job_;
+  SlowdownKnob knob_;
+  std::string ckpt_dir_;
+  DataPair data_;
+  int64_t steps_ = 0;
+  LocalCommunicator none_;
+  // The executor: a data-parallel worker's, or a pipeline stage's (placed
+  // when its generation forms).
+  std::unique_ptr<VnExecutor> vn_ex_;
+  std::unique_ptr<StageExecutor> stage_ex_;
+  Executor* tr_ = nullptr;
+  StepCore* core_ = nullptr;
+  std::string resume_ckpt_;  // stage-local: the checkpoint whose layers this worker loads once placed
+  std::unique_ptr<FileSystem> fs_;
+  std::unique_ptr<CheckpointWriter> ckpt_;
+  std::optional<CheckpointKeeper> keeper_;  // counts failed checkpoint writes of `ckpt_`
+  double hb_timeout_ = 0;
+  double last_commit_ = 0, longest_gap_ = 0;  // between two committed steps here (seconds)
+  // Process groups of past generations whose work was abandoned (a
+  // CommFailure), and a pipeline's: never destroyed, since their threads
+  // may still be blocked on a dead peer until Gloo's own timeout. Those of
+  // the current generation start at gen_first_group_.
+  std::vector<std::unique_ptr<Communicator>> comms_;
+  size_t gen_first_group_ = 0;
+  // Data parallelism: the groups of a generation that ended in a regroup
+  // with every collective completed; destroyed (their Gloo device thread,
+  // sockets and buffers freed) once the next generation's group is in use.
+  std::vector<std::unique_ptr<Communicator>> finished_groups_;
+  // Nor at exit: a group whose work was abandoned blocks its destructor
+  // until Gloo's own timeout (a ceiling of minutes now, see "Deadlines"),
+  // and the process ends anyway.
+  struct LeaveGroupsAtExit {
+    std::vector<std::unique_ptr<Communicator>>& groups;
+    ~LeaveGroupsAtExit() {
+      for (auto& g : groups) (void)g.release();
+    }
+  } leave_groups_at_exit_;
+  LeaveGroupsAtExit leave_finished_at_exit_{finished_groups_};
+  int64_t gen_ = -1;
+  json last_line_;  // metrics of the last step this worker committed
+  HeldRange held_;  // pipeline: the layers this worker holds at its committed step
+};
+
+void WorkerJob::startUp() {
+  struct sigaction sa {};
+  sa.sa_handler = onTerm;
+  sigaction(SIGTERM, &sa, nullptr);
+
+  if (job_.checkpoint_every > 0) {
+    // Checkpoints must land where the manager (and a later --resume) finds
+    // them: this worker must see the marker the manager wrote there.
+    ckpt_dir_ = getString(*store_, keys::kJobCkptDir);
+    if (store_->check({keys::kJobResumeCommand}))
+      reg_.heartbeat->setLossNote(ckpt_dir_, getString(*store_, keys::kJobResumeCommand));
+    std::ifstream in(ckpt_dir_ + "/" + kCheckpointMarker);
+    std::string seen;
+    if (!std::getline(in, seen) || seen != getString(*store_, keys::kJobCkptMarker))
+      throw InputError("checkpoint folder " + ckpt_dir_ + ": this worker does not see the folder the manager writes (" +
+                       std::string(kCheckpointMarker) + " " + (in ? "differs" : "missing") +
+                       "); on several hosts the checkpoint folder must be shared (--checkpoint-dir, checkpoint.dir)");
+  }
+  // A pipeline worker holds no layer until it knows its stage.
+  const bool stage_local = getString(*store_, keys::kJobStageLocal) == "1";
+  // This machine's memory, before anything is allocated (core/
+  // memory_estimate.h): the manager checked only the workers it starts, on
+  // its own machine. A data-parallel worker holds the whole model; a
+  // pipeline worker's stage is not known yet, so only the dataset counts.
+  checkJobFitsMemory(job_, stage_local ? 0.0 : 1.0, 1.0, availableMemoryBytes());
+  pinThreads(job_.threads);
+  checkBlas(id_ == 0);
+  data_ = loadDatasets(job_.data, job_.seed);
+  steps_ = job_.resolveSteps(data_.train->size());
+
+  if (stage_local) stage_ex_ = std::make_unique<StageExecutor>(job_, steps_, *data_.train);
+  else vn_ex_ = std::make_unique<VnExecutor>(job_, steps_, *data_.train, none_);
+  tr_ = stage_local ? static_cast<Executor*>(stage_ex_.get()) : vn_ex_.get();
+  core_ = &tr_->core();
+  const std::string resume = getString(*store_, keys::kJobResume);
+  if (!resume.empty()) {
+    if (stage_local) resume_ckpt_ = resumeStepFrom(resume, *tr_, id_ == 0);
+    else resumeFrom(resume, *tr_, id_ == 0);
+  }
+  // Whoever gets here first tells the manager where the job starts and ends
+  // (every worker computes the same values; start_step goes first, so
+  // whoever sees job/steps finds it).
+  auto createOnce = [&](const std::string& key, const std::string& v) {
+    store_->compareSet(key, {}, std::vector<uint8_t>(v.begin(), v.end()));
+  };
+  if (!store_->check({keys::kJobSteps})) {
+    createOnce(keys::kJobStartStep, std::to_string(core_->nextStep()));
+    createOnce(keys::kJobSteps, std::to_string(steps_));
+  }
+  fs_ = checkpointFileSystem();
+  // What the manager checks this worker against (same build, settings and
+  // data as the job's other workers).
+  setString(*store_, keys::workerFingerprint(id_), runtimeFingerprint(&data_, &job_.model).dump());
+  // Data loaded and model built: from now on this worker can join a
+  // generation within milliseconds.
+  setString(*store_, keys::workerReady(id_), "1");
+  hb_timeout_ = reg_.hb.at("timeout").get<double>();
+}
+
+void WorkerJob::report(const std::string& what) {
+  if (!last_line_.is_null()) setString(*store_, keys::genReport(gen_, "line", id_), last_line_.dump());
+  if (stage_ex_)
+    setString(*store_, keys::genReport(gen_, "held", id_), std::to_string(held_.lo) + "," + std::to_string(held_.hi));
+  setString(*store_, keys::genReport(gen_, what, id_), std::to_string(core_->nextStep()));
+  store_->add(keys::kEvents, 1);  // wakes the manager's membership check
+}
+
+bool WorkerJob::waitForGeneration(json& plan) {
+  while (true) {
+    if (store_->check({keys::kJobFinished})) return false;
+    if (store_->check({keys::kGenCurrent})) {
+      int64_t g = getInt(*store_, keys::kGenCurrent);
+      if (g > gen_) {
+        plan = json::parse(getString(*store_, keys::genPlan(g)));
+        gen_ = g;
+        return true;
+      }
+    }
+    if (g_leave_requested) return false;  // not in a generation: nothing to hand over
+    if (store_->check({keys::workerRefused(id_)})) throw InputError(getString(*store_, keys::workerRefused(id_)));
+    // Sleeps in the store until the next generation's plan appears (the
+    // manager writes it before gen/current), or kUnplacedWait.
+    const int64_t cur = store_->check({keys::kGenCurrent}) ? getInt(*store_, keys::kGenCurrent) : -1;
+    try {
+      store_->wait({keys::genPlan(std::max(cur, gen_) + 1)}, kUnplacedWait);
+    } catch (const StoreError&) {
+      // Timed out (a lost connection fails the next call).
+    }
+  }
+}
+
+WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
+  Placement pl;
+  pl.rank = rank;
+  const auto& members = plan.at("members");
+  pl.world = static_cast<int>(members.size());
+  const std::string gkey = keys::gen(gen_);
+  GlooOptions go;
+  go.interface_addr = reg_.iface;
+  // Deadlines from what this worker measured (docs/distributed.md, "Deadlines").
+  const double deadline = job_.collective_timeout > 0 ? job_.collective_timeout
+                                                      : std::max(kCollectiveFloorS, kCollectiveFactor * longest_gap_);
+  go.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(1000 * std::max(kGlooCeilingS, kGlooCeilingFactor * deadline)));
+  go.should_abort = [store = store_, abort = keys::genAbort(gen_)] { return store->check({abort}); };
+  auto peers = std::make_shared<PeerWatch>(store_, members.get<std::vector<int64_t>>(), id_, deadline, hb_timeout_);
+  go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
+  const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<GenerationStore>(store_, keys::genAbort(gen_));
+  const double rdv0 = nowSeconds();
+  gen_first_group_ = comms_.size();
+  try {
+    comms_.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", gstore), rank,
+                                          pl.world, go));
+  } catch (const std::exception& e) {
+    throw CommFailure(std::string("cannot form generation ") + std::to_string(gen_) + ": " + e.what());
+  }
+  pl.comm = comms_.back().get();
+  auto range = plan.at("vn_ranges").at(rank);
+  pl.slowdown = plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0;
+  knob_.apply(*core_, pl.slowdown);
+  if (plan.contains("pipeline")) {
+    const json m = enterPipelineGeneration(*stage_ex_, plan, rank, comms_, gstore, gkey, go, held_, resume_ckpt_,
+                                           nowSeconds() - rdv0);
+    setString(*store_, gkey + "/morph/" + reg_.me, m.dump());
+  } else {
+    vn_ex_->setCommunicator(pl.comm);
+    finished_groups_.clear();  // no longer referenced; no work of theirs pending
+    syncState(*core_, *pl.comm, plan.at("source").get<int>());
+    vn_ex_->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+  }
+  tr_->setSpeedSlot(2 + rank);  // after the two control values of trainLoop (straggler.h)
+  if (stage_ex_ && stage_ex_->placement().replica != 0) {
+    keeper_.reset();  // a morph moved this worker off a writing replica
+    ckpt_.reset();
+  }
+  if (job_.checkpoint_every > 0 && stage_ex_ && stage_ex_->placement().replica == 0) {
+    // Each stage's first replica writes its layers; world rank 0 also
+    // commits the checkpoint once every stage's share is durable.
+    CheckpointShare share;
+    share.attempt = getString(*store_, keys::kJobCkptMarker) + "-g" + std::to_string(gen_);
+    share.commit = rank == 0;
+    share.total_layers = static_cast<int64_t>(core_->model().size());
+    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir_, fs_.get(), static_cast<int>(job_.checkpoint_keep), share);
+  } else if (rank == 0 && job_.checkpoint_every > 0 && !ckpt_) {
+    ckpt_ = std::make_unique<CheckpointWriter>(ckpt_dir_, fs_.get(), static_cast<int>(job_.checkpoint_keep));
+  }
+  if (ckpt_ && (!keeper_ || keeper_->writer() != ckpt_.get())) {
+    keeper_.reset();
+    keeper_.emplace(ckpt_.get(), job_);
+  }
+  return pl;
+}
+
+bool WorkerJob::trainLoop(const Placement& p) {
+  StepCore& core = *core_;
+  while (core.nextStep() < steps_) {
+    const double want = static_cast<double>(getInt(*store_, keys::kGenWant));
+    std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
+    control.resize(2 + static_cast<size_t>(p.world), 0.0);  // + every member's seconds per VN
+    core.setControl(std::move(control));
+    knob_.apply(core, p.slowdown);
+    StepStats st = tr_->step();
+    const double committed_at = nowSeconds();
+    if (last_commit_ > 0) longest_gap_ = std::max(longest_gap_, committed_at - last_commit_);
+    last_commit_ = committed_at;
+    // Committed on every member of this generation: all hold the same
+    // reduced loss, so any member can stand in for rank 0's line.
+    last_line_ = commitLine(job_, st, p.world, gen_);
+    const bool eval_due = st.step + 1 == steps_ || (job_.eval_every > 0 && (st.step + 1) % job_.eval_every == 0);
+    const bool ckpt_due = job_.checkpoint_every > 0 && (st.step + 1) % job_.checkpoint_every == 0;
+    std::string ckerr;
+    if (keeper_ && ckpt_due) ckerr = keeper_->submit(tr_->exportState());  // copied before it returns
+    // A pipeline evaluates on every rank: the test set flows through the stages.
+    std::optional<EvalStats> eval;
+    if (stage_ex_ && eval_due) eval = tr_->evaluate(*data_.test, job_.eval_batch);
+    if (p.rank == 0) {
+      if (eval_due) faultPoint("evaluate", id_);
+      json line = stepLine(job_, steps_, st, *tr_, *data_.test, p.world, gen_, eval ? &*eval : nullptr);
+      if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
+      {  // the members' seconds per VN, rank order (the manager watches for stragglers)
+        const auto& ctl = core.reducedControl();
+        line["vn_seconds"] = std::vector<double>(ctl.begin() + 2, ctl.end());
+      }
+      setString(*store_, keys::metrics(st.step), line.dump());
+    }
+    const auto& ctl = core.reducedControl();
+    if (ctl[0] > static_cast<double>(gen_) || ctl[1] > 0.0) return true;
+  }
+  return false;
+}
+
+void WorkerJob::finish(const Placement& p) {
+  // A pipeline rank reports its stage's layer hashes (replicas of a
+  // stage must agree; the manager combines them into the model's).
+  json res = {{"model_hash", vn_ex_ ? vn_ex_->hash() : std::string()},
+              {"param_bytes", core_->modelBytes()},
+              {"peak_param_bytes", core_->peakModelBytes()},
+              {"peak_rss_bytes", peakRssBytes()},
+              {"bytes_reduced", p.comm->bytesReduced()},
+              {"generation", gen_}};
+  if (ckpt_) res["checkpoint"] = checkpointTiming(*ckpt_);
+  if (stage_ex_) {
+    const StageExecutor& st = *stage_ex_;
+    res["stage"] = st.placement().stage;
+    std::string hashes;
+    for (const std::string& h : st.layerHashes()) hashes += (hashes.empty() ? "" : ",") + h;
+    res["stage_hash"] = hashes;
+    res["replica"] = st.placement().replica;
+    json t = json::array();
+    for (const StageTiming& s : st.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});
+    res["timings"] = t;
+    if (!st.trace().empty()) {
+      json ev = json::array();
+      for (const TraceEvent& e : st.trace()) ev.push_back({e.name, e.step, e.start, e.end});
+      setString(*store_, keys::trace(id_), ev.dump());
+    }
+  }
+  setString(*store_, keys::result(id_), res.dump());
+  store_->wait({keys::kJobFinished}, kFinishedWait);
+}
+
+int WorkerJob::run() {
+  while (true) {
+    json plan;
+    if (!waitForGeneration(plan)) return 0;
+    const auto& members = plan.at("members");
+    int rank = -1;
+    for (size_t r = 0; r < members.size(); ++r)
+      if (members[r].get<int64_t>() == id_) rank = static_cast<int>(r);
+    if (rank < 0) {
+      for (const auto& r : plan.at("released"))
+        if (r.get<int64_t>() == id_) return 0;  // asked to leave (resize down)
+      continue;                                 // not placed yet: wait for the next one
+    }
+    try {
+      const Placement p = joinGeneration(plan, rank);
+      const bool regroup = trainLoop(p);
+      if (keeper_) keeper_->flush();
+      if (regroup && vn_ex_) {
+        // Every collective of this generation completed: its group is
+        // destroyed once the executor uses the next one (a group whose
+        // work was abandoned stays, see comms_).
+        for (size_t i = gen_first_group_; i < comms_.size(); ++i) finished_groups_.push_back(std::move(comms_[i]));
+        comms_.resize(gen_first_group_);
+      }
+      if (regroup) {
+        if (g_leave_requested) {
+          report("left");
+          return 0;
+        }
+        report("ready");
+        continue;
+      }
+      finish(p);
+      return 0;
+    } catch (const CommFailure& e) {
+      // The step in flight did not commit; report what did and regroup.
+      tr_->abandonStep();
+      report("ready");
+    } catch (const JobError& e) {
+      // The job cannot go on (e.g. no checkpoint for checkpoint.max_failures
+      // intervals): the manager stops every worker with this message rather
+      // than regrouping without this one.
+      setString(*store_, keys::workerFatal(id_), e.what());
+      throw;
+    }
+  }
+}
+
 }  // namespace
 
 int runWorker(const WorkerOptions& o) {
   std::signal(kManagerDeathSignal, onManagerDeath);
-  auto [host, port] = parseHostPort(o.join, "--join");
-  const std::string iface = localAddressToward(host, port);
-  const std::string token = readToken(o.token_file);
-  auto store = connectToManager(o.join, token, "worker", o.connect_timeout_s);
-  store->setTimeout(std::chrono::seconds(300));
-
-  json hb = json::parse(getString(*store, keys::kJobHeartbeat));
-  const int64_t id = store->add(keys::kNextWorkerId, 1) - 1;
-  const std::string me = std::to_string(id);
-  faultPoint("registering", id);
-  setString(*store, keys::workerPid(id), std::to_string(getpid()));
-  setString(*store, keys::workerAddr(id), iface);
-  // Its own connection, as this worker (registered on `store`): the
-  // manager watches this worker's heartbeats from here on.
-  Heartbeat heartbeat(
-      [join = o.join, key = morph::store::workerKey(token, store->sessionNonce()), me](double t) {
-        return connectToManager(join, key, "worker/" + me, t);
-      },
-      o.connect_timeout_s, id, hb.at("interval").get<double>(), o.join);
-  if (store->check({keys::kJobResumeCommand})) heartbeat.setLossNote("", getString(*store, keys::kJobResumeCommand));
-  faultPoint("registered", id);
+  Registration reg = registerWithManager(o);
   bool ready = false;  // posted workers/<id>/ready: past start-up
   try {
-    JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
-                           splitLines(getString(*store, keys::kJobOverrides)));
-    // `morph slow` (straggler.h): polled on a connection of its own.
-    SlowdownKnob knob(connectToManager(o.join, morph::store::workerKey(token, store->sessionNonce()), "worker/" + me,
-                                       o.connect_timeout_s),
-                      id);
-    struct sigaction sa {};
-    sa.sa_handler = onTerm;
-    sigaction(SIGTERM, &sa, nullptr);
-
-    std::string ckpt_dir;
-    if (job.checkpoint_every > 0) {
-      // Checkpoints must land where the manager (and a later --resume) finds
-      // them: this worker must see the marker the manager wrote there.
-      ckpt_dir = getString(*store, keys::kJobCkptDir);
-      if (store->check({keys::kJobResumeCommand})) heartbeat.setLossNote(ckpt_dir, getString(*store, keys::kJobResumeCommand));
-      std::ifstream in(ckpt_dir + "/" + kCheckpointMarker);
-      std::string seen;
-      if (!std::getline(in, seen) || seen != getString(*store, keys::kJobCkptMarker))
-        throw InputError("checkpoint folder " + ckpt_dir + ": this worker does not see the folder the manager writes (" +
-                         std::string(kCheckpointMarker) + " " + (in ? "differs" : "missing") +
-                         "); on several hosts the checkpoint folder must be shared (--checkpoint-dir, checkpoint.dir)");
-    }
-    pinThreads(job.threads);
-    checkBlas(id == 0);
-    DataPair data = loadDatasets(job.data, job.seed);
-    const int64_t steps = job.resolveSteps(data.train->size());
-
-    LocalCommunicator none;
-    // A pipeline worker holds no layer until it knows its stage.
-    const bool stage_local = getString(*store, keys::kJobStageLocal) == "1";
-    // The executor: a data-parallel worker's, or a pipeline stage's (placed
-    // when its generation forms).
-    std::unique_ptr<VnExecutor> vn_ex;
-    std::unique_ptr<StageExecutor> stage_ex;
-    if (stage_local) stage_ex = std::make_unique<StageExecutor>(job, steps, *data.train);
-    else vn_ex = std::make_unique<VnExecutor>(job, steps, *data.train, none);
-    Executor& tr = stage_local ? static_cast<Executor&>(*stage_ex) : *vn_ex;
-    StepCore& core = tr.core();
-    const std::string resume = getString(*store, keys::kJobResume);
-    std::string resume_ckpt;  // stage-local: the checkpoint whose layers this worker loads once placed
-    if (!resume.empty()) {
-      if (stage_local) resume_ckpt = resumeStepFrom(resume, tr, id == 0);
-      else resumeFrom(resume, tr, id == 0);
-    }
-    // Whoever gets here first tells the manager where the job starts and ends
-    // (every worker computes the same values; start_step goes first, so
-    // whoever sees job/steps finds it).
-    auto createOnce = [&](const std::string& key, const std::string& v) {
-      store->compareSet(key, {}, std::vector<uint8_t>(v.begin(), v.end()));
-    };
-    if (!store->check({keys::kJobSteps})) {
-      createOnce(keys::kJobStartStep, std::to_string(core.nextStep()));
-      createOnce(keys::kJobSteps, std::to_string(steps));
-    }
-    auto fs = checkpointFileSystem();
-    std::unique_ptr<CheckpointWriter> ckpt;
-    std::optional<CheckpointKeeper> keeper;  // counts failed checkpoint writes of `ckpt`
-    // What the manager checks this worker against (same build, settings and
-    // data as the job's other workers).
-    setString(*store, keys::workerFingerprint(id), runtimeFingerprint(&data, &job.model).dump());
-    // Data loaded and model built: from now on this worker can join a
-    // generation within milliseconds.
-    setString(*store, keys::workerReady(id), "1");
+    WorkerJob w(o, reg);
+    w.startUp();
     ready = true;
-    const double hb_timeout = hb.at("timeout").get<double>();
-    double last_commit = 0, longest_gap = 0;  // between two committed steps here (seconds)
-    // Process groups of past generations: never destroyed, since their threads
-    // may still be blocked on a dead peer until Gloo's own timeout.
-    std::vector<std::unique_ptr<Communicator>> comms;
-    // Nor at exit: a group whose work was abandoned blocks its destructor
-    // until Gloo's own timeout (a ceiling of minutes now, see "Deadlines"),
-    // and the process ends anyway.
-    struct LeaveGroupsAtExit {
-      std::vector<std::unique_ptr<Communicator>>& groups;
-      ~LeaveGroupsAtExit() {
-        for (auto& g : groups) (void)g.release();
-      }
-    } leave_groups_at_exit{comms};
-
-    int64_t gen = -1;
-    json last_line;  // metrics of the last step this worker committed
-    HeldRange held;  // pipeline: the layers this worker holds at its committed step
-    // Reports the committed step when leaving a generation (ready or left).
-    auto report = [&](const std::string& what) {
-      if (!last_line.is_null()) setString(*store, keys::genReport(gen, "line", id), last_line.dump());
-      if (stage_ex) setString(*store, keys::genReport(gen, "held", id), std::to_string(held.lo) + "," + std::to_string(held.hi));
-      setString(*store, keys::genReport(gen, what, id), std::to_string(core.nextStep()));
-      store->add(keys::kEvents, 1);  // wakes the manager's membership check
-    };
-    while (true) {
-      // Wait for a generation newer than ours.
-      json plan;
-      while (true) {
-        if (store->check({keys::kJobFinished})) return 0;
-        if (store->check({keys::kGenCurrent})) {
-          int64_t g = getInt(*store, keys::kGenCurrent);
-          if (g > gen) {
-            plan = json::parse(getString(*store, keys::genPlan(g)));
-            gen = g;
-            break;
-          }
-        }
-        if (g_leave_requested) return 0;  // not in a generation: nothing to hand over
-        if (store->check({keys::workerRefused(id)})) throw InputError(getString(*store, keys::workerRefused(id)));
-        // Sleeps in the store until the next generation's plan appears (the
-        // manager writes it before gen/current), or kUnplacedWait.
-        const int64_t cur = store->check({keys::kGenCurrent}) ? getInt(*store, keys::kGenCurrent) : -1;
-        try {
-          store->wait({keys::genPlan(std::max(cur, gen) + 1)}, kUnplacedWait);
-        } catch (const StoreError&) {
-          // Timed out (a lost connection fails the next call).
-        }
-      }
-      const auto& members = plan.at("members");
-      int rank = -1;
-      for (size_t r = 0; r < members.size(); ++r)
-        if (members[r].get<int64_t>() == id) rank = static_cast<int>(r);
-      if (rank < 0) {
-        for (const auto& r : plan.at("released"))
-          if (r.get<int64_t>() == id) return 0;  // asked to leave (resize down)
-        continue;                                // not placed yet: wait for the next one
-      }
-      const int world = static_cast<int>(members.size());
-      const std::string gkey = keys::gen(gen);
-      GlooOptions go;
-      go.interface_addr = iface;
-      // Deadlines from what this worker measured (docs/distributed.md, "Deadlines").
-      const double deadline = job.collective_timeout > 0 ? job.collective_timeout
-                                                         : std::max(kCollectiveFloorS, kCollectiveFactor * longest_gap);
-      go.timeout = std::chrono::milliseconds(
-          static_cast<int64_t>(1000 * std::max(kGlooCeilingS, kGlooCeilingFactor * deadline)));
-      go.should_abort = [&store, gkey] { return store->check({gkey + "/abort"}); };
-      auto peers = std::make_shared<PeerWatch>(store, members.get<std::vector<int64_t>>(), id, deadline, hb_timeout);
-      go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
-      const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<GenerationStore>(store, gkey + "/abort");
-      try {
-        const double rdv0 = nowSeconds();
-        try {
-          comms.push_back(makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(gkey + "/pg", gstore),
-                                               rank, world, go));
-        } catch (const std::exception& e) {
-          throw CommFailure(std::string("cannot form generation ") + std::to_string(gen) + ": " + e.what());
-        }
-        Communicator& comm = *comms.back();
-        auto range = plan.at("vn_ranges").at(rank);
-        const double device_slowdown = plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0;
-        knob.apply(core, device_slowdown);
-        if (plan.contains("pipeline")) {
-          const json m = enterPipelineGeneration(*stage_ex, plan, rank, comms, gstore, gkey, go, held, resume_ckpt,
-                                                 nowSeconds() - rdv0);
-          setString(*store, gkey + "/morph/" + me, m.dump());
-        } else {
-          vn_ex->setCommunicator(&comm);
-          syncState(core, comm, plan.at("source").get<int>());
-          vn_ex->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
-        }
-        tr.setSpeedSlot(2 + rank);  // after the two control values below (straggler.h)
-        if (stage_ex && stage_ex->placement().replica != 0) {
-          keeper.reset();  // a morph moved this worker off a writing replica
-          ckpt.reset();
-        }
-        if (job.checkpoint_every > 0 && stage_ex && stage_ex->placement().replica == 0) {
-          // Each stage's first replica writes its layers; world rank 0 also
-          // commits the checkpoint once every stage's share is durable.
-          CheckpointShare share;
-          share.attempt = getString(*store, keys::kJobCkptMarker) + "-g" + std::to_string(gen);
-          share.commit = rank == 0;
-          share.total_layers = static_cast<int64_t>(core.model().size());
-          ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep), share);
-        } else if (rank == 0 && job.checkpoint_every > 0 && !ckpt) {
-          ckpt = std::make_unique<CheckpointWriter>(ckpt_dir, fs.get(), static_cast<int>(job.checkpoint_keep));
-        }
-        if (ckpt && (!keeper || keeper->writer() != ckpt.get())) {
-          keeper.reset();
-          keeper.emplace(ckpt.get(), job);
-        }
-        bool regroup = false;
-        while (core.nextStep() < steps && !regroup) {
-          const double want = static_cast<double>(getInt(*store, keys::kGenWant));
-          std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
-          control.resize(2 + static_cast<size_t>(world), 0.0);  // + every member's seconds per VN
-          core.setControl(std::move(control));
-          knob.apply(core, device_slowdown);
-          StepStats st = tr.step();
-          const double committed_at = nowSeconds();
-          if (last_commit > 0) longest_gap = std::max(longest_gap, committed_at - last_commit);
-          last_commit = committed_at;
-          // Committed on every member of this generation: all hold the same
-          // reduced loss, so any member can stand in for rank 0's line.
-          last_line = commitLine(job, st, world, gen);
-          const bool eval_due = st.step + 1 == steps || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0);
-          const bool ckpt_due = job.checkpoint_every > 0 && (st.step + 1) % job.checkpoint_every == 0;
-          std::string ckerr;
-          if (keeper && ckpt_due) ckerr = keeper->submit(tr.exportState());  // copied before it returns
-          // A pipeline evaluates on every rank: the test set flows through the stages.
-          std::optional<EvalStats> eval;
-          if (stage_ex && eval_due) eval = tr.evaluate(*data.test, job.eval_batch);
-          if (rank == 0) {
-            if (eval_due) faultPoint("evaluate", id);
-            json line = stepLine(job, steps, st, tr, *data.test, world, gen, eval ? &*eval : nullptr);
-            if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
-            {  // the members' seconds per VN, rank order (the manager watches for stragglers)
-              const auto& ctl = core.reducedControl();
-              line["vn_seconds"] = std::vector<double>(ctl.begin() + 2, ctl.end());
-            }
-            setString(*store, keys::metrics(st.step), line.dump());
-          }
-          const auto& ctl = core.reducedControl();
-          regroup = ctl[0] > static_cast<double>(gen) || ctl[1] > 0.0;
-        }
-        if (keeper) keeper->flush();
-        if (regroup) {
-          if (g_leave_requested) {
-            report("left");
-            return 0;
-          }
-          report("ready");
-          continue;
-        }
-        // A pipeline rank reports its stage's layer hashes (replicas of a
-        // stage must agree; the manager combines them into the model's).
-        json res = {{"model_hash", vn_ex ? vn_ex->hash() : std::string()},
-                    {"param_bytes", core.modelBytes()},
-                    {"peak_param_bytes", core.peakModelBytes()},
-                    {"peak_rss_bytes", peakRssBytes()},
-                    {"bytes_reduced", comm.bytesReduced()},
-                    {"generation", gen}};
-        if (ckpt) res["checkpoint"] = checkpointTiming(*ckpt);
-        if (stage_ex) {
-          const StageExecutor& st = *stage_ex;
-          res["stage"] = st.placement().stage;
-          std::string hashes;
-          for (const std::string& h : st.layerHashes()) hashes += (hashes.empty() ? "" : ",") + h;
-          res["stage_hash"] = hashes;
-          res["replica"] = st.placement().replica;
-          json t = json::array();
-          for (const StageTiming& s : st.stageTimings()) t.push_back({s.step, s.start, s.end, s.busy});
-          res["timings"] = t;
-          if (!st.trace().empty()) {
-            json ev = json::array();
-            for (const TraceEvent& e : st.trace()) ev.push_back({e.name, e.step, e.start, e.end});
-            setString(*store, keys::trace(id), ev.dump());
-          }
-        }
-        setString(*store, keys::result(id), res.dump());
-        store->wait({keys::kJobFinished}, std::chrono::hours(1));
-        return 0;
-      } catch (const CommFailure& e) {
-        // The step in flight did not commit; report what did and regroup.
-        tr.abandonStep();
-        report("ready");
-      } catch (const JobError& e) {
-        // The job cannot go on (e.g. no checkpoint for checkpoint.max_failures
-        // intervals): the manager stops every worker with this message rather
-        // than regrouping without this one.
-        setString(*store, keys::workerFatal(id), e.what());
-        throw;
-      }
-    }
+    return w.run();
   } catch (const std::exception& e) {
     if (!ready) {
       // It cannot start: the manager prints why (and goes on without it).
       try {
-        setString(*store, keys::workerStartError(id),
+        setString(*reg.store, keys::workerStartError(reg.id),
                   json({{"why", e.what()}, {"input", dynamic_cast<const InputError*>(&e) != nullptr}}).dump());
       } catch (const std::exception&) {
       }
@@ -665,7 +806,7 @@ int runWorker(const WorkerOptions& o) {
     // prints the resume command and exits. Bad input and a job that cannot
     // go on are this worker's own findings (the manager may be gone already
     // because of them).
-    if (!dynamic_cast<const InputError*>(&e) && !dynamic_cast<const JobError*>(&e)) heartbeat.waitIfManagerLost();
+    if (!dynamic_cast<const InputError*>(&e) && !dynamic_cast<const JobError*>(&e)) reg.heartbeat->waitIfManagerLost();
     throw;
   }
 }

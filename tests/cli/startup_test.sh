@@ -14,6 +14,10 @@
 #     its local worker; same model.
 #  4. The same remote worker as the job's only worker: the manager exits 2
 #     naming the cause.
+#  5. A remote worker whose machine cannot hold the job's model (the
+#     manager starts no local worker, so only the worker checks its own
+#     memory): it exits 2 before allocating, naming model.hidden, and the
+#     manager exits 2 with that cause.
 set -euo pipefail
 MORPH=$1
 CRASHY=$2
@@ -89,4 +93,23 @@ mrc=$?
 set -e
 [[ $mrc -eq 2 ]] || fail "no worker could start: the manager exited $mrc, expected 2" "$work/none.log"
 grep -q "no worker could start (worker 0: .*data.path" "$work/none.log" || fail "the message does not name the cause" "$work/none.log"
+
+# 5: a model no machine holds (4 x 2^20 x 2^20 parameters).
+mlp_job "$work/huge.toml" startup-huge 3 && sed -i 's/^hidden = .*/hidden = [1048576, 1048576, 1048576, 1048576]/' "$work/huge.toml"
+grep -q "^hidden = \[1048576" "$work/huge.toml" || fail "could not write the huge job" "$work/huge.toml"
+timeout 60 "$MORPH" run "$work/huge.toml" --workers 1 --spawn 0 --out "$work/huge" > "$work/huge.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/huge.log")
+set +e
+timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/huge/token" > "$work/remote3.log" 2>&1
+rc=$?
+wait "$mpid"
+mrc=$?
+set -e
+[[ $rc -eq 2 ]] || fail "the worker that cannot hold the model exited $rc, expected 2" "$work/remote3.log"
+grep -q "model.hidden: the job needs at least .* available" "$work/remote3.log" ||
+  fail "the worker's message does not name the memory estimate" "$work/remote3.log"
+[[ $mrc -eq 2 ]] || fail "a worker without the memory: the manager exited $mrc, expected 2" "$work/huge.log"
+grep -q "no worker could start (worker 0: .*model.hidden: the job needs at least" "$work/huge.log" ||
+  fail "the manager does not print the worker's memory refusal" "$work/huge.log"
 echo "startup test passed"

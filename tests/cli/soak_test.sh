@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A short soak (bench/soak.sh is the long one): a job on 3 workers loses
+# one to SIGKILL and gains a fresh one, four times over (8 resizes). The
+# store's key count (`morph status`, store_keys) after the last cycle must
+# be no more than after the first plus a small slack — past generations',
+# departed workers' and read steps' keys are deleted — and the final model
+# must equal the undisturbed single-process run's.
+set -euo pipefail
+MORPH=$1
+source "$(dirname "$0")/shell_util.sh"
+make_work
+fail() { echo "FAIL: $1"; shift; for f in "$@"; do echo "--- $f"; tail -n 40 "$f"; done; exit 1; }
+
+cat > "$work/job.toml" <<'TOML'
+[job]
+name = "soak-test"
+seed = 5
+steps = 6000
+[data]
+dataset = "synthetic"
+train_size = 600
+test_size = 60
+[model]
+name = "mlp"
+hidden = [24]
+[batch]
+global = 36
+virtual_nodes = 12
+[optim]
+lr = 0.02
+momentum = 0.9
+# Only the membership changes below make generations.
+[elastic]
+straggler_replan = false
+TOML
+ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
+[[ "$ref" == model_hash:* ]] || fail "no reference hash: $ref"
+
+"$MORPH" run "$work/job.toml" --quiet --workers 3 --out "$work/soak" > "$work/manager.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/manager.log")
+workers() { pgrep -f "^$MORPH worker --join 127.0.0.1:$port" || true; }
+store_keys() {
+  "$MORPH" status --join "127.0.0.1:$port" --token-file "$work/soak/token" | sed -n 's/.*"store_keys": \([0-9]*\).*/\1/p'
+}
+# The generation of the newest committed step (-1 before the first).
+gen_now() {
+  local g
+  g=$(tail -n 1 "$work/soak/metrics.jsonl" 2>/dev/null | sed -n 's/.*"generation":\([0-9]*\).*/\1/p')
+  echo "${g:--1}"
+}
+# next_gen G: until a step of a generation after G is committed (120 s at
+# most); prints that generation.
+next_gen() {
+  local g
+  for _ in $(seq 1 1200); do
+    g=$(gen_now)
+    (( g > $1 )) && { echo "$g"; return 0; }
+    kill -0 "$mpid" 2>/dev/null || fail "the job ended after generation $1 (too fast for this test?)" "$work/manager.log" >&2
+    sleep 0.1
+  done
+  fail "no generation after $1 started" "$work/manager.log" >&2
+}
+g=$(next_gen -1)
+for cycle in 1 2 3 4; do
+  victim=$(workers | tail -n 1)
+  kill -9 "$victim"
+  g=$(next_gen "$g")
+  "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/soak/token" > "$work/joiner$cycle.log" 2>&1 &
+  g=$(next_gen "$g")
+  keys=$(store_keys)
+  [[ -n "$keys" ]] || fail "morph status has no store_keys" "$work/manager.log"
+  echo "after cycle $cycle (generation $g, $(workers | wc -l) workers): $keys store keys"
+  [[ $cycle -eq 1 ]] && first=$keys
+done
+# Each cycle leaves the job as it was (3 workers): without the deletions
+# every generation adds its plan, reports and rendezvous keys, every
+# departed worker its keys, and every step its metrics.
+(( keys <= first + 10 )) || fail "the store grew from $first to $keys keys over 3 cycles" "$work/manager.log"
+set +e
+wait "$mpid"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || fail "the job exited $rc" "$work/manager.log"
+got=$(tail -n 1 "$work/manager.log")
+[[ "$got" == "$ref" ]] || fail "another model: $got, reference $ref" "$work/manager.log"
+echo "soak test passed"
