@@ -55,6 +55,7 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
                {"attempts", st.attempts},
                {"step_seconds", st.seconds},
                {"reduce_seconds", st.reduce_seconds},
+               {"reduced_bytes", st.reduced_bytes},
                // When the step committed (wall clock): the time between two
                // lines is everything a step costs, between-step work included.
                {"unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
