@@ -1357,7 +1357,10 @@ int Manager::run() {
 
   hostStore();
   setString(*store_, keys::kJobText, job_text_);
-  setString(*store_, keys::kJobOrigin, o_.job_path);
+  // Absolute: a worker started in another folder (or on another host that
+  // mounts the same files) resolves the job's relative input paths from the
+  // job file's folder too (core/job_spec.h).
+  setString(*store_, keys::kJobOrigin, std::filesystem::absolute(o_.job_path).lexically_normal().string());
   setString(*store_, keys::kJobOverrides, joinLines(effectiveOverrides(o_)));
   setString(*store_, keys::kJobOut, std::filesystem::absolute(dir_).string());
   if (job_.checkpoint_every > 0) {
