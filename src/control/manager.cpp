@@ -1386,6 +1386,8 @@ int Manager::run() {
   setString(*store_, keys::kJobStageLocal, pipelined() ? "1" : "0");
   setString(*store_, keys::kJobResume, o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
+  // --quiet: worker 0 prints no progress (data and checkpoint loading) either.
+  setString(*store_, keys::kJobQuiet, o_.quiet ? "1" : "0");
   setString(*store_, keys::kGenWant, "0");
   // What a worker prints when it loses the manager (docs/distributed.md).
   setString(*store_, keys::kJobResumeCommand, resumeCommand());

@@ -64,8 +64,7 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
     if (!quiet) std::printf("calibrate: %s\n", line.c_str()), std::fflush(stdout);
   };
   pinThreads(job.threads);
-  say("loading " + job.data.dataset);
-  DataPair data = loadDatasets(job.data, job.seed);
+  DataPair data = loadData(job, say);
   Profile p = measureCompute(job, *data.train, budget_s, say);
 
   // A store of its own on loopback; the peer proves the token it inherits.

@@ -417,7 +417,11 @@ int runWorker(const WorkerOptions& o) {
     }
     pinThreads(job.threads);
     checkBlas(id == 0);
-    DataPair data = loadDatasets(job.data, job.seed);
+    // Progress for a person waiting: worker 0's only (the others load the same).
+    const bool progress = id == 0 && store->check({keys::kJobQuiet}) && getString(*store, keys::kJobQuiet) == "0";
+    std::function<void(const std::string&)> say;
+    if (progress) say = [](const std::string& line) { std::printf("morph: worker 0: %s\n", line.c_str()), std::fflush(stdout); };
+    DataPair data = loadData(job, say);
     const int64_t steps = job.resolveSteps(data.train->size());
 
     LocalCommunicator none;
@@ -434,8 +438,8 @@ int runWorker(const WorkerOptions& o) {
     const std::string resume = getString(*store, keys::kJobResume);
     std::string resume_ckpt;  // stage-local: the checkpoint whose layers this worker loads once placed
     if (!resume.empty()) {
-      if (stage_local) resume_ckpt = resumeStepFrom(resume, tr, id == 0);
-      else resumeFrom(resume, tr, id == 0);
+      if (stage_local) resume_ckpt = resumeStepFrom(resume, tr, id == 0, progress);
+      else resumeFrom(resume, tr, id == 0, progress);
     }
     // Whoever gets here first tells the manager where the job starts and ends
     // (every worker computes the same values; start_step goes first, so
