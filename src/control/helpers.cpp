@@ -55,6 +55,7 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
                {"attempts", st.attempts},
                {"step_seconds", st.seconds},
                {"reduce_seconds", st.reduce_seconds},
+               {"reduced_bytes", st.reduced_bytes},
                // When the step committed (wall clock): the time between two
                // lines is everything a step costs, between-step work included.
                {"unix_time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
@@ -95,16 +96,58 @@ std::unique_ptr<FileSystem> checkpointFileSystem() {
   return std::make_unique<PosixFileSystem>();
 }
 
+DataPair loadData(const JobSpec& job, const std::function<void(const std::string&)>& say) {
+  const double t0 = nowSeconds();
+  DataPair data = loadDatasets(job.data, job.seed);
+  if (say) {
+    char took[48];
+    std::snprintf(took, sizeof took, ", loaded in %.2f s", nowSeconds() - t0);
+    say("data: " + describeData(job.data, data) + took);
+  }
+  return data;
+}
+
+namespace {
+
+// Bytes of the files of one checkpoint folder (0 when unreadable).
+double folderMegabytes(const std::string& path) {
+  uintmax_t bytes = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    std::error_code fec;
+    if (e.is_regular_file(fec)) bytes += e.file_size(fec);
+  }
+  return static_cast<double>(bytes) / 1e6;
+}
+
+// Before a resume reads `dir`: which checkpoint it tries first and its size.
+void sayLoading(const std::string& dir, FileSystem& fs) {
+  const std::vector<int64_t> steps = listCheckpointSteps(dir, fs);
+  if (steps.empty()) return;
+  const std::string path = (std::filesystem::path(dir) / checkpointDirName(steps.front())).string();
+  std::printf("morph: loading checkpoint %s (%.1f MB) ...\n", path.c_str(), folderMegabytes(path));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 // Loads the newest good checkpoint of `dir` into `tr`; reports rejected ones.
-void resumeFrom(const std::string& dir, Executor& tr, bool report) {
+void resumeFrom(const std::string& dir, Executor& tr, bool report, bool progress) {
   PosixFileSystem fs;
+  const double t0 = nowSeconds();
+  if (progress) sayLoading(dir, fs);
   std::vector<std::string> problems;
   std::optional<CheckpointData> ck = loadLatestGood(dir, fs, &problems);
   if (report)
     for (const auto& p : problems) std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", p.c_str());
   if (!ck) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
   tr.importState(*ck);
-  if (report) std::printf("morph: resuming from %s at step %lld\n", (std::filesystem::path(dir) / checkpointDirName(ck->step)).c_str(), static_cast<long long>(ck->step));
+  if (report) {
+    const std::string path = (std::filesystem::path(dir) / checkpointDirName(ck->step)).string();
+    std::printf("morph: resuming from %s at step %lld (%.1f MB loaded in %.2f s)\n", path.c_str(),
+                static_cast<long long>(ck->step), folderMegabytes(path), nowSeconds() - t0);
+    std::fflush(stdout);
+  }
 }
 
 void CheckpointKeeper::failed(const std::string& what) {
@@ -193,15 +236,22 @@ json checkpointTiming(const CheckpointWriter& w) {
   return {{"writes", t.writes}, {"snapshot_seconds", t.snapshot_seconds / n}, {"write_seconds", t.write_seconds / n}};
 }
 
-std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report) {
+std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report, bool progress) {
   PosixFileSystem fs;
+  const double t0 = nowSeconds();
+  if (progress) sayLoading(dir, fs);
   std::vector<std::string> problems;
   const std::optional<std::string> path = newestIntactCheckpoint(dir, fs, &problems);
   if (report)
     for (const auto& p : problems) std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", p.c_str());
   if (!path) throw InputError("--resume " + dir + ": no intact checkpoint in this folder");
   const int64_t step = loadStepFrom(*path, tr);
-  if (report) std::printf("morph: resuming from %s at step %lld\n", path->c_str(), static_cast<long long>(step));
+  // Every file was read and verified; each stage loads its layers once placed.
+  if (report) {
+    std::printf("morph: resuming from %s at step %lld (%.1f MB verified in %.2f s)\n", path->c_str(),
+                static_cast<long long>(step), folderMegabytes(*path), nowSeconds() - t0);
+    std::fflush(stdout);
+  }
   return *path;
 }
 

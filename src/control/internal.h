@@ -136,15 +136,20 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& 
 std::unique_ptr<FileSystem> checkpointFileSystem();
 // The fault seam (runner.h): calls the installed hook, if any.
 void faultPoint(const std::string& point, int64_t worker);
+// Loads the job's dataset; with `say`, reports what it holds and how long
+// loading took in one line ("data: ...", docs/job_file.md, "Progress").
+DataPair loadData(const JobSpec& job, const std::function<void(const std::string&)>& say = nullptr);
 // Loads the newest intact checkpoint of `dir`; reports damaged ones on
-// stderr. Throws InputError when there is none.
-void resumeFrom(const std::string& dir, Executor& tr, bool report);
+// stderr. Throws InputError when there is none. `report`: says on stdout
+// which checkpoint it resumes from; `progress`: also, before loading, which
+// one it reads and its size.
+void resumeFrom(const std::string& dir, Executor& tr, bool report, bool progress);
 // A stage-local worker's resume, in two halves. First, before it is placed:
 // picks the newest checkpoint of `dir` whose every file is intact (so all
 // workers pick the same one), loads its step and scale state and returns
 // its path. Then, once placed: loads the layers the worker holds (its
 // stage's, on whatever cut the checkpoint was written with) from it.
-std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report);
+std::string resumeStepFrom(const std::string& dir, Executor& tr, bool report, bool progress);
 void loadHeldLayers(const std::string& checkpoint, Executor& tr);
 // The first half alone, from one checkpoint folder: its step and scale
 // state. Returns the step.

@@ -1407,7 +1407,10 @@ void Manager::checkOptions() {
 void Manager::publishJob() {
   hostStore();
   setString(*store_, keys::kJobText, job_text_);
-  setString(*store_, keys::kJobOrigin, o_.job_path);
+  // Absolute: a worker started in another folder (or on another host that
+  // mounts the same files) resolves the job's relative input paths from the
+  // job file's folder too (core/job_spec.h).
+  setString(*store_, keys::kJobOrigin, std::filesystem::absolute(o_.job_path).lexically_normal().string());
   setString(*store_, keys::kJobOverrides, joinLines(effectiveOverrides(o_)));
   setString(*store_, keys::kJobOut, std::filesystem::absolute(dir_).string());
   if (job_.checkpoint_every > 0) {
@@ -1433,6 +1436,8 @@ void Manager::publishJob() {
   setString(*store_, keys::kJobStageLocal, pipelined() ? "1" : "0");
   setString(*store_, keys::kJobResume, o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
   setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
+  // --quiet: worker 0 prints no progress (data and checkpoint loading) either.
+  setString(*store_, keys::kJobQuiet, o_.quiet ? "1" : "0");
   setString(*store_, keys::kGenWant, "0");
   // What a worker prints when it loses the manager (docs/distributed.md).
   setString(*store_, keys::kJobResumeCommand, resumeCommand());

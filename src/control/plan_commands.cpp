@@ -67,8 +67,7 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
     if (!quiet) std::printf("calibrate: %s\n", line.c_str()), std::fflush(stdout);
   };
   pinThreads(job.threads);
-  say("loading " + job.data.dataset);
-  DataPair data = loadDatasets(job.data, job.seed);
+  DataPair data = loadData(job, say);
   Profile p = measureCompute(job, *data.train, budget_s, say);
 
   // A store of its own on loopback; the peer proves the token it inherits.
@@ -82,7 +81,9 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   store->setTimeout(kCalibStoreTimeout);
   const std::vector<int64_t> p2p = p2pSizes(p), ar = allreduceSizes(p);
   setString(*store, "calib/sizes", json({{"p2p", p2p}, {"allreduce", ar}}).dump());
-  setString(*store, "calib/job", json({{"path", job_path}, {"overrides", overrides}}).dump());
+  setString(*store, "calib/job",
+            json({{"path", std::filesystem::absolute(job_path).lexically_normal().string()}, {"overrides", overrides}})
+                .dump());
   const std::string join = "127.0.0.1:" + std::to_string(server.port());
   // The peer's environment, built before fork (the store's threads run).
   std::vector<std::string> env_s = {"MORPH_TOKEN=" + so.token};

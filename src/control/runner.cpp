@@ -44,12 +44,14 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
                                                  job.checkpoint_every > 0 ? checkpointDir(o, job) : "", false});
   pinThreads(job.threads);
   checkBlas(true);
-  DataPair data = loadDatasets(job.data, job.seed);
+  std::function<void(const std::string&)> say;
+  if (!o.quiet) say = [](const std::string& line) { std::printf("morph: %s\n", line.c_str()), std::fflush(stdout); };
+  DataPair data = loadData(job, say);
   const int64_t steps = job.resolveSteps(data.train->size());
   const std::string dir = outDir(o, job);
   LocalCommunicator comm;
   VnExecutor tr(job, steps, *data.train, comm);
-  if (!o.resume.empty()) resumeFrom(o.resume, tr, true);
+  if (!o.resume.empty()) resumeFrom(o.resume, tr, true, !o.quiet);
   RunLog log(dir, job, steps, o.quiet, !o.resume.empty());
   if (status) {
     status->setSteps(steps);

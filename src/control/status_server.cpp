@@ -164,11 +164,13 @@ void StatusServer::record(const json& line) {
   p.generation = static_cast<int32_t>(num(line, "generation", 0));
   p.test_accuracy = num(line, "test_accuracy");
   p.test_loss = num(line, "test_loss");
+  p.reduced_bytes = num(line, "reduced_bytes");
   const bool error = line.contains("checkpoint_error");
   std::lock_guard<std::mutex> lock(mu_);
   if (!std::isnan(p.test_accuracy) || !std::isnan(p.test_loss)) last_eval_ = points_.size();
   points_.push_back(p);
   checkpoint_errors_ += error;
+  if (!std::isnan(p.reduced_bytes)) reduced_bytes_total_ += p.reduced_bytes;
 }
 
 void StatusServer::setStatus(const json& status) {
@@ -226,7 +228,9 @@ json StatusServer::statusJson() const {
     if (!s.contains("workers")) s["workers"] = p.workers;
     s["step_seconds"] = p.step_seconds;
     s["updated_unix_time"] = p.unix_time;
+    if (!std::isnan(p.reduced_bytes)) s["reduced_bytes"] = p.reduced_bytes;
   }
+  s["reduced_bytes_total"] = reduced_bytes_total_;
   if (last_eval_ != SIZE_MAX) {
     const Point& e = points_[last_eval_];
     s["test_accuracy"] = e.test_accuracy;
@@ -285,6 +289,11 @@ std::string StatusServer::prometheusText() const {
   metric("morph_step_seconds", "gauge", "Wall time of the latest step.", get("step_seconds"));
   metric("morph_test_accuracy", "gauge", "Test accuracy of the latest evaluation.", get("test_accuracy"));
   metric("morph_test_loss", "gauge", "Test loss of the latest evaluation.", get("test_loss"));
+  metric("morph_reduced_bytes_per_step", "gauge",
+         "All-reduce payload bytes of the reporting worker (rank 0) in the latest step.", get("reduced_bytes"));
+  metric("morph_reduced_bytes_total", "counter",
+         "All-reduce payload bytes of the reporting worker (rank 0), summed over the steps recorded.",
+         get("reduced_bytes_total"));
   metric("morph_workers", "gauge", "Workers in the current generation.", get("workers"));
   metric("morph_generation", "gauge", "Current generation (membership and plan).", get("generation"));
   std::map<std::string, int64_t> causes = {{"join", 0}, {"leave", 0}, {"failure", 0}, {"request", 0}};

@@ -68,6 +68,7 @@ class StatusServer {
     double loss, lr, samples_per_second, step_seconds, reduce_seconds, unix_time;
     int32_t workers, generation;
     double test_accuracy, test_loss;  // NaN without an evaluation
+    double reduced_bytes;             // all-reduce payload of the step (NaN: not in the line)
   };
   // Newest step-<n> checkpoint under checkpoint_dir: (n, age in seconds), or (-1, 0).
   std::pair<int64_t, double> newestCheckpoint() const;
@@ -83,6 +84,7 @@ class StatusServer {
   nlohmann::json summary_;  // null while running
   size_t last_eval_ = SIZE_MAX;  // index into points_ of the latest evaluation
   int64_t checkpoint_errors_ = 0;
+  double reduced_bytes_total_ = 0;  // sum of the points' reduced_bytes
 };
 
 // "ADDR:PORT" of --status (ADDR may be empty: loopback). InputError naming

@@ -15,7 +15,8 @@ inline const std::string kJobText = "job/text", kJobOrigin = "job/origin", kJobO
                          kJobOut = "job/out", kJobResume = "job/resume", kJobHeartbeat = "job/heartbeat",
                          kJobCkptDir = "job/ckpt_dir", kJobCkptMarker = "job/ckpt_marker",
                          kJobStageLocal = "job/stage_local", kJobResumeCommand = "job/resume_command",
-                         kJobSteps = "job/steps", kJobStartStep = "job/start_step", kJobFinished = "job/finished";
+                         kJobSteps = "job/steps", kJobStartStep = "job/start_step", kJobFinished = "job/finished",
+                         kJobQuiet = "job/quiet";
 // Membership.
 inline const std::string kNextWorkerId = "workers/next_id", kEvents = "events", kGenCurrent = "gen/current",
                          kGenWant = "gen/want", kStatus = "status";

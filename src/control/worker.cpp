@@ -540,7 +540,11 @@ void WorkerJob::startUp() {
   checkJobFitsMemory(job_, stage_local ? 0.0 : 1.0, 1.0, availableMemoryBytes());
   pinThreads(job_.threads);
   checkBlas(id_ == 0);
-  data_ = loadDatasets(job_.data, job_.seed);
+  // Progress for a person waiting: worker 0's only (the others load the same).
+  const bool progress = id_ == 0 && store_->check({keys::kJobQuiet}) && getString(*store_, keys::kJobQuiet) == "0";
+  std::function<void(const std::string&)> say;
+  if (progress) say = [](const std::string& line) { std::printf("morph: worker 0: %s\n", line.c_str()), std::fflush(stdout); };
+  data_ = loadData(job_, say);
   steps_ = job_.resolveSteps(data_.train->size());
 
   if (stage_local) stage_ex_ = std::make_unique<StageExecutor>(job_, steps_, *data_.train);
@@ -549,8 +553,8 @@ void WorkerJob::startUp() {
   core_ = &tr_->core();
   const std::string resume = getString(*store_, keys::kJobResume);
   if (!resume.empty()) {
-    if (stage_local) resume_ckpt_ = resumeStepFrom(resume, *tr_, id_ == 0);
-    else resumeFrom(resume, *tr_, id_ == 0);
+    if (stage_local) resume_ckpt_ = resumeStepFrom(resume, *tr_, id_ == 0, progress);
+    else resumeFrom(resume, *tr_, id_ == 0, progress);
   }
   // Whoever gets here first tells the manager where the job starts and ends
   // (every worker computes the same values; start_step goes first, so

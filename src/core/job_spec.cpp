@@ -198,15 +198,24 @@ void applyOverride(toml::table& root, const std::string& spec, const std::string
   if (key == "job.epochs") t->erase("steps");
 }
 
+// An input file or folder named in the job file: a relative path is taken
+// from the job file's folder, wherever `morph run` (or a worker) starts
+// (docs/job_file.md, "Paths"). `origin` is the job file's path.
+std::string inputPath(const std::string& origin, const std::string& given) {
+  std::filesystem::path p(given);
+  if (p.is_relative()) p = std::filesystem::path(origin).parent_path() / p;
+  return p.lexically_normal().string();
+}
+
 // dataset = "npy": reads the four headers and the labels, checks that they
 // fit together, and fills the model's input shape and class count (or,
 // with `float_targets` (loss = "mse"), the target shape).
-void readNpyData(Reader& r, JobSpec& j, bool float_targets) {
+void readNpyData(Reader& r, JobSpec& j, bool float_targets, const std::string& origin) {
   DataSpec& d = j.data;
-  d.train_x = r.str("data.train_x", "", true);
-  d.train_y = r.str("data.train_y", "", true);
-  d.test_x = r.str("data.test_x", "", true);
-  d.test_y = r.str("data.test_y", "", true);
+  d.train_x = inputPath(origin, r.str("data.train_x", "", true));
+  d.train_y = inputPath(origin, r.str("data.train_y", "", true));
+  d.test_x = inputPath(origin, r.str("data.test_x", "", true));
+  d.test_y = inputPath(origin, r.str("data.test_y", "", true));
   d.mean = r.number("data.mean", 0.0, -1e30, 1e30);
   d.std = r.number("data.std", 1.0, 1e-30, 1e30);
   auto header = [&](const char* key, const std::string& path) {
@@ -265,13 +274,10 @@ void readNpyData(Reader& r, JobSpec& j, bool float_targets) {
   if (j.model.classes < 2) throw InputError(d.train_y + ": every label is 0; expected at least two classes");
 }
 
-// model.name = "torchscript": the module file, relative to the job file's
-// folder, and the digest of its bytes.
+// model.name = "torchscript": the module file (inputPath) and the digest
+// of its bytes.
 void readTorchScriptModel(Reader& r, JobSpec& j, const std::string& origin) {
-  const std::string given = r.str("model.path", "", true);
-  std::filesystem::path p(given);
-  if (p.is_relative()) p = std::filesystem::path(origin).parent_path() / p;
-  j.model.path = p.lexically_normal().string();
+  j.model.path = inputPath(origin, r.str("model.path", "", true));
   if (!std::filesystem::is_regular_file(j.model.path))
     r.fail("model.path", "expected a TorchScript module file (torch.jit.save), but " + j.model.path + " is missing");
   std::ifstream in(j.model.path, std::ios::binary);
@@ -341,7 +347,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   if (j.data.dataset != "fortunes-char" && r.has("data.seq_len"))
     r.fail("data.seq_len", "applies only to data.dataset = \"fortunes-char\"");
   if (j.data.dataset == "fashion-mnist") {
-    j.data.path = r.str("data.path", "/usr/share/datasets/fashion-mnist");
+    j.data.path = inputPath(origin, r.str("data.path", "/usr/share/datasets/fashion-mnist"));
     for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
       auto p = std::filesystem::path(j.data.path) / f;
@@ -353,7 +359,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     for (const char* k : {"data.train_size", "data.test_size"})
       if (r.has(k)) r.fail(k, "applies only to data.dataset = \"synthetic\"");
   } else if (j.data.dataset == "fortunes-char") {
-    j.data.path = r.str("data.path", "/usr/share/games/fortunes");
+    j.data.path = inputPath(origin, r.str("data.path", "/usr/share/games/fortunes"));
     j.data.seq_len = r.integer("data.seq_len", 64, 2, 4096);
     if (!std::filesystem::is_directory(j.data.path))
       r.fail("data.path", "expected the folder of the fortunes text files, but " + j.data.path +
@@ -364,7 +370,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     for (const char* k : {"data.path", "data.train_size", "data.test_size"})
       if (r.has(k)) r.fail(k, "does not apply to data.dataset = \"npy\" (give data.train_x and the other files)");
     // The loss decides what the labels file holds (model.loss is checked below).
-    readNpyData(r, j, r.str("model.loss", "cross_entropy") == "mse");
+    readNpyData(r, j, r.str("model.loss", "cross_entropy") == "mse", origin);
   } else {
     j.data.train_size = r.integer("data.train_size", 4096, 1, 100000000);
     j.data.test_size = r.integer("data.test_size", 1024, 1, 100000000);

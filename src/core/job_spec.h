@@ -12,6 +12,10 @@ namespace morph {
 
 enum class ReduceMode { kExact, kFloat };
 
+// Input paths (data.path, the npy files, model.path) are stored as parseJob
+// resolved them: a relative one given in the job file (or with --set) is
+// joined to the job file's folder, so the result is absolute, or relative
+// to the working directory when the job file's path was.
 struct DataSpec {
   std::string dataset;  // "fashion-mnist" | "synthetic" | "fortunes-char" | "npy"
   std::string path;     // folder with the dataset's files
@@ -36,10 +40,8 @@ struct ModelSpec {
   std::vector<int64_t> input = {1, 28, 28};
   int64_t classes = 10;
   double dropout = 0.0;
-  // torchscript: the module file (absolute, or relative to the folder
-  // `morph run` starts in: a relative `model.path` is resolved against the
-  // job file's folder when the job is parsed) and XXH64 of its bytes (a
-  // resume and every worker must train the same file).
+  // torchscript: the module file and XXH64 of its bytes (a resume and
+  // every worker must train the same file).
   std::string path, digest;
   // "cross_entropy" (int64 class labels) | "mse" (float32 targets, npy
   // only). `target`: mse: one sample's target shape, () for one value.
@@ -114,7 +116,8 @@ struct JobSpec {
 JobSpec loadJobFile(const std::string& path, const std::vector<std::string>& overrides = {});
 // The text of a job file; InputError when it cannot be read.
 std::string readJobFile(const std::string& path);
-// Same, from TOML text; `origin` names the source in messages.
+// Same, from TOML text; `origin` is the job file's path: it names the
+// source in messages, and relative input paths are taken from its folder.
 JobSpec parseJob(const std::string& toml_text, const std::string& origin,
                  const std::vector<std::string>& overrides = {});
 

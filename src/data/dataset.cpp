@@ -2,8 +2,9 @@
 
 #include <zlib.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -291,6 +292,30 @@ DataPair loadDatasets(const DataSpec& spec, uint64_t seed) {
     throw InputError("unknown dataset '" + spec.dataset + "'");
   }
   return p;
+}
+
+std::string describeData(const DataSpec& spec, const DataPair& p) {
+  // One sample's shape as the model sees it (a text window: its length).
+  const torch::Tensor x = p.train->gather(std::vector<int64_t>{0}).x;
+  std::string shape;
+  for (int64_t d = 1; d < x.dim(); ++d) shape += (d > 1 ? "x" : "") + std::to_string(x.size(d));
+  const bool text = spec.dataset == "fortunes-char";
+  std::string out = spec.dataset;
+  if (!spec.path.empty() && spec.dataset != "npy") out += " from " + spec.path;
+  out += ": " + std::to_string(p.train->size()) + " train + " + std::to_string(p.test->size()) + " test " +
+         (text ? "windows of " + shape + " characters" : "samples of " + shape);
+  if (spec.dataset == "npy") {
+    uintmax_t bytes = 0;
+    for (const std::string* f : {&spec.train_x, &spec.train_y, &spec.test_x, &spec.test_y}) {
+      std::error_code ec;
+      const uintmax_t n = std::filesystem::file_size(*f, ec);
+      if (!ec) bytes += n;
+    }
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", memory-mapped (%.1f MB in 4 files)", static_cast<double>(bytes) / 1e6);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace morph

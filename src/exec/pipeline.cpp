@@ -492,8 +492,18 @@ CheckpointData StageExecutor::exportState() const {
 
 StepStats StageExecutor::step() {
   MORPH_CHECK(pcomm_.world, "place() the stage before its first step");
-  return core_.runStep([this](int) { runSchedule(); }, [this](std::vector<double>& flags) { reduce(flags); },
-                       pcomm_.world);
+  // The groups this rank reduces in (pcomm_.pipe only sends and receives).
+  auto reduced = [this] {
+    int64_t b = pcomm_.world->bytesReduced();
+    for (const Communicator* c : {pcomm_.stage, pcomm_.tied})
+      if (c && c != pcomm_.world) b += c->bytesReduced();
+    return b;
+  };
+  const int64_t bytes0 = reduced();
+  StepStats st = core_.runStep([this](int) { runSchedule(); }, [this](std::vector<double>& flags) { reduce(flags); },
+                               pcomm_.world);
+  st.reduced_bytes = reduced() - bytes0;
+  return st;
 }
 
 void StageExecutor::abandonStep() { core_.abandonBuffer(); }

@@ -573,7 +573,10 @@ StepStats VnExecutor::step() {
     inflight_.clear();
     if (!order.empty() && core_.step_ + 1 < core_.total_steps_) core_.prefetch_.request(core_.step_ + 1, order.front());
   };
-  return core_.runStep(run, reduce, nullptr);
+  const int64_t bytes0 = comm_->bytesReduced();
+  StepStats st = core_.runStep(run, reduce, nullptr);
+  st.reduced_bytes = comm_->bytesReduced() - bytes0;
+  return st;
 }
 
 EvalStats VnExecutor::evaluate(const Dataset& test, int64_t batch) {

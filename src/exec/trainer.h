@@ -46,6 +46,10 @@ struct StepStats {
   int attempts = 1;             // > 1 when the fixed-point bound forced a redo
   double seconds = 0.0;         // wall time of the step on this worker
   double reduce_seconds = 0.0;  // of which spent in collectives
+  // Payload bytes this worker handed to all-reduces in the step (every
+  // attempt; gradients, flags and loss statistics), point-to-point
+  // transfers of a pipeline not included.
+  int64_t reduced_bytes = 0;
 };
 
 struct EvalStats {

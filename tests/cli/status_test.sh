@@ -3,7 +3,9 @@
 # running 2-worker job; the loss chart (read from the DOM) has as many points
 # as steps done. /metrics parses as Prometheus text (tests/cli/prom_check.py),
 # /api/status holds what `morph status` prints, a status port in use exits 2
-# naming the port, and `morph view` serves a finished run's page.
+# naming the port, and `morph view` serves a finished run's page. Bytes
+# reduced: the per-step gauge and the counter are there and count the
+# steps' all-reduce payload.
 set -euo pipefail
 MORPH=$1
 here=$(dirname "$0")
@@ -52,8 +54,17 @@ echo "page: $points points in the loss chart ($before..$after steps done while t
 
 curl -sf "${url}metrics" > "$work/metrics.txt"
 python3 "$here/prom_check.py" morph_steps_committed morph_loss morph_samples_per_second morph_workers \
-  morph_generation morph_resizes_total morph_checkpoint_age_seconds < "$work/metrics.txt"
+  morph_generation morph_resizes_total morph_checkpoint_age_seconds morph_reduced_bytes_per_step \
+  morph_reduced_bytes_total < "$work/metrics.txt"
 grep -q '^morph_workers{job_name="live"} 2$' "$work/metrics.txt" || { echo "FAIL: workers"; cat "$work/metrics.txt"; exit 1; }
+# prom VALUE-OF METRIC FILE: the sample's value.
+prom() { sed -n "s/^$1{[^}]*} \(.*\)$/\1/p" "$2"; }
+python3 - "$(prom morph_reduced_bytes_per_step "$work/metrics.txt")" "$(prom morph_reduced_bytes_total "$work/metrics.txt")" <<'PY'
+import sys
+step, total = float(sys.argv[1]), float(sys.argv[2])
+# Each step reduces the MLP's gradient; the counter holds the latest step's.
+assert step > 0 and total >= step, "bytes reduced: per step %r, total %r" % (step, total)
+PY
 
 MORPH_TOKEN=$(cat "$work/live/token") "$MORPH" status --join "127.0.0.1:$port" > "$work/status.json"
 curl -sf "${url}api/status" > "$work/api.json"
@@ -86,7 +97,15 @@ page=$(dom "$vurl")
 [[ $(attr data-points <<< "$page") == 12 ]] || { echo "FAIL: view: loss chart has $(attr data-points <<< "$page") points, not 12"; exit 1; }
 acc=$(grep -o 'id="acc-chart" data-points="[0-9]*"' <<< "$page" | attr data-points)
 [[ "$acc" == 3 ]] || { echo "FAIL: view: accuracy chart has $acc points, not 3"; exit 1; }
-grep -q '^morph_finished{job_name="done"} 1$' <(curl -sf "${vurl}metrics") || { echo "FAIL: view: not finished"; exit 1; }
+curl -sf "${vurl}metrics" > "$work/view_metrics.txt"
+grep -q '^morph_finished{job_name="done"} 1$' "$work/view_metrics.txt" || { echo "FAIL: view: not finished"; exit 1; }
+# The counter is the sum of the run's per-step reduced_bytes.
+python3 - "$work/done/metrics.jsonl" "$(prom morph_reduced_bytes_total "$work/view_metrics.txt")" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+want = sum(l["reduced_bytes"] for l in lines)
+assert want > 0 and float(sys.argv[2]) == want, "view: morph_reduced_bytes_total %s, metrics.jsonl sums to %d" % (sys.argv[2], want)
+PY
 kill $view
 set +e; "$MORPH" view "$work/nothing" > /dev/null 2>&1; rc=$?; set -e
 [[ $rc == 2 ]] || { echo "FAIL: view of a missing run: exit $rc"; exit 1; }

@@ -69,6 +69,13 @@ every = 1"
   echo "ok: $m: $ref on 1-3 workers and 2 stages (gpipe, 1f1b, varuna)"
 done
 
+# model.path is relative to the job file's folder, not to where `morph run`
+# starts (docs/job_file.md, "Paths"); --out is relative to the latter.
+mkdir -p "$work/elsewhere/deeper"
+got=$(cd "$work/elsewhere/deeper" && hash_of ../../mlp.toml --workers 2 --out out)
+[[ "$got" == "${hashes[mlp]}" ]] || { echo "FAIL: mlp from another working directory: $got, ${hashes[mlp]}"; exit 1; }
+[[ -f "$work/elsewhere/deeper/out/summary.json" ]] || { echo "FAIL: --out is not relative to the working directory"; exit 1; }
+
 # Dropout draws in training: the same weights without it train differently.
 job "$work/nodrop.toml" "mlp_nodrop.pt"
 nodrop=$(hash_of "$work/nodrop.toml" --out "$work/nodrop")

@@ -196,6 +196,47 @@ TEST(JobSpec, TorchScriptPathIsRelativeToTheJobFileAndItsKeysAreItsOwn) {
   fs::remove_all(dir);
 }
 
+// A NumPy v1 file: `descr` ("|u1", "<i8"), `shape`, `bytes` of payload.
+void writeNpy(const std::filesystem::path& path, const std::string& descr, const std::string& shape,
+              const std::string& bytes) {
+  std::string head = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  head += std::string(63 - (10 + head.size()) % 64, ' ') + "\n";
+  std::ofstream out(path, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00' << static_cast<char>(head.size() & 0xff)
+      << static_cast<char>(head.size() >> 8) << head << bytes;
+}
+
+TEST(JobSpec, InputPathsAreRelativeToTheJobFilesFolder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("morph-paths-spec-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "jobs" / "data");
+  writeNpy(dir / "jobs" / "data" / "x.npy", "|u1", "(4, 2, 2)", std::string(16, '\x07'));
+  std::string labels;
+  for (int64_t v : {0, 1, 1, 0}) labels.append(reinterpret_cast<const char*>(&v), sizeof v);
+  writeNpy(dir / "jobs" / "data" / "y.npy", "<i8", "(4,)", labels);
+  const std::string origin = (dir / "jobs" / "job.toml").string();
+  const std::string abs_y = (dir / "jobs" / "data" / "y.npy").string();
+  const std::vector<std::string> npy = {"data.dataset=npy", "data.train_x=data/x.npy", "data.train_y=" + abs_y,
+                                        "data.test_x=./data/../data/x.npy", "data.test_y=data/y.npy"};
+  std::string text = kValid;
+  text.replace(text.find("train_size = 100\n"), 17, "");
+  const JobSpec j = parseJob(text, origin, npy);
+  EXPECT_EQ(j.data.train_x, (dir / "jobs" / "data" / "x.npy").string());
+  EXPECT_EQ(j.data.train_y, abs_y);  // absolute: as given
+  EXPECT_EQ(j.data.test_x, (dir / "jobs" / "data" / "x.npy").string());
+  EXPECT_EQ(j.data.test_y, abs_y);
+  EXPECT_EQ(j.data.train_size, 4);
+  EXPECT_EQ(j.model.classes, 2);
+  // A dataset folder too.
+  try {
+    parseJob(text, origin, {"data.dataset=fashion-mnist", "data.path=fm"});
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "jobs" / "fm" / "train-images").string()), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(JobSpec, GptMiniNeedsTextAndValidHeads) {
   expectInputError(kValid, {"model.name", "fortunes-char"}, {"model.name=gpt-mini"});
   const std::string text = R"([job]
