@@ -99,6 +99,11 @@ MODELS = {
                     ddp="gpt-mini", batch=32, vns=4, window=(5, 100), eval_batch=256),
 }
 ALIASES = {"gpt-mini": "gptmini", "gpt": "gptmini"}
+# On a machine loaded far beyond its cores (others' builds) the default
+# heartbeat timeout declared both workers of a 2-worker gpt-mini run dead;
+# a longer one changes nothing between steps (heartbeats are a background
+# thread's).
+HEARTBEAT = ["--heartbeat-timeout", "60"]
 
 
 def timed(cmd, env=None):
@@ -119,7 +124,7 @@ def write_job(model, mode, steps, tmp, extra=""):
 def morph_cmd(binary, model, workers, mode, steps, tmp):
     path = write_job(model, mode, steps, tmp)
     out = os.path.join(tmp, f"out-{model}-{mode}-{workers}-{steps}")
-    return [binary, "run", path, "--workers", str(workers), "--quiet", "--out", out], out
+    return [binary, "run", path, "--workers", str(workers), "--quiet", "--out", out] + HEARTBEAT, out
 
 
 def tensor_file_params(path):
@@ -271,7 +276,7 @@ def morph_netns(net, binary, model, workers, mode, steps, tmp, env):
     t0 = time.perf_counter()
     with open(log, "w") as lf:
         mgr = subprocess.Popen(["ip", "netns", "exec", net.ns[0], binary, "run", path, "--workers", str(workers),
-                                "--spawn", "1", "--host", net.ips[0], "--quiet", "--out", out],
+                                "--spawn", "1", "--host", net.ips[0], "--quiet", "--out", out] + HEARTBEAT,
                                stdout=lf, stderr=subprocess.STDOUT, env=env)
     procs = [mgr]
     try:
