@@ -13,11 +13,28 @@ step structure as Morph, using N CPU processes joined by gloo over TCP:
   * the loss is cross-entropy with reduction='sum' per micro-batch, and
     the all-reduced (averaged over N) gradient is scaled by N/B, so the
     effective gradient is sum/B;
-  * SGD, lr 0.05, momentum 0.9.
+  * SGD, lr 0.05, momentum 0.9 (mlp, cnn); for gpt-mini AdamW, lr 0.003,
+    20 warm-up steps then cosine, gradient clipped to norm 1.0, as
+    examples/fortunes-gpt.toml.
+
+gpt-mini is the twin of Morph's built-in one (src/models/zoo.cpp): token and
+position embeddings (vocabulary 256 bytes), pre-norm transformer blocks
+(causal self-attention, 4x GELU MLP), a final LayerNorm and an output head
+tied to the token embedding; trained on the text of the fortunes package
+(/usr/share/games/fortunes, read as Morph reads it: every regular file but
+*.dat and *.u8, sorted by name, concatenated, cut into windows of seq_len
+bytes, the last 1/20 held out), B sequences of seq_len tokens per step.
+`--param-count` prints the model's parameter count and exits.
 
 Run with Debian's python (which has torch):
 
   /usr/bin/python3 bench/ddp_baseline.py --model cnn --workers 2 --json
+
+One rank per command (for processes in separate network namespaces; rank 0
+hosts the rendezvous and prints the result; set GLOO_SOCKET_IFNAME):
+
+  /usr/bin/python3 bench/ddp_baseline.py --model mlp --workers 4 --rank R \
+      --master-addr 10.0.0.1 --port 29500 --json
 """
 
 import argparse
@@ -35,6 +52,7 @@ import traceback
 import numpy as np
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
+FORTUNES_DIR = "/usr/share/games/fortunes"
 MEAN = 0.2860
 STD = 0.3530
 NUM_SYNTHETIC = 60000
@@ -60,9 +78,33 @@ def _read_idx(path, magic_expected, ndims):
     return data.reshape(dims)
 
 
-def load_data(kind):
-    """Returns (images float32 [n,1,28,28], labels int64 [n]) as torch tensors."""
+class TextWindows:
+    """The fortunes text as Morph's TextDataset sees it: sample i is window i
+    (x = bytes [i*T, (i+1)*T), y = the same shifted by one byte)."""
+
+    def __init__(self, seq_len, path=FORTUNES_DIR):
+        import torch
+        files = sorted(e.path for e in os.scandir(path)
+                       if e.is_file(follow_symlinks=False) and not e.path.endswith((".dat", ".u8")))
+        text = b"".join(open(f, "rb").read() for f in files)
+        windows = (len(text) - 1) // seq_len
+        test = max(1, windows // 20)
+        self.seq_len = seq_len
+        self.bytes = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        self.n = windows - test  # training windows
+        self.offsets = torch.arange(seq_len, dtype=torch.int64)
+
+    def batch(self, idx):
+        pos = (idx * self.seq_len).unsqueeze(1) + self.offsets
+        return self.bytes[pos].long(), self.bytes[pos + 1].long()
+
+
+def load_data(kind, seq_len=64):
+    """Returns (images float32 [n,1,28,28], labels int64 [n]) as torch tensors,
+    or (TextWindows, None) for the fortunes text."""
     import torch
+    if kind == "fortunes-char":
+        return TextWindows(seq_len), None
     if kind == "fashion-mnist":
         images = _read_idx(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"), 0x00000803, 3)
         labels = _read_idx(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"), 0x00000801, 1)
@@ -83,8 +125,52 @@ def load_data(kind):
 # Models (shapes match Morph's)
 # --------------------------------------------------------------------------
 
-def build_model(name):
+def build_gpt_mini(vocab=256, seq_len=64, dim=64, layers=2, heads=4):
+    import math
+    import torch
     import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(dim)
+            self.qkv = nn.Linear(dim, 3 * dim)
+            self.proj = nn.Linear(dim, dim)
+            self.ln2 = nn.LayerNorm(dim)
+            self.fc1 = nn.Linear(dim, 4 * dim)
+            self.fc2 = nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            d = c // heads
+            q, k, v = (z.view(b, t, heads, d).transpose(1, 2) for z in self.qkv(self.ln1(x)).chunk(3, -1))
+            att = q.matmul(k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            future = torch.ones(t, t, dtype=torch.bool).triu(1)
+            att = torch.softmax(att.masked_fill(future, float("-inf")), -1)
+            y = att.matmul(v).transpose(1, 2).contiguous().view(b, t, c)
+            h = x + self.proj(y)
+            return h + self.fc2(F.gelu(self.fc1(self.ln2(h))))
+
+    class GptMini(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = nn.Parameter(torch.randn(vocab, dim) * 0.02)
+            self.position = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+            self.norm = nn.LayerNorm(dim)
+
+        def forward(self, x):
+            h = F.embedding(x, self.token) + self.position[:x.size(1)]
+            return self.norm(self.blocks(h)).matmul(self.token.t())  # head tied to the embedding
+
+    return GptMini()
+
+
+def build_model(name, seq_len=64):
+    import torch.nn as nn
+    if name == "gpt-mini":
+        return build_gpt_mini(seq_len=seq_len)
     if name == "mlp":
         return nn.Sequential(
             nn.Flatten(),
@@ -165,29 +251,46 @@ def _worker(rank, args, port, result_queue):
     except RuntimeError:
         pass
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = args.master_addr
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+    dist.init_process_group("gloo", init_method="tcp://%s:%d" % (args.master_addr, port),
                             rank=rank, world_size=args.workers,
                             timeout=datetime.timedelta(seconds=600))
-    x_all, y_all = load_data(args.data)
-    n_samples = x_all.shape[0]
+    x_all, y_all = load_data(args.data, args.seq_len)
+    text = x_all if args.data == "fortunes-char" else None
+    n_samples = text.n if text is not None else x_all.shape[0]
     B, V, N = args.global_batch, args.micro_batches, args.workers
 
     torch.manual_seed(0)
-    model = build_model(args.model)
+    model = build_model(args.model, args.seq_len)
     # broadcast_buffers=False: BatchNorm running stats stay per-replica, so
     # the only collective per step is the gradient all-reduce (plus the
     # one-off parameter broadcast at construction).
     ddp = DDP(model, broadcast_buffers=args.broadcast_buffers)
     ddp.train()
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     params = [p for p in ddp.parameters() if p.requires_grad]
+    sched = None
+    if args.model == "gpt-mini":
+        # examples/fortunes-gpt.toml: AdamW lr 0.003 (weight decay 0, Morph's
+        # default), 20 warm-up steps then cosine over the job, clip_norm 1.0.
+        import math
+        opt = torch.optim.AdamW(params, lr=0.003, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        warm, total = 20, args.steps
+
+        def lr_factor(step):
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    else:
+        opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
     bounds = micro_batch_bounds(B, V)
     first, last = worker_micro_batches(V, N, rank)
     mine = bounds[first:last]
-    grad_scale = float(N) / float(B)  # DDP averages over N; want sum / B
+    # DDP averages over N; want sum / B (per token for gpt-mini: the loss
+    # sums over every token of the B sequences).
+    grad_scale = float(N) / float(B * (args.seq_len if text is not None else 1))
 
     # Same permutation stream on every rank (as with a shared seed).
     perm_gen = torch.Generator().manual_seed(42)
@@ -212,21 +315,32 @@ def _worker(rank, args, port, result_queue):
         loss_sum = 0.0
         for k, (s, e) in enumerate(mine):
             mb_idx = idx[s:e]
-            xb = x_all.index_select(0, mb_idx)
-            yb = y_all.index_select(0, mb_idx)
+            if text is not None:
+                xb, yb = text.batch(mb_idx)
+            else:
+                xb = x_all.index_select(0, mb_idx)
+                yb = y_all.index_select(0, mb_idx)
+
+            def fwd_bwd():
+                out = ddp(xb)
+                loss = F.cross_entropy(out.reshape(-1, out.size(-1)), yb.reshape(-1), reduction="sum")
+                loss.backward()
+                return loss
             if k + 1 < len(mine):
                 with ddp.no_sync():
-                    loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
-                    loss.backward()
+                    loss = fwd_bwd()
             else:
-                loss = F.cross_entropy(ddp(xb), yb, reduction="sum")
-                loss.backward()  # all-reduce (average over N) happens here
+                loss = fwd_bwd()  # all-reduce (average over N) happens here
             loss_sum += loss.item()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
                     p.grad.mul_(grad_scale)
+        if sched is not None:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if sched is not None:
+            sched.step()
         last_loss = loss_sum
 
     for _ in range(args.warmup):
@@ -256,7 +370,7 @@ def _worker(rank, args, port, result_queue):
             "data": args.data,
             "samples_per_second": B * timed / seconds,
             "seconds": seconds,
-            "final_loss": loss_t.item() / B,
+            "final_loss": loss_t.item() / (B * (args.seq_len if text is not None else 1)),
         })
     # Leaves the process group; `ddp` (still referenced here) keeps the
     # gloo objects alive until worker() calls os._exit.
@@ -276,7 +390,7 @@ def free_port():
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch DDP (gloo, CPU) baseline for Morph.")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=["mlp", "cnn", "gpt-mini"], default="mlp")
     p.add_argument("--workers", type=int, default=1, help="number of processes (N)")
     p.add_argument("--global-batch", type=int, default=256, help="global batch size (B)")
     p.add_argument("--micro-batches", type=int, default=8,
@@ -284,13 +398,25 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=60, help="total steps, including warmup")
     p.add_argument("--warmup", type=int, default=5, help="steps excluded from timing")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
-    p.add_argument("--data", choices=["fashion-mnist", "synthetic"], default="fashion-mnist")
+    p.add_argument("--data", choices=["fashion-mnist", "synthetic", "fortunes-char"], default=None,
+                   help="default: fortunes-char for gpt-mini, fashion-mnist otherwise")
+    p.add_argument("--seq-len", type=int, default=64, help="gpt-mini's sequence length (tokens per sample)")
+    p.add_argument("--param-count", action="store_true", help="print the model's parameter count and exit")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank in this process (needs --port; rank 0 prints the result)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0 (the rendezvous)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port (0 = pick a free one)")
     p.add_argument("--broadcast-buffers", action="store_true",
                    help="let DDP broadcast BatchNorm buffers from rank 0 every forward")
     p.add_argument("--json", action="store_true", help="print one JSON line with the result")
     args = p.parse_args(argv)
 
+    if args.data is None:
+        args.data = "fortunes-char" if args.model == "gpt-mini" else "fashion-mnist"
+    if (args.model == "gpt-mini") != (args.data == "fortunes-char"):
+        p.error("gpt-mini trains on fortunes-char, and only gpt-mini does")
+    if args.rank is not None and not (0 <= args.rank < args.workers and args.port):
+        p.error("--rank needs 0 <= rank < --workers and an explicit --port")
     if args.workers < 1:
         p.error("--workers must be >= 1")
     if args.micro_batches < 1:
@@ -299,7 +425,7 @@ def parse_args(argv=None):
         p.error("--micro-batches (%d) must be >= --workers (%d)" % (args.micro_batches, args.workers))
     if args.global_batch < args.micro_batches:
         p.error("--global-batch must be >= --micro-batches")
-    if args.global_batch > (NUM_SYNTHETIC if args.data == "synthetic" else 60000):
+    if args.data != "fortunes-char" and args.global_batch > (NUM_SYNTHETIC if args.data == "synthetic" else 60000):
         p.error("--global-batch larger than the data set")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
@@ -312,6 +438,22 @@ def parse_args(argv=None):
     return args
 
 
+class _PrintResult:
+    """result_queue of a lone rank: rank 0 prints its result line."""
+
+    def __init__(self, as_json):
+        self.as_json = as_json
+
+    def put(self, res):
+        human = "ddp model=%s workers=%d samples_per_second=%.1f" % (
+            res["model"], res["workers"], res["samples_per_second"])
+        if self.as_json:
+            print(human, file=sys.stderr)
+            print(json.dumps(res))
+        else:
+            print(human)
+
+
 def main(argv=None):
     args = parse_args(argv)
     port = args.port or free_port()
@@ -319,6 +461,14 @@ def main(argv=None):
     # Keep each child's thread pools at --threads before torch is imported there.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(args.threads)
+
+    if args.param_count:
+        import torch
+        torch.manual_seed(0)
+        print(sum(p.numel() for p in build_model(args.model, args.seq_len).parameters() if p.requires_grad))
+        return 0
+    if args.rank is not None:
+        worker(args.rank, args, port, _PrintResult(args.json))  # leaves through os._exit
 
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")

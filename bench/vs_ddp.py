@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Morph vs PyTorch DDP over Gloo, by wall clock, measured in the same run.
 
-Same model (MLP 784-512-512-10 or the CNN), global batch 256 cut into 8
-micro-batches (VNs) of 32, SGD momentum, Fashion-MNIST, one intra-op thread
-per process, 1 and 2 processes. Morph runs in exact and float reduction
-modes; DDP (bench/ddp_baseline.py) accumulates over its micro-batches with
-no_sync.
+Models: the MLP 784-512-512-10 and the CNN (Fashion-MNIST, global batch 256
+cut into 8 micro-batches (VNs) of 32, SGD momentum), and gpt-mini
+(examples/fortunes-gpt.toml: 2 blocks, dim 64, 4 heads, seq_len 64, the
+fortunes text, global batch 32 sequences in 4 VNs of 8, AdamW with warm-up,
+cosine schedule and clip_norm 1.0). One intra-op thread per process. Morph
+runs in exact and float reduction modes; DDP (bench/ddp_baseline.py, the
+same model, data, optimiser and step structure) accumulates over its
+micro-batches with no_sync. Before a model's rows the script prints both
+sides' parameter counts (Morph's from a 1-step checkpoint, DDP's from the
+PyTorch model) and stops if they differ.
 
 Both sides are timed the same way, from outside: the wall clock of the
 whole command (`morph run`, `ddp_baseline.py`) for S steps and for S + E
@@ -22,15 +27,36 @@ Morph/DDP in samples per second, and the table shows the median samples/s
 of each system and the min/median/max of the per-round ratios. The exact
 columns also give the median time per step spent waiting for the
 reductions (`reduce_seconds` of the long run's metrics, after the first 5
-steps) and the all-reduce payload one worker hands to Gloo per step.
+steps) and the all-reduce payload one worker hands to Gloo per step. The
+last column is the 1-minute load average when the row started and ended
+(the development machine is shared).
 
-  /usr/bin/python3 bench/vs_ddp.py [--morph build/morph] [--rounds 5] [--models mlp,cnn] [--workers 1,2]
-        [--exact-buckets BYTES,...]   (extra exact rows with MORPH_BUCKET_BYTES=BYTES)
+Emulated links (`--link RATE[:DELAY],...`, root and iproute2): the W
+processes (default 4) run in W network namespaces, each joined by a veth
+pair to a bridge in a hub namespace, and every veth end is shaped to RATE
+(e.g. 1gbit, 10gbit) in both directions, like hosts on a switch: with
+`tc qdisc netem rate RATE delay DELAY` where the kernel has sch_netem,
+otherwise with a token bucket (`tc qdisc tbf rate RATE burst RATE/1000
+latency 50ms`), which shapes the rate but cannot add delay (a DELAY is
+then refused). Morph: `morph run --workers W --spawn 1 --host` in the
+first namespace (manager and worker 0), `morph worker --join` in the
+others. DDP: one `ddp_baseline.py --rank R` per namespace, rank 0's
+address as MASTER_ADDR, GLOO_SOCKET_IFNAME = that namespace's veth. The
+namespaces are removed on exit, also on an error or SIGTERM/SIGINT/SIGHUP.
+
+  /usr/bin/python3 bench/vs_ddp.py [--morph build/morph] [--rounds 5] [--models mlp,cnn,gptmini]
+        [--workers 1,2] [--exact-buckets BYTES,...]   (extra exact rows with MORPH_BUCKET_BYTES=BYTES)
+        [--link 1gbit,10gbit [--workers 4]] [--extra E]   (E: override the model's extra steps)
 """
 import argparse
+import glob
 import json
 import os
+import random
+import re
+import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -39,30 +65,45 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 JOB = """[job]
-name = "bench-{model}"
+name = "bench-{name}"
 seed = 1
 steps = {steps}
 [data]
-dataset = "fashion-mnist"
+{data}
 [model]
-name = "{model}"
-{model_keys}
+{model}
 [batch]
-global = 256
-virtual_nodes = 8
+global = {batch}
+virtual_nodes = {vns}
 [optim]
-name = "sgd"
-lr = 0.05
-momentum = 0.9
+{optim}
 [reduce]
 mode = "{mode}"
 [eval]
 every = 0
-batch = 1000
-"""
+batch = {eval_batch}
+{extra}"""
 
-# (short steps S, extra steps E) per model: E steps take a few seconds.
-WINDOW = {"mlp": (20, 200), "cnn": (10, 40)}
+SGD = 'name = "sgd"\nlr = 0.05\nmomentum = 0.9'
+# name -> Morph's job keys, DDP's model name, batch, VNs, (short steps S,
+# extra steps E): E steps take a few seconds on one worker.
+MODELS = {
+    "mlp": dict(data='dataset = "fashion-mnist"', model='name = "mlp"\nhidden = [512, 512]', optim=SGD,
+                ddp="mlp", batch=256, vns=8, window=(20, 200), eval_batch=1000),
+    "cnn": dict(data='dataset = "fashion-mnist"', model='name = "cnn"', optim=SGD,
+                ddp="cnn", batch=256, vns=8, window=(10, 40), eval_batch=1000),
+    # examples/fortunes-gpt.toml
+    "gptmini": dict(data='dataset = "fortunes-char"\nseq_len = 64',
+                    model='name = "gpt-mini"\nlayers = 2\ndim = 64\nheads = 4',
+                    optim='name = "adamw"\nlr = 0.003\nwarmup_steps = 20\nschedule = "cosine"\nclip_norm = 1.0',
+                    ddp="gpt-mini", batch=32, vns=4, window=(5, 100), eval_batch=256),
+}
+ALIASES = {"gpt-mini": "gptmini", "gpt": "gptmini"}
+# On a machine loaded far beyond its cores (others' builds) the default
+# heartbeat timeout declared both workers of a 2-worker gpt-mini run dead;
+# a longer one changes nothing between steps (heartbeats are a background
+# thread's).
+HEARTBEAT = ["--heartbeat-timeout", "60"]
 
 
 def timed(cmd, env=None):
@@ -71,13 +112,215 @@ def timed(cmd, env=None):
     return time.perf_counter() - t0
 
 
-def morph_cmd(binary, model, workers, mode, steps, tmp):
-    keys = "hidden = [512, 512]" if model == "mlp" else ""
+def write_job(model, mode, steps, tmp, extra=""):
+    m = MODELS[model]
     path = os.path.join(tmp, f"{model}-{mode}-{steps}.toml")
     with open(path, "w") as f:
-        f.write(JOB.format(model=model, steps=steps, mode=mode, model_keys=keys))
+        f.write(JOB.format(name=model, steps=steps, mode=mode, data=m["data"], model=m["model"], batch=m["batch"],
+                           vns=m["vns"], optim=m["optim"], eval_batch=m["eval_batch"], extra=extra))
+    return path
+
+
+def morph_cmd(binary, model, workers, mode, steps, tmp):
+    path = write_job(model, mode, steps, tmp)
     out = os.path.join(tmp, f"out-{model}-{mode}-{workers}-{steps}")
-    return [binary, "run", path, "--workers", str(workers), "--quiet", "--out", out], out
+    return [binary, "run", path, "--workers", str(workers), "--quiet", "--out", out] + HEARTBEAT, out
+
+
+def tensor_file_params(path):
+    """{name: numel} of the param/ entries of a Morph tensor file (docs/checkpoint_format.md)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if raw[:8] != b"MRPHTNS1":
+        raise ValueError(f"{path}: not a Morph tensor file")
+    count = struct.unpack_from("<I", raw, 12)[0]
+    pos, out = 16, {}
+    for _ in range(count):
+        (n,) = struct.unpack_from("<I", raw, pos)
+        name = raw[pos + 4:pos + 4 + n].decode()
+        pos += 4 + n + 1  # name, dtype
+        (ndim,) = struct.unpack_from("<I", raw, pos)
+        dims = struct.unpack_from(f"<{ndim}q", raw, pos + 4)
+        pos += 4 + 8 * ndim
+        (nbytes,) = struct.unpack_from("<Q", raw, pos)
+        pos += 8 + nbytes
+        numel = 1
+        for d in dims:
+            numel *= d
+        if name.startswith("param/"):
+            out[name] = numel
+    return out
+
+
+def morph_param_count(binary, model, tmp):
+    """Parameters Morph trains for `model`: the param/ tensors of a 1-step checkpoint."""
+    path = write_job(model, "exact", 1, tmp, extra="[checkpoint]\nevery = 1\n")
+    out = os.path.join(tmp, f"params-{model}")
+    subprocess.run([binary, "run", path, "--quiet", "--out", out], check=True, stdout=subprocess.DEVNULL)
+    total = 0
+    for f in glob.glob(os.path.join(out, "checkpoints", "step-*", "layer-*.bin")):
+        total += sum(tensor_file_params(f).values())
+    if total == 0:
+        raise RuntimeError(f"no parameters found in {out}/checkpoints")
+    return total
+
+
+def ddp_param_count(model):
+    r = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ddp_baseline.py"), "--model", MODELS[model]["ddp"],
+                        "--param-count"], check=True, stdout=subprocess.PIPE, text=True)
+    return int(r.stdout.split()[-1])
+
+
+# --------------------------------------------------------------------------
+# Emulated links: W network namespaces on a bridge, shaped veth links
+# --------------------------------------------------------------------------
+
+def sh(*argv, check=True):
+    return subprocess.run(argv, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def rate_bits(rate):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)(bit|bps)?", rate.lower())
+    if not m:
+        raise ValueError(f"link rate {rate!r}: expected e.g. 1gbit, 10gbit, 500mbit")
+    v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+    return v * 8 if m.group(3) == "bps" else v
+
+
+class Net:
+    """W namespaces ns_i (address 10.201.T.(i+1) on veth if_i), their peers on
+    a bridge in a hub namespace; shape() sets the rate on both ends of every
+    veth. down() kills what runs in them and removes them."""
+
+    def __init__(self, n):
+        tag = os.getpid() % 10000
+        self.hub = f"vsddp{tag}hub"
+        self.ns = [f"vsddp{tag}n{i}" for i in range(n)]
+        self.ifs = [f"vd{tag}e{i}" for i in range(n)]
+        self.ports = [f"vd{tag}p{i}" for i in range(n)]
+        self.ips = [f"10.201.{tag % 250}.{i + 1}" for i in range(n)]
+        self.made = []
+        self.qdisc = ""
+
+    def up(self):
+        for ns in [self.hub] + self.ns:
+            sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.hub, "link", "set", "br0", "up")
+        for ns, dev, port, ip in zip(self.ns, self.ifs, self.ports, self.ips):
+            sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.hub)
+            sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", self.hub, "link", "set", port, "master", "br0")
+            sh("ip", "-n", self.hub, "link", "set", port, "up")
+        # Does this kernel have netem? (Probe on the hub's loopback.)
+        self.has_netem = sh("tc", "-n", self.hub, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms",
+                            check=False).returncode == 0
+        sh("tc", "-n", self.hub, "qdisc", "del", "dev", "lo", "root", check=False)
+        # Every namespace reaches every other through the bridge.
+        for i, ns in enumerate(self.ns):
+            j = (i + 1) % len(self.ns)
+            if j != i:
+                sh("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "5", self.ips[j], check=False)
+
+    def shape(self, spec):
+        rate, _, delay = spec.partition(":")
+        bits = rate_bits(rate)
+        if self.has_netem:
+            q = ["netem", "rate", rate] + (["delay", delay] if delay else [])
+        elif delay:
+            raise SystemExit(f"--link {spec}: this kernel has no netem qdisc (sch_netem), so no delay can be "
+                             "emulated; give the rate alone (shaped with tbf)")
+        else:
+            burst = max(32768, int(bits / 8 / 1000))  # 1 ms at the rate
+            q = ["tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+        self.qdisc = " ".join(q)
+        for ns, dev in list(zip(self.ns, self.ifs)) + [(self.hub, p) for p in self.ports]:
+            sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *q)
+
+    def down(self):
+        for ns in reversed(self.made):
+            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for ns in reversed(self.made):
+            sh("ip", "netns", "del", ns, check=False)
+        self.made = []
+
+
+def wait_all(procs, what, timeout=900):
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            p.wait(left)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{what}: timed out")
+    bad = [p.returncode for p in procs if p.returncode != 0]
+    if bad:
+        raise RuntimeError(f"{what}: exit codes {[p.returncode for p in procs]}")
+
+
+def morph_netns(net, binary, model, workers, mode, steps, tmp, env):
+    """Seconds of one Morph job across the namespaces, and its --out folder."""
+    path = write_job(model, mode, steps, tmp)
+    out = os.path.join(tmp, f"out-{model}-{mode}-{workers}-{steps}")
+    log = os.path.join(tmp, f"manager-{model}-{mode}-{steps}.log")
+    t0 = time.perf_counter()
+    with open(log, "w") as lf:
+        mgr = subprocess.Popen(["ip", "netns", "exec", net.ns[0], binary, "run", path, "--workers", str(workers),
+                                "--spawn", "1", "--host", net.ips[0], "--quiet", "--out", out] + HEARTBEAT,
+                               stdout=lf, stderr=subprocess.STDOUT, env=env)
+    procs = [mgr]
+    try:
+        port = None
+        while port is None:
+            with open(log) as f:
+                m = re.search(r"manager on port (\d+)", f.read())
+            if m:
+                port = m.group(1)
+            elif mgr.poll() is not None:
+                raise RuntimeError(f"morph run exited with {mgr.returncode}: {open(log).read()}")
+            else:
+                time.sleep(0.02)
+        for i in range(1, workers):
+            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[i], binary, "worker", "--join",
+                                           f"{net.ips[0]}:{port}", "--token-file", os.path.join(out, "token")],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        wait_all(procs, f"morph {model} {mode} {steps} steps")
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        raise
+    return time.perf_counter() - t0, out
+
+
+def ddp_netns(net, model, workers, steps):
+    port = str(random.randint(20000, 40000))
+    env = dict(os.environ)
+    t0 = time.perf_counter()
+    procs = []
+    try:
+        for r in range(workers):
+            e = dict(env, GLOO_SOCKET_IFNAME=net.ifs[r])
+            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] + ddp_cmd(model, workers, steps) +
+                                          ["--rank", str(r), "--master-addr", net.ips[0], "--port", port],
+                                          stdout=subprocess.DEVNULL, env=e))
+        wait_all(procs, f"ddp {model} {steps} steps")
+    except BaseException:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        raise
+    return time.perf_counter() - t0
 
 
 def morph_reduce_stats(out):
@@ -94,25 +337,35 @@ def morph_reduce_stats(out):
 
 
 def ddp_cmd(model, workers, steps):
-    return ["/usr/bin/python3", os.path.join(HERE, "ddp_baseline.py"), "--model", model, "--workers",
-            str(workers), "--steps", str(steps), "--warmup", "1", "--micro-batches", "8"]
+    m = MODELS[model]
+    return ["/usr/bin/python3", os.path.join(HERE, "ddp_baseline.py"), "--model", m["ddp"], "--workers",
+            str(workers), "--steps", str(steps), "--warmup", "1", "--micro-batches", str(m["vns"]),
+            "--global-batch", str(m["batch"])]
 
 
-def marginal(system, a, model, workers, tmp, long_first):
+def window(a, model):
+    s, e = MODELS[model]["window"]
+    return s, (a.extra or e)
+
+
+def marginal(system, a, model, workers, tmp, long_first, net=None):
     """Seconds per steady step of one system (and Morph's reduce stats)."""
-    s, e = WINDOW[model]
+    s, e = window(a, model)
     times, stats = {}, (0.0, 0)
     for steps in ((s + e, s) if long_first else (s, s + e)):
         if system == "ddp":
-            times[steps] = timed(ddp_cmd(model, workers, steps))
+            times[steps] = ddp_netns(net, model, workers, steps) if net else timed(ddp_cmd(model, workers, steps))
         else:
             mode, _, bucket = system.partition("@")
             env = dict(os.environ)
             env.pop("MORPH_BUCKET_BYTES", None)
             if bucket:
                 env["MORPH_BUCKET_BYTES"] = bucket
-            cmd, out = morph_cmd(a.morph, model, workers, mode, steps, tmp)
-            times[steps] = timed(cmd, env)
+            if net:
+                times[steps], out = morph_netns(net, a.morph, model, workers, mode, steps, tmp, env)
+            else:
+                cmd, out = morph_cmd(a.morph, model, workers, mode, steps, tmp)
+                times[steps] = timed(cmd, env)
             if steps == s + e:
                 stats = morph_reduce_stats(out)
     return (times[s + e] - times[s]) / e, stats
@@ -122,48 +375,98 @@ def spread(xs):
     return f"{min(xs):.3f}/{statistics.median(xs):.3f}/{max(xs):.3f}"
 
 
+def load():
+    return "%.1f" % os.getloadavg()[0]
+
+
+def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
+    for model in models:
+        B = MODELS[model]["batch"]
+        for workers in workers_list:
+            load0 = load()
+            sps = {k: [] for k in systems + extra}
+            red = {"exact": [], "float": []}
+            payload = {"exact": 0, "float": 0}
+            for r in range(a.rounds):
+                every = systems + extra
+                order = every[r % len(every):] + every[:r % len(every)]
+                for system in order:
+                    sec, (rs, pb) = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
+                    sps[system].append(B / sec)
+                    if system in red:
+                        red[system].append(rs)
+                        payload[system] = pb
+            ex = [e / d for e, d in zip(sps["exact"], sps["ddp"])]
+            fl = [f / d for f, d in zip(sps["float"], sps["ddp"])]
+            med = {k: statistics.median(v) for k, v in sps.items()}
+            print(f"{model:7} {workers:>2} {link:>7} {med['ddp']:7.0f} {med['exact']:7.0f} {med['float']:7.0f} "
+                  f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
+                  f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f} "
+                  f"{load0 + '-' + load():>9}", flush=True)
+            for x in extra:
+                ratio = [e / d for e, d in zip(sps[x], sps["ddp"])]
+                print(f"{'':7} {'':>2} {x + ':':>15} {statistics.median(sps[x]):7.0f} samples/s, "
+                      f"{x}/ddp {spread(ratio)}, {x}/exact "
+                      f"{spread([e / b for e, b in zip(sps[x], sps['exact'])])}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--models", default="mlp,cnn")
-    p.add_argument("--workers", default="1,2")
+    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, gptmini (or gpt-mini)")
+    p.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,2; 4 with --link)")
     p.add_argument("--exact-buckets", default="",
                    help="comma-separated MORPH_BUCKET_BYTES values: extra exact systems (rows 'exact@BYTES')")
+    p.add_argument("--link", default="",
+                   help="comma-separated RATE[:DELAY] (e.g. 1gbit,10gbit): run the workers in network namespaces "
+                        "on a bridge with every link shaped to RATE (root, iproute2)")
+    p.add_argument("--extra", type=int, default=0, help="extra steps E (default: the model's)")
     a = p.parse_args()
+    a.morph = os.path.abspath(a.morph)
+    models = [ALIASES.get(m, m) for m in a.models.split(",") if m]
+    for m in models:
+        if m not in MODELS:
+            p.error(f"unknown model {m!r}: expected mlp, cnn or gptmini")
+    workers_list = [int(w) for w in (a.workers or ("4" if a.link else "1,2")).split(",")]
+    links = [x for x in a.link.split(",") if x]
     systems = ["ddp", "exact", "float"]
     extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
-    print("samples/s by wall clock (marginal time of E extra steps), medians over rounds; "
-          "ratio = Morph/DDP per round, min/median/max")
-    print(f"{'model':5} {'W':>2} {'ddp':>7} {'exact':>7} {'float':>7} {'exact/ddp':>17} {'float/ddp':>17} "
-          f"{'ex red ms':>9} {'fl red ms':>9} {'ex B/step':>10} {'fl B/step':>10}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        for model in a.models.split(","):
-            for workers in (int(w) for w in a.workers.split(",")):
-                sps = {k: [] for k in systems + extra}
-                red = {"exact": [], "float": []}
-                payload = {"exact": 0, "float": 0}
-                for r in range(a.rounds):
-                    every = systems + extra
-                    order = every[r % len(every):] + every[:r % len(every)]
-                    for system in order:
-                        sec, (rs, pb) = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1)
-                        sps[system].append(256 / sec)
-                        if system in red:
-                            red[system].append(rs)
-                            payload[system] = pb
-                ex = [e / d for e, d in zip(sps["exact"], sps["ddp"])]
-                fl = [f / d for f, d in zip(sps["float"], sps["ddp"])]
-                med = {k: statistics.median(v) for k, v in sps.items()}
-                print(f"{model:5} {workers:>2} {med['ddp']:7.0f} {med['exact']:7.0f} {med['float']:7.0f} "
-                      f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
-                      f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f}",
-                      flush=True)
-                for x in extra:
-                    ratio = [e / d for e, d in zip(sps[x], sps["ddp"])]
-                    print(f"{'':5} {'':>2} {x + ':':>15} {statistics.median(sps[x]):7.0f} samples/s, "
-                          f"{x}/ddp {spread(ratio)}, {x}/exact "
-                          f"{spread([e / b for e, b in zip(sps[x], sps['exact'])])}", flush=True)
+    print(f"start: load average {' '.join('%.2f' % x for x in os.getloadavg())}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    net = None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, stop)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for m in models:
+                mc, dc = morph_param_count(a.morph, m, tmp), ddp_param_count(m)
+                print(f"{m}: parameters Morph {mc}, DDP {dc}" + ("" if mc == dc else "  MISMATCH"), flush=True)
+                if mc != dc:
+                    return 1
+            if links:
+                if os.geteuid() != 0:
+                    p.error("--link needs root (network namespaces, tc)")
+                net = Net(max(workers_list))
+                net.up()
+            print("samples/s by wall clock (marginal time of E extra steps), medians over rounds; "
+                  "ratio = Morph/DDP per round, min/median/max; load = 1-min load average at the row's start-end")
+            print(f"{'model':7} {'W':>2} {'link':>7} {'ddp':>7} {'exact':>7} {'float':>7} {'exact/ddp':>17} "
+                  f"{'float/ddp':>17} {'ex red ms':>9} {'fl red ms':>9} {'ex B/step':>10} {'fl B/step':>10} "
+                  f"{'load':>9}", flush=True)
+            if not links:
+                run_rows(a, tmp, models, workers_list, systems, extra, link="lo")
+            for spec in links:
+                net.shape(spec)
+                print(f"# link {spec}: every veth end: tc qdisc {net.qdisc}", flush=True)
+                run_rows(a, tmp, models, workers_list, systems, extra, net=net, link=spec)
+    finally:
+        if net:
+            net.down()
+        print(f"end: load average {' '.join('%.2f' % x for x in os.getloadavg())}, "
+              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}", flush=True)
 
 
 if __name__ == "__main__":
