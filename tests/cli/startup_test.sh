@@ -8,9 +8,9 @@
 #     single-process model.
 #  2. Worker 0 dies after taking its id, before announcing its pid: later
 #     ids are not held up; same model.
-#  3. A remote worker (`morph worker --join`) without the job's data (a
-#     relative data.path its folder lacks, as on a host without the files)
-#     says why and exits 2; the manager prints the cause and finishes with
+#  3. A remote worker (`morph worker --join`) without the job's data (the
+#     data folder hidden by an empty mount in a mount namespace of its own,
+#     as on a host without the files) says why and exits 2; the manager prints the cause and finishes with
 #     its local worker; same model.
 #  4. The same remote worker as the job's only worker: the manager exits 2
 #     naming the cause.
@@ -43,8 +43,15 @@ for point in registered registering; do
 done
 
 # 3, 4: a remote worker whose data is missing.
-mkdir -p "$work/here" "$work/elsewhere"
-ln -s /usr/share/datasets/fashion-mnist "$work/here/fm"
+# data.path is relative to the job file's folder, on every host; a remote
+# worker whose host lacks the files is emulated by mounting an empty folder
+# over the data folder in a mount namespace of the worker's own.
+mkdir -p "$work/fm" "$work/empty"
+ln -s /usr/share/datasets/fashion-mnist/* "$work/fm/"
+without_data() {  # without_data COMMAND...: run it where $work/fm is empty
+  unshare --mount --propagation private sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' _ \
+    "$work/empty" "$work/fm" "$@"
+}
 cat > "$work/fm.toml" <<'TOML'
 [job]
 name = "startup-fm"
@@ -62,15 +69,15 @@ virtual_nodes = 4
 [optim]
 lr = 0.05
 TOML
-ref2=$(cd "$work/here" && "$MORPH" run ../fm.toml --quiet --out "$work/ref2" | tail -n 1)
+ref2=$("$MORPH" run "$work/fm.toml" --quiet --out "$work/ref2" | tail -n 1)
 [[ "$ref2" == model_hash:* ]] || fail "no reference hash: $ref2"
 
-(cd "$work/here" && exec timeout 120 "$MORPH" run ../fm.toml --workers 2 --spawn 1 --out "$work/two") \
+timeout 120 "$MORPH" run "$work/fm.toml" --workers 2 --spawn 1 --out "$work/two" \
   > "$work/two.log" 2>&1 &
 mpid=$!
 port=$(manager_port "$work/two.log")
 set +e
-(cd "$work/elsewhere" && timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token") \
+without_data timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token" \
   > "$work/remote.log" 2>&1
 rc=$?
 wait "$mpid"
@@ -81,12 +88,12 @@ set -e
 grep -q "could not start: .*data.path" "$work/two.log" || fail "the manager did not print the cause" "$work/two.log"
 [[ "$(tail -n 1 "$work/two.log")" == "$ref2" ]] || fail "another model" "$work/two.log"
 
-(cd "$work/here" && exec timeout 60 "$MORPH" run ../fm.toml --workers 1 --spawn 0 --out "$work/none") \
+timeout 60 "$MORPH" run "$work/fm.toml" --workers 1 --spawn 0 --out "$work/none" \
   > "$work/none.log" 2>&1 &
 mpid=$!
 port=$(manager_port "$work/none.log")
 set +e
-(cd "$work/elsewhere" && timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/none/token") \
+without_data timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/none/token" \
   > "$work/remote2.log" 2>&1
 wait "$mpid"
 mrc=$?
