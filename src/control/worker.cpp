@@ -587,19 +587,20 @@ void WorkerJob::report(const std::string& what) {
 bool WorkerJob::waitForGeneration(json& plan) {
   while (true) {
     if (store_->check({keys::kJobFinished})) return false;
-    if (store_->check({keys::kGenCurrent})) {
-      int64_t g = getInt(*store_, keys::kGenCurrent);
-      if (g > gen_) {
-        plan = json::parse(getString(*store_, keys::genPlan(g)));
-        gen_ = g;
-        return true;
-      }
+    // gen/current is read once: the wait below is for the plan after the
+    // one read here. (Read again, a generation published in between would
+    // be missed, and the wait would be for the one after it: kUnplacedWait
+    // lost in about half of the morphs measured by bench/morph_latency.py.)
+    const int64_t cur = store_->check({keys::kGenCurrent}) ? getInt(*store_, keys::kGenCurrent) : -1;
+    if (cur > gen_) {
+      plan = json::parse(getString(*store_, keys::genPlan(cur)));
+      gen_ = cur;
+      return true;
     }
     if (g_leave_requested) return false;  // not in a generation: nothing to hand over
     if (store_->check({keys::workerRefused(id_)})) throw InputError(getString(*store_, keys::workerRefused(id_)));
     // Sleeps in the store until the next generation's plan appears (the
     // manager writes it before gen/current), or kUnplacedWait.
-    const int64_t cur = store_->check({keys::kGenCurrent}) ? getInt(*store_, keys::kGenCurrent) : -1;
     try {
       store_->wait({keys::genPlan(std::max(cur, gen_) + 1)}, kUnplacedWait);
     } catch (const StoreError&) {
