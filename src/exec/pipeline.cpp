@@ -509,15 +509,8 @@ StepStats StageExecutor::step() {
 void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 
 // Stage gradients among replicas and the tied weight between first and last
-// stage, then flags and control values (MAX) and loss statistics (SUM) over
-// every rank. The world's reductions come last on purpose: a rank whose
-// stage reduction failed (a replica peer died) never joins them, so no
-// rank completes the step and every survivor holds the same step. With the
-// world's flags first, the other stages could commit a step that this
-// stage's survivors lost, and a morph that could move layers live had to
-// reload the checkpoint (seen in bench/spot_trace.py's 10-minute replay).
-// A death inside the world's own small reductions can still split ranks,
-// in a much narrower window; the manager then falls back to the checkpoint.
+// stage (started first, in the background), flags and control values (MAX)
+// and loss statistics (SUM) over every rank.
 void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) {
@@ -530,11 +523,9 @@ void StageExecutor::reduce(std::vector<double>& flags) {
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
   if (pcomm_.tied)
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
-  for (auto& w : works) w->wait();
-  works.clear();
   core_.reduceFlags(*pcomm_.world, flags);
   launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
-  works.back()->wait();
+  for (auto& w : works) w->wait();
 }
 
 void StageExecutor::runSchedule() {
