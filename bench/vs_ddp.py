@@ -27,7 +27,7 @@ Morph/DDP in samples per second, and the table shows the median samples/s
 of each system and the min/median/max of the per-round ratios. The exact
 columns also give the median time per step spent waiting for the
 reductions (`reduce_seconds` of the long run's metrics, after the first 5
-steps) and the all-reduce payload one worker hands to Gloo per step. The
+steps) and the collective payload one worker hands to Gloo per step. The
 last column is the 1-minute load average when the row started and ended
 (the development machine is shared).
 
@@ -38,7 +38,11 @@ pair to a bridge in a hub namespace, and every veth end is shaped to RATE
 `tc qdisc netem rate RATE delay DELAY` where the kernel has sch_netem,
 otherwise with a token bucket (`tc qdisc tbf rate RATE burst RATE/1000
 latency 50ms`), which shapes the rate but cannot add delay (a DELAY is
-then refused). Morph: `morph run --workers W --spawn 1 --host` in the
+then refused). With links, a line under each row gives the bytes on the
+wire per step and worker of every system: the transmit counters of the W
+veth ends in the workers' namespaces, read before and after each run,
+marginal over the E extra steps like the time, divided by W (everything
+sent counts: Gloo's collectives, and for Morph the control plane). Morph: `morph run --workers W --spawn 1 --host` in the
 first namespace (manager and worker 0), `morph worker --join` in the
 others. DDP: one `ddp_baseline.py --rank R` per namespace, rank 0's
 address as MASTER_ADDR, GLOO_SOCKET_IFNAME = that namespace's veth. The
@@ -46,6 +50,7 @@ namespaces are removed on exit, also on an error or SIGTERM/SIGINT/SIGHUP.
 
   /usr/bin/python3 bench/vs_ddp.py [--morph build/morph] [--rounds 5] [--models mlp,cnn,gptmini]
         [--workers 1,2] [--exact-buckets BYTES,...]   (extra exact rows with MORPH_BUCKET_BYTES=BYTES)
+        [--exact-wires allreduce,...]   (extra exact rows with MORPH_EXACT_WIRE=...)
         [--link 1gbit,10gbit [--workers 4]] [--extra E]   (E: override the model's extra steps)
 """
 import argparse
@@ -240,6 +245,14 @@ class Net:
         for ns, dev in list(zip(self.ns, self.ifs)) + [(self.hub, p) for p in self.ports]:
             sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *q)
 
+    def tx_bytes(self):
+        """Bytes sent so far by the workers' ends of the veth pairs."""
+        total = 0
+        for ns, dev in zip(self.ns, self.ifs):
+            info = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev).stdout)
+            total += info[0]["stats64"]["tx"]["bytes"]
+        return total
+
     def down(self):
         for ns in reversed(self.made):
             pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
@@ -349,18 +362,25 @@ def window(a, model):
 
 
 def marginal(system, a, model, workers, tmp, long_first, net=None):
-    """Seconds per steady step of one system (and Morph's reduce stats)."""
+    """Seconds per steady step of one system, Morph's reduce stats, and (with
+    links) bytes on the wire per step and worker."""
     s, e = window(a, model)
-    times, stats = {}, (0.0, 0)
+    times, stats, sent = {}, (0.0, 0), {}
     for steps in ((s + e, s) if long_first else (s, s + e)):
+        tx0 = net.tx_bytes() if net else 0
         if system == "ddp":
             times[steps] = ddp_netns(net, model, workers, steps) if net else timed(ddp_cmd(model, workers, steps))
         else:
-            mode, _, bucket = system.partition("@")
+            # mode[@MORPH_BUCKET_BYTES][~MORPH_EXACT_WIRE]
+            rest, _, wire = system.partition("~")
+            mode, _, bucket = rest.partition("@")
             env = dict(os.environ)
             env.pop("MORPH_BUCKET_BYTES", None)
+            env.pop("MORPH_EXACT_WIRE", None)
             if bucket:
                 env["MORPH_BUCKET_BYTES"] = bucket
+            if wire:
+                env["MORPH_EXACT_WIRE"] = wire
             if net:
                 times[steps], out = morph_netns(net, a.morph, model, workers, mode, steps, tmp, env)
             else:
@@ -368,7 +388,8 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
                 times[steps] = timed(cmd, env)
             if steps == s + e:
                 stats = morph_reduce_stats(out)
-    return (times[s + e] - times[s]) / e, stats
+        sent[steps] = net.tx_bytes() - tx0 if net else 0
+    return (times[s + e] - times[s]) / e, stats, (sent[s + e] - sent[s]) / e / workers
 
 
 def spread(xs):
@@ -387,12 +408,14 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
             sps = {k: [] for k in systems + extra}
             red = {"exact": [], "float": []}
             payload = {"exact": 0, "float": 0}
+            wire = {k: [] for k in systems + extra}
             for r in range(a.rounds):
                 every = systems + extra
                 order = every[r % len(every):] + every[:r % len(every)]
                 for system in order:
-                    sec, (rs, pb) = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
+                    sec, (rs, pb), wb = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
                     sps[system].append(B / sec)
+                    wire[system].append(wb)
                     if system in red:
                         red[system].append(rs)
                         payload[system] = pb
@@ -403,6 +426,9 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                   f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
                   f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f} "
                   f"{load0 + '-' + load():>9}", flush=True)
+            if net:
+                print(f"{'':7} {'':>2} {'wire B/step/worker (median):':>28} " +
+                      ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in wire.items()), flush=True)
             for x in extra:
                 ratio = [e / d for e, d in zip(sps[x], sps["ddp"])]
                 print(f"{'':7} {'':>2} {x + ':':>15} {statistics.median(sps[x]):7.0f} samples/s, "
@@ -418,6 +444,9 @@ def main():
     p.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,2; 4 with --link)")
     p.add_argument("--exact-buckets", default="",
                    help="comma-separated MORPH_BUCKET_BYTES values: extra exact systems (rows 'exact@BYTES')")
+    p.add_argument("--exact-wires", default="",
+                   help="comma-separated MORPH_EXACT_WIRE values (auto, sharded, allreduce): extra exact systems "
+                        "(rows 'exact~WIRE')")
     p.add_argument("--link", default="",
                    help="comma-separated RATE[:DELAY] (e.g. 1gbit,10gbit): run the workers in network namespaces "
                         "on a bridge with every link shaped to RATE (root, iproute2)")
@@ -432,6 +461,7 @@ def main():
     links = [x for x in a.link.split(",") if x]
     systems = ["ddp", "exact", "float"]
     extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
+    extra += [f"exact~{w}" for w in a.exact_wires.split(",") if w]
     print(f"start: load average {' '.join('%.2f' % x for x in os.getloadavg())}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     net = None
 

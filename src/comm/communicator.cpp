@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -147,10 +148,15 @@ class GlooCommunicator : public Communicator {
     std::vector<torch::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = op;
+    return post([&] { return pg_->allreduce(ts, o); });
+  }
+  // A collective started by `issue` (a call on pg_), as a work to wait on.
+  template <class F>
+  std::unique_ptr<PendingWork> post(F&& issue) {
     auto w = std::make_unique<GlooWork>();
     w->comm = this;
     try {
-      w->work = pg_->allreduce(ts, o);
+      w->work = issue();
     } catch (const std::exception& e) {
       throw CommFailure(std::string("collective failed to start: ") + e.what());
     }
@@ -180,7 +186,127 @@ class GlooCommunicator : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };
 
+// startShardedSum's work. Rank r's ring neighbours are r + 1 (right) and
+// r - 1 (left); chunk j is values [j n / D, (j + 1) n / D). Reduce-scatter,
+// step t = 0 .. D-2: send chunk r - t (at t > 0 the partial sum received
+// the step before) to the right, receive chunk r - t - 1 from the left and
+// add it in; then chunk r + 1 holds every rank's sum. It becomes floats,
+// and the all-gather, step t: send float chunk r + 1 - t to the right,
+// receive float chunk r - t from the left into its place. One flow in and
+// one out per rank at any time, like Gloo's ring all-reduce (an all-to-all,
+// every rank to every rank at once, was slower on shaped links). Each
+// chunk travels in pieces, and a piece goes on as soon as it has arrived
+// (and been added), so the link stays busy between steps. The transfers
+// are waited on as the pipeline's in-step ones are (plain wait(): the
+// group is formed, and a dead peer's closed connection fails them).
+class ShardedSum : public PendingWork {
+ public:
+  static constexpr int kReduceTag = 7001, kGatherTag = 7002;
+  static constexpr int64_t kPieceBytes = 256 << 10;
+
+  ShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch, ShardToFloat to_float)
+      : comm_(comm), data_(data), scratch_(scratch), to_float_(std::move(to_float)) {
+    D_ = comm.size();
+    r_ = comm.rank();
+    MORPH_CHECK(n >= D_, "a sharded sum needs at least one value per rank");
+    int64_t longest = 0;
+    for (int j = 0; j <= D_; ++j) begin_.push_back(static_cast<int64_t>(static_cast<__int128>(n) * j / D_));
+    for (int j = 0; j < D_; ++j) longest = std::max(longest, len(j));
+    pieces_ = static_cast<int>(std::clamp<int64_t>(longest * 8 / kPieceBytes, 1, 16));
+    scratch_.recv.resize(static_cast<size_t>(2 * longest));  // steps alternate halves
+    scratch_.floats.resize(static_cast<size_t>(len(mod(r_ + 1))));
+    comm.addBytesReduced(n * 8);
+    // The first step needs nothing but this rank's values.
+    postReduceRecvs(0);
+    for (int p = 0; p < pieces_; ++p) postReduceSend(0, p);
+  }
+  void advance() override {
+    if (reduced_) return;
+    for (int t = 0; t + 1 < D_; ++t) {
+      if (t + 2 < D_) postReduceRecvs(t + 1);  // into the other half, free since step t - 1
+      const int j = mod(r_ - t - 1);
+      const uint64_t* in = reinterpret_cast<const uint64_t*>(recvBuf(t));
+      uint64_t* acc = reinterpret_cast<uint64_t*>(data_ + begin_[static_cast<size_t>(j)]);
+      for (int p = 0; p < pieces_; ++p) {
+        recvs_[static_cast<size_t>(t * pieces_ + p)]->wait();
+        // Unsigned: a step that overflowed the agreed bound (it is redone)
+        // may carry any integers, and their sum must not be undefined.
+        for (int64_t e = pieceBegin(j, p), end = pieceBegin(j, p + 1); e < end; ++e) acc[e] += in[e];
+        if (t + 2 < D_) postReduceSend(t + 1, p);  // chunk j goes on
+      }
+    }
+    for (auto& w : sends_) w->wait();
+    sends_.clear();
+    recvs_.clear();
+    reduced_ = true;
+    // The summed chunk as floats, then in its place: float i in the first
+    // 4 n bytes of `data` (every integer there is consumed and sent now).
+    const int own = mod(r_ + 1);
+    to_float_(begin_[static_cast<size_t>(own)], data_ + begin_[static_cast<size_t>(own)], len(own),
+              scratch_.floats.data());
+    std::memcpy(floatAt(own), scratch_.floats.data(), static_cast<size_t>(len(own)) * 4);
+    // Every float chunk lands in its place, so all receives can wait now.
+    for (int t = 0; t + 1 < D_; ++t) {
+      const int j = mod(r_ - t);
+      for (int p = 0; p < pieces_; ++p)
+        recvs_.push_back(comm_.recv(floatPiece(j, p), mod(r_ - 1), kGatherTag));
+    }
+    for (int p = 0; p < pieces_; ++p) sends_.push_back(comm_.send(floatPiece(own, p), mod(r_ + 1), kGatherTag));
+  }
+  void wait() override {
+    advance();
+    if (gathered_) return;
+    for (int t = 0; t + 1 < D_; ++t)
+      for (int p = 0; p < pieces_; ++p) {
+        recvs_[static_cast<size_t>(t * pieces_ + p)]->wait();
+        // The piece of chunk r - t goes on to the right, unless it is the
+        // right neighbour's own (the last step's).
+        if (t + 2 < D_) sends_.push_back(comm_.send(floatPiece(mod(r_ - t), p), mod(r_ + 1), kGatherTag));
+      }
+    for (auto& w : sends_) w->wait();
+    gathered_ = true;
+  }
+
+ private:
+  int mod(int j) const { return ((j % D_) + D_) % D_; }
+  int64_t len(int j) const { return begin_[static_cast<size_t>(j) + 1] - begin_[static_cast<size_t>(j)]; }
+  // Piece p of chunk j: values [pieceBegin(j, p), pieceBegin(j, p + 1)) of the chunk.
+  int64_t pieceBegin(int j, int p) const { return len(j) * p / pieces_; }
+  int64_t* recvBuf(int t) const { return scratch_.recv.data() + (t % 2) * (scratch_.recv.size() / 2); }
+  char* floatAt(int j) const { return reinterpret_cast<char*>(data_) + 4 * begin_[static_cast<size_t>(j)]; }
+  torch::Tensor floatPiece(int j, int p) const {
+    return torch::from_blob(floatAt(j) + 4 * pieceBegin(j, p), {pieceBegin(j, p + 1) - pieceBegin(j, p)},
+                            torch::kFloat32);
+  }
+  void postReduceRecvs(int t) {
+    const int j = mod(r_ - t - 1);
+    for (int p = 0; p < pieces_; ++p)
+      recvs_.push_back(comm_.recv(torch::from_blob(recvBuf(t) + pieceBegin(j, p),
+                                                   {pieceBegin(j, p + 1) - pieceBegin(j, p)}, torch::kInt64),
+                                  mod(r_ - 1), kReduceTag));
+  }
+  void postReduceSend(int t, int p) {
+    const int s = mod(r_ - t);
+    sends_.push_back(comm_.send(torch::from_blob(data_ + begin_[static_cast<size_t>(s)] + pieceBegin(s, p),
+                                                 {pieceBegin(s, p + 1) - pieceBegin(s, p)}, torch::kInt64),
+                                mod(r_ + 1), kReduceTag));
+  }
+  Communicator& comm_;
+  int64_t* data_;
+  ShardScratch& scratch_;
+  ShardToFloat to_float_;
+  int D_ = 1, r_ = 0, pieces_ = 1;
+  std::vector<int64_t> begin_;
+  std::vector<std::unique_ptr<PendingWork>> sends_, recvs_;
+  bool reduced_ = false, gathered_ = false;
+};
+
 }  // namespace
+
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch,
+                                             ShardToFloat to_float) {
+  return std::make_unique<ShardedSum>(comm, data, n, scratch, std::move(to_float));
+}
 
 std::unique_ptr<PendingWork> Communicator::send(torch::Tensor, int, int) {
   throw std::logic_error("send: this communicator has no peers");

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/torch.h>
@@ -38,6 +39,22 @@ class PendingWork {
   // died before connecting may leave a point-to-point operation pending
   // until Gloo's own timeout.
   virtual void waitAbortable() { wait(); }
+  // A collective of several phases (a sharded exact sum): wait for all but
+  // its last phase and start that one, so that the caller can advance every
+  // work in flight before it waits for any. wait() advances too.
+  virtual void advance() {}
+};
+
+// What a sharded exact sum (startShardedSum) turns its shard of summed
+// integers into: the floats for values [begin, begin + len) of the buffer.
+using ShardToFloat = std::function<void(int64_t begin, const int64_t* sums, int64_t len, float* out)>;
+
+// Scratch memory of one sharded sum, owned by the caller so that it
+// outlives the transfers even when the caller abandons them: a chunk
+// received, and this rank's chunk as floats (each about n / size()).
+struct ShardScratch {
+  std::vector<int64_t> recv;
+  std::vector<float> floats;
 };
 
 class Communicator {
@@ -59,8 +76,10 @@ class Communicator {
   // timeout bounds the wait). One-rank communicators have no peer.
   virtual std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag);
   virtual std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag);
-  // Payload bytes this worker has handed to all-reduces (for benchmarks).
+  // Payload bytes this worker has handed to collectives (for benchmarks):
+  // an all-reduce's whole buffer, a sharded sum's int64 buffer.
   int64_t bytesReduced() const { return bytes_; }
+  void addBytesReduced(int64_t bytes) { bytes_ += bytes; }  // for sums built of sends and receives
   // Whether the control plane abandoned this group's generation
   // (GlooOptions::should_abort; one store round trip): for callers that wait
   // on point-to-point transfers from threads of their own.
@@ -88,6 +107,28 @@ class LocalCommunicator : public Communicator {
     return std::make_unique<Done>();
   }
 };
+
+// The exact sum of data[0, n) over `comm` as a reduce-scatter then an
+// all-gather, both rings of point-to-point transfers (docs/performance.md,
+// "Faster exact reduction"): the int64 values go round the ring in chunks
+// (n / size() values), each rank adding in what it receives, until each
+// holds every rank's sum of one chunk; it turns that chunk into floats
+// with `to_float`, and the floats go round the ring until every rank has
+// all of them. Every rank turns a different chunk, so each computes
+// 1 / size() of the floats, and each sends (size() - 1) / size() x n x 12
+// bytes instead of the x 16 of Gloo's int64 ring all-reduce (x 8 for a
+// float one). The integers are the same as an all-reduce's, in any order,
+// and `to_float` is a pure function of them: the floats are bitwise the
+// same on every rank and every mapping.
+//
+// When done, the floats are in the first n floats of `data`'s memory,
+// value i at float i (the integers are then gone); needs n >= size().
+// The first transfer starts here; advance() runs the rest of the
+// reduce-scatter. `data` and `scratch` stay live until the work is done or
+// abandoned for good.
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch,
+                                             ShardToFloat to_float);
+
 
 struct GlooOptions {
   std::string interface_addr;  // local address Gloo binds to ("" = from hostname)

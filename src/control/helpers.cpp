@@ -212,10 +212,12 @@ std::string datasetDigest(const Dataset& d) {
 
 json runtimeFingerprint(const DataPair* data, const ModelSpec* model) {
   const char* bucket = std::getenv("MORPH_BUCKET_BYTES");
+  const char* wire = std::getenv("MORPH_EXACT_WIRE");
   json f = {{"torch", TORCH_VERSION},
             {"blas", checkBlas(false)},
             {"fixed_point", kFixedPointKernel},
-            {"MORPH_BUCKET_BYTES", bucket ? bucket : ""}};
+            {"MORPH_BUCKET_BYTES", bucket ? bucket : ""},
+            {"MORPH_EXACT_WIRE", wire ? wire : ""}};
   if (data) f["data"] = datasetDigest(*data->train) + "/" + datasetDigest(*data->test);
   if (model && model->name == "torchscript") f["model_file"] = model->digest;
   return f;

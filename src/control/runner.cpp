@@ -111,6 +111,7 @@ int runJob(const RunOptions& given) {
   // Numeric environment settings are checked before any work too (workers
   // inherit them and would each fail later).
   bucketBytes();
+  exactWire();
   pipeDelayMs();
   if (o.plan == "auto") {
     if (o.workers == 0) {

@@ -27,6 +27,8 @@ GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode 
   // The buffer itself is allocated by the first beginStep(): a pipeline
   // stage replaces the whole-model accumulator before it is used.
   max_.assign(sizes_.size(), 0.0);
+  float_run_.assign(sizes_.size(), -1);
+  float_divisor_.assign(sizes_.size(), 0.0);
 }
 
 int64_t GradAccumulator::bufferBytes() const {
@@ -38,6 +40,7 @@ void GradAccumulator::beginStep() {
   if (mode_ == ReduceMode::kExact) exact_.assign(static_cast<size_t>(total_), 0);
   else float_.assign(static_cast<size_t>(total_), 0.0f);
   std::fill(max_.begin(), max_.end(), 0.0);
+  std::fill(float_run_.begin(), float_run_.end(), -1);
   overflow_ = nonfinite_ = false;
 }
 
@@ -85,7 +88,12 @@ void GradAccumulator::updateScales(const std::vector<double>& reduced) {
 
 void GradAccumulator::read(size_t seg, double divisor, float* out) const {
   const int64_t n = sizes_[seg], off = offsets_[seg];
-  if (mode_ == ReduceMode::kExact) {
+  if (mode_ == ReduceMode::kExact && float_run_[seg] >= 0) {
+    MORPH_CHECK(divisor == float_divisor_[seg], "a sharded sum's floats read with another divisor");
+    // The run's floats start at its first value's memory (4 bytes each).
+    const char* floats = reinterpret_cast<const char*>(exact_.data() + float_run_[seg]);
+    std::memcpy(out, floats + 4 * (off - float_run_[seg]), static_cast<size_t>(n) * 4);
+  } else if (mode_ == ReduceMode::kExact) {
     dequantize(exact_.data() + off, n, scales_[seg], divisor, out);
   } else {
     const float inv = static_cast<float>(1.0 / divisor);
@@ -93,8 +101,26 @@ void GradAccumulator::read(size_t seg, double divisor, float* out) const {
   }
 }
 
+void GradAccumulator::dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
+                                      const int64_t* sums, int64_t len, float* out) const {
+  MORPH_CHECK_EQ(divisors.size(), end - first);
+  for (size_t seg = first; seg < end; ++seg) {
+    const int64_t lo = std::max(begin, offsets_[seg]), hi = std::min(begin + len, offsets_[seg] + sizes_[seg]);
+    if (lo < hi) dequantize(sums + (lo - begin), hi - lo, scales_[seg], divisors[seg - first], out + (lo - begin));
+  }
+}
+
+void GradAccumulator::markFloats(size_t first, size_t end, const std::vector<double>& divisors) {
+  MORPH_CHECK(mode_ == ReduceMode::kExact && divisors.size() == end - first, "markFloats: an exact run");
+  for (size_t seg = first; seg < end; ++seg) {
+    float_run_[seg] = offsets_[first];
+    float_divisor_[seg] = divisors[seg - first];
+  }
+}
+
 double GradAccumulator::readScalar(size_t seg, int64_t i) const {
   const size_t k = static_cast<size_t>(offsets_[seg] + i);
+  MORPH_CHECK(float_run_[seg] < 0, "readScalar of a sharded sum's floats");
   if (mode_ == ReduceMode::kExact) return std::ldexp(static_cast<double>(exact_[k]), -scales_[seg]);
   return float_[k];
 }

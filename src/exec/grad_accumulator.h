@@ -39,6 +39,17 @@ class GradAccumulator {
 
   // The summed values of a segment divided by `divisor`, as floats.
   void read(size_t seg, double divisor, float* out) const;
+  // Sharded exact sums (comm/communicator.h, startShardedSum) of the run
+  // of segments [first, end): the values [begin, begin + len) of the buffer
+  // (offsets from the buffer's start, within the run) turned into floats
+  // from their sums `sums`, each segment's divided by
+  // divisors[seg - first]: the floats read() would give.
+  void dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
+                       const int64_t* sums, int64_t len, float* out) const;
+  // The run's sums are (once its sum is done) floats in place of its
+  // integers, already divided: read() copies them and checks the divisor.
+  // Until the next beginStep().
+  void markFloats(size_t first, size_t end, const std::vector<double>& divisors);
   double readScalar(size_t seg, int64_t i) const;  // one summed value, unscaled
 
   ReduceMode mode() const { return mode_; }
@@ -67,6 +78,10 @@ class GradAccumulator {
   std::vector<int64_t> exact_;
   std::vector<float> float_;
   std::vector<double> max_;
+  // Per segment, for runs marked by markFloats(): the run's first value
+  // (where its floats start) and the divisor applied; -1 otherwise.
+  std::vector<int64_t> float_run_;
+  std::vector<double> float_divisor_;
   bool overflow_ = false, nonfinite_ = false;
 };
 

@@ -513,18 +513,14 @@ void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 // and loss statistics (SUM) over every rank.
 void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
-  auto launch = [&](Communicator* c, size_t first, size_t end) {
-    const int64_t off = core_.acc_->segmentOffset(first);
-    const int64_t n = core_.acc_->segmentOffset(end - 1) + core_.acc_->segmentSize(end - 1) - off;
-    if (core_.acc_->mode() == ReduceMode::kExact) works.push_back(c->allreduceSumAsync(core_.acc_->exactBuffer() + off, n));
-    else works.push_back(c->allreduceSumAsync(core_.acc_->floatBuffer() + off, n));
-  };
+  auto launch = [&](Communicator* c, size_t first, size_t end) { works.push_back(core_.startSum(*c, first, end)); };
   if (pcomm_.stage)
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
   if (pcomm_.tied)
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
   core_.reduceFlags(*pcomm_.world, flags);
   launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
+  for (auto& w : works) w->advance();
   for (auto& w : works) w->wait();
 }
 
@@ -728,6 +724,11 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     int64_t own_values = 2 + bn_values;
     for (const auto& p : own) own_values += p.numel();
     m.accumulator_bytes = own_values * elem;
+    // Exact mode among D > 1 replicas: the sharded sum's scratch, a chunk
+    // of n / D int64s received and its n / D floats (StepCore::startSum),
+    // at most 6 bytes per value (D = 2). Counted whether or not the stage
+    // has replicas: an estimate that must not be low.
+    if (job.reduce_mode == ReduceMode::kExact) m.accumulator_bytes += own_values * 6;
     m.vn_input_bytes = x.numel() * x.element_size();
     torch::Tensor in = x.is_floating_point() ? x.detach().requires_grad_(k > 0) : x;
     const int64_t before = allocatorBytesInUse();

@@ -150,7 +150,7 @@ struct StageMemory {
   // copy of a weight tied to another stage.
   int64_t model_bytes = 0;
   int64_t optimizer_bytes = 0;
-  int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer (own segments)
+  int64_t accumulator_bytes = 0;  // the fixed-point gradient buffer (own segments), exact: + the sharded sum's scratch
   int64_t grad_bytes = 0;         // this stage's gradients
   int64_t vn_activation_bytes = 0;  // one VN's forward, measured
   int64_t vn_input_bytes = 0;       // one VN's stage input (what recomputation stashes)

@@ -18,6 +18,20 @@ int64_t bucketBytes() {
   return int64_t{25} << 20;  // as DDP
 }
 
+ExactWire exactWire() {
+  const char* s = std::getenv("MORPH_EXACT_WIRE");
+  if (!s || std::string(s) == "auto") return ExactWire::kAuto;
+  if (std::string(s) == "sharded") return ExactWire::kSharded;
+  if (std::string(s) == "allreduce") return ExactWire::kAllreduce;
+  throw InputError(std::string("MORPH_EXACT_WIRE: '") + s + "' is not one of auto, sharded, allreduce");
+}
+
+bool useShardedSum(int64_t values, int group) {
+  const ExactWire wire = exactWire();
+  return group > 1 && values >= group && wire != ExactWire::kAllreduce &&
+         (wire == ExactWire::kSharded || values >= kShardedMinValues);
+}
+
 namespace {
 
 const std::vector<char> kNoLayers;  // buildModel's `held` for a stage-local worker before placement
@@ -118,9 +132,31 @@ void StepCore::reduceFlags(Communicator& comm, std::vector<double>& flags) {
   flags.resize(nflags);
 }
 
+std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first, size_t end) {
+  GradAccumulator& acc = *acc_;
+  const int64_t off = acc.segmentOffset(first);
+  const int64_t n = acc.segmentOffset(end - 1) + acc.segmentSize(end - 1) - off;
+  if (acc.mode() == ReduceMode::kFloat) return comm.allreduceSumAsync(acc.floatBuffer() + off, n);
+  // Gradients and batch-norm statistics are read as floats divided by a
+  // fixed count (runStep); the loss statistics are read as sums.
+  if (end > stats_seg_ || !useShardedSum(n, comm.size())) return comm.allreduceSumAsync(acc.exactBuffer() + off, n);
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+  const double V = static_cast<double>(job_.virtual_nodes);
+  std::vector<double> divisors;
+  for (size_t s = first; s < end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
+  acc.markFloats(first, end, divisors);
+  const GradAccumulator* a = acc_.get();
+  return startShardedSum(comm, acc.exactBuffer() + off, n, scratch_[first],
+                         [a, first, end, off, divisors](int64_t begin, const int64_t* sums, int64_t len, float* out) {
+                           a->dequantizeRange(first, end, divisors, off + begin, sums, len, out);
+                         });
+}
+
 void StepCore::abandonBuffer() {
   std::vector<int> scales = acc_->scales();
   graveyard_acc_.push_back(std::move(acc_));
+  graveyard_scratch_.push_back(std::move(scratch_));
+  scratch_.clear();
   acc_ = std::make_unique<GradAccumulator>(graveyard_acc_.back()->segmentSizes(), job_.reduce_mode, job_.headroom_bits);
   acc_->setScales(scales);
   accumulating_ = false;
@@ -128,6 +164,7 @@ void StepCore::abandonBuffer() {
 
 void StepCore::resizeBuffer(std::vector<int64_t> sizes) {
   const std::vector<int> scales = acc_->scales();
+  scratch_.clear();  // no sum is in flight between steps
   acc_ = std::make_unique<GradAccumulator>(std::move(sizes), job_.reduce_mode, job_.headroom_bits);
   acc_->setScales(scales);
 }
@@ -496,19 +533,12 @@ void VnExecutor::abandonStep() {
 }
 
 void VnExecutor::launchReadyBuckets(bool all) {
-  GradAccumulator& acc = *core_.acc_;
   while (next_bucket_ < buckets_.size()) {
     const Bucket& b = buckets_[next_bucket_];
     if (!all)
       for (size_t s = b.first_seg; s < b.end_seg; ++s)
         if (core_.seg_ready_[s] < core_.seg_need_[s]) return;
-    const int64_t off = acc.segmentOffset(b.first_seg);
-    const int64_t n = acc.segmentOffset(b.end_seg - 1) + acc.segmentSize(b.end_seg - 1) - off;
-    if (acc.mode() == ReduceMode::kExact) {
-      inflight_.push_back(comm_->allreduceSumAsync(acc.exactBuffer() + off, n));
-    } else {
-      inflight_.push_back(comm_->allreduceSumAsync(acc.floatBuffer() + off, n));
-    }
+    inflight_.push_back(core_.startSum(*comm_, b.first_seg, b.end_seg));
     ++next_bucket_;
   }
 }
@@ -569,6 +599,7 @@ StepStats VnExecutor::step() {
     if (speed_slot_ >= 0 && !order.empty())
       core_.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start) / static_cast<double>(order.size());
     core_.reduceFlags(*comm_, flags);
+    for (auto& w : inflight_) w->advance();
     for (auto& w : inflight_) w->wait();
     inflight_.clear();
     if (!order.empty() && core_.step_ + 1 < core_.total_steps_) core_.prefetch_.request(core_.step_ + 1, order.front());

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,23 @@ namespace morph {
 // of bytes, >= 1; anything else is an InputError naming it), else 25 MiB.
 // A tuning knob: it never changes results.
 int64_t bucketBytes();
+
+// How exact sums cross a group of more than one worker: MORPH_EXACT_WIRE =
+// "sharded" (a ring reduce-scatter of the int64 values, each rank turning
+// its chunk into floats, then a ring all-gather of the floats:
+// comm/communicator.h startShardedSum), "allreduce" (Gloo's int64 ring
+// all-reduce; every rank turns all of it) or "auto" (the default: sharded
+// for runs of at least kShardedMinValues values, where sending a quarter
+// fewer bytes outweighs 2 (W - 1) transfers' latencies). Anything else is
+// an InputError naming it. A tuning knob: results never depend on it
+// (tests/cli/buckets_test.sh), but every worker of a job must use the same
+// (runtime fingerprint).
+enum class ExactWire { kAuto, kSharded, kAllreduce };
+ExactWire exactWire();
+constexpr int64_t kShardedMinValues = int64_t{1} << 16;
+// Whether an exact sum of `values` int64s over a group of `group` workers
+// goes the sharded way (by exactWire()).
+bool useShardedSum(int64_t values, int group);
 
 struct StepStats {
   int64_t step = 0;
@@ -152,6 +170,10 @@ class StepCore {
   // MAX-reduces `flags` with the control values appended (and splits them
   // off again).
   void reduceFlags(Communicator& comm, std::vector<double>& flags);
+  // Starts the sum of the buffer's segments [first, end) over `comm`
+  // (exact or float as the job says; exactWire() picks the exact one's
+  // wire). read() gives the sums once the work is waited.
+  std::unique_ptr<PendingWork> startSum(Communicator& comm, size_t first, size_t end);
   // After a CommFailure: collectives of the failed generation may still
   // write into the buffer, so it is set aside (never reused) and a fresh
   // one with the same scale state takes over.
@@ -201,6 +223,10 @@ class StepCore {
   std::vector<size_t> own_bns_;     // indices into bns_ this worker updates
   std::vector<double> control_, reduced_control_;
   std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;  // abandoned buffers: never touched again
+  // Scratch memory of sharded sums, per run (by its first segment); set
+  // aside with the buffer when a step is abandoned.
+  std::map<size_t, ShardScratch> scratch_;
+  std::vector<std::map<size_t, ShardScratch>> graveyard_scratch_;
   int64_t step_ = 0;
   double slowdown_ = 1.0;
   int64_t peak_model_bytes_ = 0;

@@ -8,8 +8,10 @@
 
 #include "core/error.h"
 #include "core/sys.h"
+#include "exec/fixed_point.h"
 #include "exec/grad_accumulator.h"
 #include "exec/optimizer.h"
+#include "exec/trainer.h"
 #include "models/loss.h"
 #include "models/model.h"
 
@@ -297,9 +299,22 @@ void measureComm(Communicator& comm, const std::vector<int64_t>& p2p_bytes,
     std::vector<int64_t> a(static_cast<size_t>(std::max<int64_t>(bytes / 8, 1)), 1);
     std::vector<float> f(static_cast<size_t>(std::max<int64_t>(bytes / 4, 1)), 1.0f);
     std::vector<double> ra, rf;
+    // The exact sum as a step does it (the wire StepCore::startSum picks
+    // for this size), the floats included.
+    const int64_t n = static_cast<int64_t>(a.size());
+    std::vector<float> mean(a.size());
+    ShardScratch scratch;
     for (int r = 0; r < reps(bytes) + 1; ++r) {
+      std::fill(a.begin(), a.end(), int64_t{1});
       double t0 = nowSeconds();
-      comm.allreduceSumAsync(a.data(), static_cast<int64_t>(a.size()))->wait();
+      if (useShardedSum(n, comm.size())) {
+        startShardedSum(comm, a.data(), n, scratch, [](int64_t, const int64_t* sums, int64_t len, float* out) {
+          dequantize(sums, len, 40, 256.0, out);
+        })->wait();
+      } else {
+        comm.allreduceSumAsync(a.data(), n)->wait();
+        dequantize(a.data(), n, 40, 256.0, mean.data());
+      }
       if (r > 0) ra.push_back(nowSeconds() - t0);
       t0 = nowSeconds();
       comm.allreduceSumAsync(f.data(), static_cast<int64_t>(f.size()))->wait();

@@ -290,7 +290,10 @@ StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool r
   }
   const int64_t model = own + own_buffers;
   const int64_t optim = own_optim;
-  const int64_t accumulator = own_values * static_cast<int64_t>(elemBytes(p));
+  // Exact mode: the int64 buffer, and the sharded sum's scratch among
+  // replicas (at most 6 bytes per value; counted always, as
+  // estimateStageMemory does).
+  const int64_t accumulator = own_values * (elemBytes(p) == 8.0 ? 8 + 6 : 4);
   const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
   StageFootprint m;
   m.fixed_bytes = p.runtime_bytes + init + model + optim + accumulator + own;

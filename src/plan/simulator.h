@@ -106,7 +106,8 @@ StageFootprint stageFootprint(const Profile& profile, size_t first, size_t end, 
 // Bytes the stage [first, end) needs on one worker, as the executor
 // allocates them: the process, the largest other layer (built and freed
 // at start), parameters, optimiser state, gradients and the fixed-point buffer
-// (int64 or float32 values, from the profile's reduce mode), the stashed
+// (int64 or float32 values, from the profile's reduce mode; exact: plus the
+// sharded sum's scratch), the stashed
 // VNs (`live_vns`, from the schedule) and the receive window. The stage
 // [0, layers) is data parallelism: one worker holding the whole model.
 int64_t stageBytes(const Profile& profile, size_t first, size_t end, int64_t live_vns, bool recompute,

@@ -6,9 +6,10 @@
 # tensor gets a bucket of its own; on 1 to 4 workers and in a pipeline of
 # 2 stages x 2 replicas (the tied weight on both stages) the model hash and
 # the overflow redos (headroom_bits = 0: steps run twice) must equal the
-# single process's with the default buckets. Then a learning rate that
-# blows gpt-mini up: with small buckets on 2 workers and in the pipeline the
-# job stops with exit 3 at the single process's step.
+# single process's with the default buckets, over both exact wires
+# (MORPH_EXACT_WIRE=allreduce and =sharded). Then a learning rate that
+# blows gpt-mini up: with small sharded buckets on 2 workers and in the
+# pipeline the job stops with exit 3 at the single process's step.
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -75,14 +76,19 @@ for model in gpt cnn; do
   echo "$model single process, default buckets: $want, attempts $want_attempts"
   [[ "$want_attempts" == *2* ]] || { echo "FAIL: $model: no step was redone (the test needs redos)"; fail=1; }
   export MORPH_BUCKET_BYTES=256
-  for spec in "--workers 1" "--workers 2" "--workers 3" "--workers 4" "--stages 2 --workers 4"; do
-    o="$work/$model-${spec// /_}"
+  # Both exact wires (MORPH_EXACT_WIRE): Gloo's int64 all-reduce, and the
+  # sharded sum (all-to-all, each rank's floats broadcast) for every bucket.
+  for case in "allreduce --workers 1" "allreduce --workers 3" "allreduce --stages 2 --workers 4" \
+              "sharded --workers 2" "sharded --workers 3" "sharded --workers 4" "sharded --stages 2 --workers 4"; do
+    wire=${case%% *}
+    spec=${case#* }
+    o="$work/$model-$wire-${spec// /_}"
     # shellcheck disable=SC2086
-    got=$("$MORPH" run "$work/$model.toml" --quiet $spec --out "$o" 2>&1 | tail -n 1)
+    got=$(MORPH_EXACT_WIRE=$wire "$MORPH" run "$work/$model.toml" --quiet $spec --out "$o" 2>&1 | tail -n 1)
     got_attempts=$(attempts "$o")
-    echo "$model $spec, 256-byte buckets: $got, attempts $got_attempts"
-    [[ "$got" == "$want" ]] || { echo "FAIL: $model $spec: hash differs"; fail=1; }
-    [[ "$got_attempts" == "$want_attempts" ]] || { echo "FAIL: $model $spec: other redos"; fail=1; }
+    echo "$model $spec, 256-byte buckets, $wire: $got, attempts $got_attempts"
+    [[ "$got" == "$want" ]] || { echo "FAIL: $model $spec $wire: hash differs"; fail=1; }
+    [[ "$got_attempts" == "$want_attempts" ]] || { echo "FAIL: $model $spec $wire: other redos"; fail=1; }
   done
 done
 
@@ -103,11 +109,11 @@ for spec in "--workers 2" "--stages 2 --workers 4"; do
   log="$work/nan-${spec// /_}.log"
   set +e
   # shellcheck disable=SC2086
-  "$MORPH" run "$work/nan.toml" --quiet $spec --out "$work/nan-${spec// /_}" > "$log" 2>&1
+  MORPH_EXACT_WIRE=sharded "$MORPH" run "$work/nan.toml" --quiet $spec --out "$work/nan-${spec// /_}" > "$log" 2>&1
   code=$?
   set -e
   got=$(grep -o 'non-finite gradient (Inf or NaN) at step [0-9]*' "$log" | head -n 1 || true)
-  echo "$spec, 256-byte buckets, lr 1e6: exit $code, '$got'"
+  echo "$spec, 256-byte buckets, sharded, lr 1e6: exit $code, '$got'"
   if [[ $code -ne 3 || "$got" != "$want" ]]; then echo "FAIL: $spec: not stopped like the single process"; cat "$log"; fail=1; fi
 done
 

@@ -73,7 +73,9 @@ class ScopedEnv {
 // the default puts this model in one), buckets started during the last VN's
 // backward, and steps redone with buckets already in flight: the same hash
 // and the same redos as the single process with the default buckets, on 1 to
-// 4 workers (12 VNs: 12, 6+6, 4+4+4, 3+3+3+3) and in a pipeline.
+// 4 workers (12 VNs: 12, 6+6, 4+4+4, 3+3+3+3) and in a pipeline, over both
+// exact wires (MORPH_EXACT_WIRE: Gloo's int64 all-reduce, and the sharded
+// sum for every bucket, however small).
 TEST_F(Cli, SeveralBucketsAndRedosSameHashOnAnyWorkerCountAndPipeline) {
   const std::string j = job(kRedoJob);
   Result ref = run("run " + j + " --quiet --out " + out("ref"));
@@ -82,33 +84,42 @@ TEST_F(Cli, SeveralBucketsAndRedosSameHashOnAnyWorkerCountAndPipeline) {
   const std::vector<int> want_attempts = attemptsOf(out("ref"));
   ASSERT_EQ(want_attempts, (std::vector<int>{1, 2, 2}));  // the job does redo
   ScopedEnv small("MORPH_BUCKET_BYTES", "256");
-  for (int w = 1; w <= 4; ++w) {
-    const std::string o = out("w" + std::to_string(w));
-    Result r = run("run " + j + " --quiet --workers " + std::to_string(w) + " --out " + o);
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_EQ(lastLineHash(r.out), want) << w << " workers:\n" << r.out;
-    EXPECT_EQ(attemptsOf(o), want_attempts) << w << " workers";
+  for (const char* wire : {"allreduce", "sharded"}) {
+    ScopedEnv w_env("MORPH_EXACT_WIRE", wire);
+    for (int w = std::string(wire) == "sharded" ? 2 : 1; w <= 4; ++w) {
+      const std::string o = out(std::string(wire) + "-w" + std::to_string(w));
+      Result r = run("run " + j + " --quiet --workers " + std::to_string(w) + " --out " + o);
+      ASSERT_EQ(r.code, 0) << r.out;
+      EXPECT_EQ(lastLineHash(r.out), want) << w << " workers, " << wire << ":\n" << r.out;
+      EXPECT_EQ(attemptsOf(o), want_attempts) << w << " workers, " << wire;
+    }
+    // The same redos in a pipeline of 2 stages x 2 replicas: each stage's
+    // segments reduced among its replicas, the flags over every rank.
+    Result p = run("run " + j + " --quiet --stages 2 --workers 4 --out " + out(std::string(wire) + "-p"));
+    ASSERT_EQ(p.code, 0) << p.out;
+    EXPECT_EQ(lastLineHash(p.out), want) << "2 stages x 2 replicas, " << wire << ":\n" << p.out;
+    EXPECT_EQ(attemptsOf(out(std::string(wire) + "-p")), want_attempts) << "2 stages x 2 replicas, " << wire;
   }
-  // The same redos in a pipeline of 2 stages x 2 replicas: each stage's
-  // segments reduced among its replicas, the flags over every rank.
-  Result p = run("run " + j + " --quiet --stages 2 --workers 4 --out " + out("p"));
-  ASSERT_EQ(p.code, 0) << p.out;
-  EXPECT_EQ(lastLineHash(p.out), want) << "2 stages x 2 replicas:\n" << p.out;
-  EXPECT_EQ(attemptsOf(out("p")), want_attempts) << "2 stages x 2 replicas";
 }
 
 // A learning rate that blows the model up: a non-finite gradient on any
 // worker stops the whole job with exit code 3 at the step where the single
-// process stops (step 4), the steps before it committed.
+// process stops (step 4), the steps before it committed; on 3 workers with
+// each exact wire.
 TEST_F(Cli, NonFiniteGradientStopsSeveralWorkers) {
   std::string body = kRedoJob;
   body.replace(body.find("steps = 3"), 9, "steps = 12");
   body.replace(body.find("lr = 0.05"), 9, "lr = 1e6");
   const std::string j = job(body);
-  for (const std::string workers : {"", " --workers 3"}) {
-    const std::string o = out("w" + std::to_string(workers.size()));
+  // 3 workers over both exact wires (MORPH_EXACT_WIRE; "auto" keeps this
+  // small model on the int64 all-reduce, "sharded" shards every bucket).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "auto"}, {" --workers 3", "auto"}, {" --workers 3", "sharded"}};
+  for (const auto& [workers, wire] : cases) {
+    ScopedEnv w_env("MORPH_EXACT_WIRE", wire.c_str());
+    const std::string o = out("w" + std::to_string(workers.size()) + wire);
     Result r = run("run " + j + " --quiet" + workers + " --out " + o);
-    EXPECT_EQ(r.code, 3) << workers << ":\n" << r.out;
+    EXPECT_EQ(r.code, 3) << workers << " " << wire << ":\n" << r.out;
     EXPECT_NE(r.out.find("non-finite gradient (Inf or NaN) at step 4"), std::string::npos) << r.out;
     EXPECT_EQ(attemptsOf(o).size(), 4u) << workers << ": steps 0-3 committed";
   }

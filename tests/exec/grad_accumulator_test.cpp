@@ -4,8 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <thread>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "comm/communicator.h"
 #include "data/sampler.h"
 #include "exec/fixed_point.h"
 
@@ -153,6 +159,101 @@ TEST(FixedPoint, ScaleKeepsMaximumBelowBoundWithHeadroom) {
     EXPECT_LT(m * std::ldexp(1.0, s), std::ldexp(1.0, 48));
     EXPECT_GE(m * std::ldexp(1.0, s), std::ldexp(1.0, 47));
   }
+}
+
+// The sharded exact sum (comm/communicator.h) over real Gloo groups of 2 to
+// 4 ranks (threads, an in-memory store), fed by accumulators of 3 segments
+// with their own scales and divisors: every rank reads the same floats as
+// one accumulator that summed every rank's VNs itself, for run lengths that
+// divide evenly, do not, and equal the group size. A run that starts past
+// the buffer's first segment checks the offsets.
+TEST(ShardedSum, EveryRankReadsTheFloatsOfOneAccumulatorOverAllVns) {
+  for (int D : {2, 3, 4})
+    for (int64_t tail : {int64_t{0}, int64_t{1}, int64_t{7}}) {
+      // Segment 0 stays out of the run; the run is segments [1, 4).
+      const std::vector<int64_t> sizes = {5, 1000 + tail, 3, D == 4 && tail == 7 ? int64_t{1} : int64_t{300}};
+      const std::vector<double> divisors = {256.0, 256.0, 8.0};
+      const int vns_per_rank = 2;
+      std::vector<std::vector<std::vector<float>>> g;  // [rank][segment] VN values, vns_per_rank VNs
+      for (int r = 0; r < D; ++r) {
+        g.emplace_back();
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          auto v = makeVnGrads(vns_per_rank, sizes[s], 100 * D + 10 * r + s + tail);
+          std::vector<float> flat;
+          for (auto& x : v) flat.insert(flat.end(), x.begin(), x.end());
+          g.back().push_back(flat);
+        }
+      }
+      auto fill = [&](GradAccumulator& acc, int r) {
+        for (int k = 0; k < vns_per_rank; ++k)
+          for (size_t s = 0; s < sizes.size(); ++s) acc.add(s, g[static_cast<size_t>(r)][s].data() + k * sizes[s]);
+      };
+      // Scales that bound these values (|g| < 2^9), one per segment.
+      const int sc = scaleFor(512.0, 3);
+      const std::vector<int> scales = {sc, sc - 1, sc - 5, sc};
+      // The reference: one accumulator with every rank's VNs.
+      GradAccumulator ref(sizes, ReduceMode::kExact, 3);
+      ref.setScales(scales);
+      ref.beginStep();
+      for (int r = 0; r < D; ++r) fill(ref, r);
+      std::vector<std::vector<float>> want;
+      ASSERT_FALSE(GradAccumulator::overflowOf(ref.flagsAndMax()));
+      for (size_t s = 1; s < 4; ++s) {
+        want.emplace_back(static_cast<size_t>(sizes[s]));
+        ref.read(s, divisors[s - 1], want.back().data());
+      }
+      auto store = c10::make_intrusive<c10d::HashStore>();
+      std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(D));
+      std::vector<std::string> errors(static_cast<size_t>(D));
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < D; ++r)
+        ranks.emplace_back([&, r] {
+          try {
+            GlooOptions go;
+            go.interface_addr = "127.0.0.1";
+            auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("pg", store), r, D, go);
+            GradAccumulator acc(sizes, ReduceMode::kExact, 3);
+            acc.setScales(scales);
+            acc.beginStep();
+            fill(acc, r);
+            const int64_t off = acc.segmentOffset(1), n = acc.totalElements() - off;
+            ShardScratch scratch;
+            auto w = startShardedSum(*comm, acc.exactBuffer() + off, n, scratch,
+                                     [&](int64_t begin, const int64_t* sums, int64_t len, float* out) {
+                                       acc.dequantizeRange(1, 4, divisors, off + begin, sums, len, out);
+                                     });
+            acc.markFloats(1, 4, divisors);
+            w->advance();
+            w->wait();
+            for (size_t s = 1; s < 4; ++s) {
+              got[static_cast<size_t>(r)].emplace_back(static_cast<size_t>(sizes[s]));
+              acc.read(s, divisors[s - 1], got[static_cast<size_t>(r)].back().data());
+            }
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+          }
+        });
+      for (auto& t : ranks) t.join();
+      for (int r = 0; r < D; ++r) {
+        ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+        for (size_t s = 0; s < 3; ++s)
+          EXPECT_EQ(std::memcmp(got[static_cast<size_t>(r)][s].data(), want[s].data(), want[s].size() * 4), 0)
+              << D << " ranks, tail " << tail << ", rank " << r << ", segment " << s + 1;
+      }
+    }
+}
+
+// read() of a sharded run's floats with another divisor than the sum used
+// is a bug in the caller, caught.
+TEST(ShardedSum, ReadingWithAnotherDivisorIsCaught) {
+  GradAccumulator acc({4, 4}, ReduceMode::kExact, 3);
+  acc.beginStep();
+  acc.markFloats(0, 2, {256.0, 8.0});
+  std::vector<float> out(4);
+  EXPECT_ANY_THROW(acc.read(0, 8.0, out.data()));
+  EXPECT_NO_THROW(acc.read(1, 8.0, out.data()));
+  acc.beginStep();  // marks last one attempt
+  EXPECT_NO_THROW(acc.read(0, 8.0, out.data()));
 }
 
 }  // namespace
