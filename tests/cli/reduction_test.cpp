@@ -125,4 +125,13 @@ TEST_F(Cli, NonFiniteGradientStopsSeveralWorkers) {
   }
 }
 
+// An unknown exact wire is refused before any worker starts: exit 2
+// naming the variable and the value.
+TEST_F(Cli, UnknownExactWireExitsTwoNamingIt) {
+  ScopedEnv w_env("MORPH_EXACT_WIRE", "ring9");
+  Result r = run("run " + job(kRedoJob) + " --quiet --workers 2 --out " + out("bad"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("MORPH_EXACT_WIRE: 'ring9' is not one of auto, sharded, allreduce"), std::string::npos) << r.out;
+}
+
 }  // namespace
