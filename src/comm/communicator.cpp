@@ -201,11 +201,22 @@ class GlooCommunicator : public Communicator {
 // group is formed, and a dead peer's closed connection fails them).
 class ShardedSum : public PendingWork {
  public:
-  static constexpr int kReduceTag = 7001, kGatherTag = 7002;
+  // Tags of the sum's transfers: two per sum (reduce-scatter, all-gather)
+  // from its ordinal, above the pipeline's small fixed tags. Gloo matches
+  // a receive with the first message of its tag from that peer, so two
+  // sums in flight that shared tags would take each other's messages
+  // whenever two ranks advanced them in different orders. The ordinals
+  // wrap after 2^22 sums, long after any earlier sum completed or its
+  // group was dropped.
+  static constexpr int kTagBase = 1 << 24;
+  static constexpr int64_t kTagWrap = int64_t{1} << 22;
   static constexpr int64_t kPieceBytes = 256 << 10;
 
   ShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch, ShardToFloat to_float)
       : comm_(comm), data_(data), scratch_(scratch), to_float_(std::move(to_float)) {
+    const int ordinal = static_cast<int>(comm.nextShardedSum() % kTagWrap);
+    reduce_tag_ = kTagBase + 2 * ordinal;
+    gather_tag_ = reduce_tag_ + 1;
     D_ = comm.size();
     r_ = comm.rank();
     MORPH_CHECK(n >= D_, "a sharded sum needs at least one value per rank");
@@ -249,9 +260,9 @@ class ShardedSum : public PendingWork {
     for (int t = 0; t + 1 < D_; ++t) {
       const int j = mod(r_ - t);
       for (int p = 0; p < pieces_; ++p)
-        recvs_.push_back(comm_.recv(floatPiece(j, p), mod(r_ - 1), kGatherTag));
+        recvs_.push_back(comm_.recv(floatPiece(j, p), mod(r_ - 1), gather_tag_));
     }
-    for (int p = 0; p < pieces_; ++p) sends_.push_back(comm_.send(floatPiece(own, p), mod(r_ + 1), kGatherTag));
+    for (int p = 0; p < pieces_; ++p) sends_.push_back(comm_.send(floatPiece(own, p), mod(r_ + 1), gather_tag_));
   }
   void wait() override {
     advance();
@@ -261,7 +272,7 @@ class ShardedSum : public PendingWork {
         recvs_[static_cast<size_t>(t * pieces_ + p)]->wait();
         // The piece of chunk r - t goes on to the right, unless it is the
         // right neighbour's own (the last step's).
-        if (t + 2 < D_) sends_.push_back(comm_.send(floatPiece(mod(r_ - t), p), mod(r_ + 1), kGatherTag));
+        if (t + 2 < D_) sends_.push_back(comm_.send(floatPiece(mod(r_ - t), p), mod(r_ + 1), gather_tag_));
       }
     for (auto& w : sends_) w->wait();
     gathered_ = true;
@@ -283,19 +294,19 @@ class ShardedSum : public PendingWork {
     for (int p = 0; p < pieces_; ++p)
       recvs_.push_back(comm_.recv(torch::from_blob(recvBuf(t) + pieceBegin(j, p),
                                                    {pieceBegin(j, p + 1) - pieceBegin(j, p)}, torch::kInt64),
-                                  mod(r_ - 1), kReduceTag));
+                                  mod(r_ - 1), reduce_tag_));
   }
   void postReduceSend(int t, int p) {
     const int s = mod(r_ - t);
     sends_.push_back(comm_.send(torch::from_blob(data_ + begin_[static_cast<size_t>(s)] + pieceBegin(s, p),
                                                  {pieceBegin(s, p + 1) - pieceBegin(s, p)}, torch::kInt64),
-                                mod(r_ + 1), kReduceTag));
+                                mod(r_ + 1), reduce_tag_));
   }
   Communicator& comm_;
   int64_t* data_;
   ShardScratch& scratch_;
   ShardToFloat to_float_;
-  int D_ = 1, r_ = 0, pieces_ = 1;
+  int D_ = 1, r_ = 0, pieces_ = 1, reduce_tag_ = 0, gather_tag_ = 0;
   std::vector<int64_t> begin_;
   std::vector<std::unique_ptr<PendingWork>> sends_, recvs_;
   bool reduced_ = false, gathered_ = false;

@@ -80,6 +80,10 @@ class Communicator {
   // an all-reduce's whole buffer, a sharded sum's int64 buffer.
   int64_t bytesReduced() const { return bytes_; }
   void addBytesReduced(int64_t bytes) { bytes_ += bytes; }  // for sums built of sends and receives
+  // The number of sharded sums started on this communicator before this
+  // call (startShardedSum). Every rank starts them in the same order, so a
+  // sum's ordinal names its transfers alike on every rank.
+  int64_t nextShardedSum() { return sharded_sums_++; }
   // Whether the control plane abandoned this group's generation
   // (GlooOptions::should_abort; one store round trip): for callers that wait
   // on point-to-point transfers from threads of their own.
@@ -87,6 +91,7 @@ class Communicator {
 
  protected:
   int64_t bytes_ = 0;
+  int64_t sharded_sums_ = 0;
 };
 
 class LocalCommunicator : public Communicator {
@@ -120,6 +125,11 @@ class LocalCommunicator : public Communicator {
 // float one). The integers are the same as an all-reduce's, in any order,
 // and `to_float` is a pure function of them: the floats are bitwise the
 // same on every rank and every mapping.
+//
+// Several sums may be in flight at once and be advanced in any order, on
+// each rank its own: each sum's transfers carry tags of their own (from
+// its ordinal), so a message matches only the receive it is meant for.
+// Every rank starts its sums in the same order.
 //
 // When done, the floats are in the first n floats of `data`'s memory,
 // value i at float i (the integers are then gone); needs n >= size().

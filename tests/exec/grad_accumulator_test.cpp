@@ -243,6 +243,68 @@ TEST(ShardedSum, EveryRankReadsTheFloatsOfOneAccumulatorOverAllVns) {
     }
 }
 
+// Several sums in flight (the buckets of one step), started, advanced and
+// waited for in the same order on every rank, but with starts and advances
+// interleaved differently on some ranks (as when a rank's last VN ends
+// later): every sum still gets its own rank-wide total. With tags shared
+// between sums, a receive took another sum's message: with 3 or more ranks
+// the all-gather's forwarded chunk of one sum met the next sum's own chunk.
+TEST(ShardedSum, SumsInFlightEachGetTheirOwnTotal) {
+  const std::vector<int64_t> lens = {7, 300, 12, 400000};  // the last in several pieces
+  auto value = [](int r, size_t s, int64_t i) { return static_cast<int64_t>((r + 1) * 1000003 + s * 7919 + i); };
+  for (int D : {3, 4}) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::string> errors(static_cast<size_t>(D));
+    std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(D));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < D; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          GlooOptions go;
+          go.interface_addr = "127.0.0.1";
+          auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("pg", store), r, D, go);
+          std::vector<std::vector<int64_t>> data(lens.size());
+          std::vector<ShardScratch> scratch(lens.size());
+          std::vector<std::unique_ptr<PendingWork>> work;
+          auto start = [&](size_t s) {
+            for (int64_t i = 0; i < lens[s]; ++i) data[s].push_back(value(r, s, i));
+            work.push_back(startShardedSum(*comm, data[s].data(), lens[s], scratch[s],
+                                           [](int64_t, const int64_t* sums, int64_t len, float* out) {
+                                             for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(sums[i]);
+                                           }));
+          };
+          if (r % 2 == 0) {  // all started, then all advanced (the executors' way)
+            for (size_t s = 0; s < lens.size(); ++s) start(s);
+            for (auto& w : work) w->advance();
+          } else {  // each advanced before the next starts
+            for (size_t s = 0; s < lens.size(); ++s) {
+              start(s);
+              work.back()->advance();
+            }
+          }
+          for (auto& w : work) w->wait();
+          for (size_t s = 0; s < lens.size(); ++s) {
+            const float* f = reinterpret_cast<const float*>(data[s].data());
+            got[static_cast<size_t>(r)].emplace_back(f, f + lens[s]);
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < D; ++r) {
+      ASSERT_EQ(errors[static_cast<size_t>(r)], "") << D << " ranks, rank " << r;
+      for (size_t s = 0; s < lens.size(); ++s)
+        for (int64_t i = 0; i < lens[s]; ++i) {
+          int64_t sum = 0;
+          for (int q = 0; q < D; ++q) sum += value(q, s, i);
+          ASSERT_EQ(got[static_cast<size_t>(r)][s][static_cast<size_t>(i)], static_cast<float>(sum))
+              << D << " ranks, rank " << r << ", sum " << s << ", value " << i;
+        }
+    }
+  }
+}
+
 // read() of a sharded run's floats with another divisor than the sum used
 // is a bug in the caller, caught.
 TEST(ShardedSum, ReadingWithAnotherDivisorIsCaught) {
