@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -161,6 +162,28 @@ TEST(FixedPoint, ScaleKeepsMaximumBelowBoundWithHeadroom) {
   }
 }
 
+// Runs fn(comm, r) for each rank r of one real Gloo group of D ranks over
+// loopback, each in a thread of its own; returns each rank's error ("" if
+// it ran through).
+std::vector<std::string> onGlooRanks(int D, const std::function<void(Communicator&, int)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(static_cast<size_t>(D));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < D; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        GlooOptions go;
+        go.interface_addr = "127.0.0.1";
+        auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("pg", store), r, D, go);
+        fn(*comm, r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
 // The sharded exact sum (comm/communicator.h) over real Gloo groups of 2 to
 // 4 ranks (threads, an in-memory store), fed by accumulators of 3 segments
 // with their own scales and divisors: every rank reads the same floats as
@@ -202,38 +225,26 @@ TEST(ShardedSum, EveryRankReadsTheFloatsOfOneAccumulatorOverAllVns) {
         want.emplace_back(static_cast<size_t>(sizes[s]));
         ref.read(s, divisors[s - 1], want.back().data());
       }
-      auto store = c10::make_intrusive<c10d::HashStore>();
       std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(D));
-      std::vector<std::string> errors(static_cast<size_t>(D));
-      std::vector<std::thread> ranks;
-      for (int r = 0; r < D; ++r)
-        ranks.emplace_back([&, r] {
-          try {
-            GlooOptions go;
-            go.interface_addr = "127.0.0.1";
-            auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("pg", store), r, D, go);
-            GradAccumulator acc(sizes, ReduceMode::kExact, 3);
-            acc.setScales(scales);
-            acc.beginStep();
-            fill(acc, r);
-            const int64_t off = acc.segmentOffset(1), n = acc.totalElements() - off;
-            ShardScratch scratch;
-            auto w = startShardedSum(*comm, acc.exactBuffer() + off, n, scratch,
-                                     [&](int64_t begin, const int64_t* sums, int64_t len, float* out) {
-                                       acc.dequantizeRange(1, 4, divisors, off + begin, sums, len, out);
-                                     });
-            acc.markFloats(1, 4, divisors);
-            w->advance();
-            w->wait();
-            for (size_t s = 1; s < 4; ++s) {
-              got[static_cast<size_t>(r)].emplace_back(static_cast<size_t>(sizes[s]));
-              acc.read(s, divisors[s - 1], got[static_cast<size_t>(r)].back().data());
-            }
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
-          }
-        });
-      for (auto& t : ranks) t.join();
+      const std::vector<std::string> errors = onGlooRanks(D, [&](Communicator& comm, int r) {
+        GradAccumulator acc(sizes, ReduceMode::kExact, 3);
+        acc.setScales(scales);
+        acc.beginStep();
+        fill(acc, r);
+        const int64_t off = acc.segmentOffset(1), n = acc.totalElements() - off;
+        ShardScratch scratch;
+        auto w = startShardedSum(comm, acc.exactBuffer() + off, n, scratch,
+                                 [&](int64_t begin, const int64_t* sums, int64_t len, float* out) {
+                                   acc.dequantizeRange(1, 4, divisors, off + begin, sums, len, out);
+                                 });
+        acc.markFloats(1, 4, divisors);
+        w->advance();
+        w->wait();
+        for (size_t s = 1; s < 4; ++s) {
+          got[static_cast<size_t>(r)].emplace_back(static_cast<size_t>(sizes[s]));
+          acc.read(s, divisors[s - 1], got[static_cast<size_t>(r)].back().data());
+        }
+      });
       for (int r = 0; r < D; ++r) {
         ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
         for (size_t s = 0; s < 3; ++s)
@@ -253,45 +264,33 @@ TEST(ShardedSum, SumsInFlightEachGetTheirOwnTotal) {
   const std::vector<int64_t> lens = {7, 300, 12, 400000};  // the last in several pieces
   auto value = [](int r, size_t s, int64_t i) { return static_cast<int64_t>((r + 1) * 1000003 + s * 7919 + i); };
   for (int D : {3, 4}) {
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    std::vector<std::string> errors(static_cast<size_t>(D));
     std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(D));
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < D; ++r)
-      ranks.emplace_back([&, r] {
-        try {
-          GlooOptions go;
-          go.interface_addr = "127.0.0.1";
-          auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("pg", store), r, D, go);
-          std::vector<std::vector<int64_t>> data(lens.size());
-          std::vector<ShardScratch> scratch(lens.size());
-          std::vector<std::unique_ptr<PendingWork>> work;
-          auto start = [&](size_t s) {
-            for (int64_t i = 0; i < lens[s]; ++i) data[s].push_back(value(r, s, i));
-            work.push_back(startShardedSum(*comm, data[s].data(), lens[s], scratch[s],
-                                           [](int64_t, const int64_t* sums, int64_t len, float* out) {
-                                             for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(sums[i]);
-                                           }));
-          };
-          if (r % 2 == 0) {  // all started, then all advanced (the executors' way)
-            for (size_t s = 0; s < lens.size(); ++s) start(s);
-            for (auto& w : work) w->advance();
-          } else {  // each advanced before the next starts
-            for (size_t s = 0; s < lens.size(); ++s) {
-              start(s);
-              work.back()->advance();
-            }
-          }
-          for (auto& w : work) w->wait();
-          for (size_t s = 0; s < lens.size(); ++s) {
-            const float* f = reinterpret_cast<const float*>(data[s].data());
-            got[static_cast<size_t>(r)].emplace_back(f, f + lens[s]);
-          }
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
+    const std::vector<std::string> errors = onGlooRanks(D, [&](Communicator& comm, int r) {
+      std::vector<std::vector<int64_t>> data(lens.size());
+      std::vector<ShardScratch> scratch(lens.size());
+      std::vector<std::unique_ptr<PendingWork>> work;
+      auto start = [&](size_t s) {
+        for (int64_t i = 0; i < lens[s]; ++i) data[s].push_back(value(r, s, i));
+        work.push_back(startShardedSum(comm, data[s].data(), lens[s], scratch[s],
+                                       [](int64_t, const int64_t* sums, int64_t len, float* out) {
+                                         for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(sums[i]);
+                                       }));
+      };
+      if (r % 2 == 0) {  // all started, then all advanced (the executors' way)
+        for (size_t s = 0; s < lens.size(); ++s) start(s);
+        for (auto& w : work) w->advance();
+      } else {  // each advanced before the next starts
+        for (size_t s = 0; s < lens.size(); ++s) {
+          start(s);
+          work.back()->advance();
         }
-      });
-    for (auto& t : ranks) t.join();
+      }
+      for (auto& w : work) w->wait();
+      for (size_t s = 0; s < lens.size(); ++s) {
+        const float* f = reinterpret_cast<const float*>(data[s].data());
+        got[static_cast<size_t>(r)].emplace_back(f, f + lens[s]);
+      }
+    });
     for (int r = 0; r < D; ++r) {
       ASSERT_EQ(errors[static_cast<size_t>(r)], "") << D << " ranks, rank " << r;
       for (size_t s = 0; s < lens.size(); ++s)
