@@ -205,7 +205,8 @@ class ShardedSum : public PendingWork {
   // from its ordinal, above the pipeline's small fixed tags. Gloo matches
   // a receive with the first message of its tag from that peer, so two
   // sums in flight that shared tags would take each other's messages
-  // whenever two ranks advanced them in different orders. The ordinals
+  // whenever two ranks interleaved their transfers differently (e.g. one
+  // sum's all-gather forwarding after the next sum's own chunk). The ordinals
   // wrap after 2^22 sums, long after any earlier sum completed or its
   // group was dropped.
   static constexpr int kTagBase = 1 << 24;

@@ -126,10 +126,12 @@ class LocalCommunicator : public Communicator {
 // and `to_float` is a pure function of them: the floats are bitwise the
 // same on every rank and every mapping.
 //
-// Several sums may be in flight at once and be advanced in any order, on
-// each rank its own: each sum's transfers carry tags of their own (from
-// its ordinal), so a message matches only the receive it is meant for.
-// Every rank starts its sums in the same order.
+// Several sums may be in flight at once: each sum's transfers carry tags
+// of their own (from its ordinal), so a message matches only the receive
+// it is meant for, however a rank interleaves starting one sum with
+// advancing another. Every rank starts, advances and waits for its sums
+// in the same order (advance() and wait() block on the peers' part in
+// that same sum).
 //
 // When done, the floats are in the first n floats of `data`'s memory,
 // value i at float i (the integers are then gone); needs n >= size().
