@@ -28,14 +28,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vs_ddp  # noqa: E402  (the models' job files)
 
 
-def run(binary, job, workers, bucket, out):
+def run(binary, model, mode, steps, workers, bucket, tmp):
     env = dict(os.environ)
     env.pop("MORPH_BUCKET_BYTES", None)
     if bucket:
         env["MORPH_BUCKET_BYTES"] = bucket
+    cmd, out = vs_ddp.morph_cmd(binary, model, workers, mode, steps, tmp)
     shutil.rmtree(out, ignore_errors=True)
-    subprocess.run([binary, "run", job, "--workers", str(workers), "--quiet", "--out", out] + vs_ddp.HEARTBEAT,
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     steady = [l for l in lines if "step_seconds" in l][50:]
     if len(steady) < 10:
@@ -60,9 +60,8 @@ def main():
     try:
         for rep in range(a.reps):
             for mode in ("float", "exact"):
-                job = vs_ddp.write_job(a.model, mode, a.steps, tmp)
                 for b in sizes:
-                    w, r, st = run(a.morph, job, a.workers, b, os.path.join(tmp, "out"))
+                    w, r, st = run(a.morph, a.model, mode, a.steps, a.workers, b, tmp)
                     res.setdefault((mode, b), []).append((w, r, st))
                     print(f"round {rep}: {mode} {b or 'default'}: {w * 1e3:.2f} ms/step, reduce {r * 1e3:.2f} ms",
                           flush=True)
