@@ -894,7 +894,7 @@ void Manager::pollMetrics() {
 
 // Stragglers (straggler.h): rank 0's line carries every member's seconds
 // per VN; a worker off its expected speed by elastic.straggler_factor for
-// elastic.straggler_steps steps in a row is re-planned around at the next
+// elastic.straggler_steps steps (net) is re-planned around at the next
 // step boundary: VN shares by measured speed, or released when the step is
 // predicted faster without it. Data-parallel jobs only.
 void Manager::watchStragglers(const json& line) {

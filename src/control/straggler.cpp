@@ -115,8 +115,11 @@ std::optional<StragglerEvent> StragglerWatch::observe(const std::vector<double>&
     return std::nullopt;
   }
   // A worker deviates at a step when that step's own figure is off by the
-  // factor: a single slow step (a hiccup) breaks no streak of fast ones
-  // and makes none of slow ones.
+  // factor. Its streak counts such steps and gives one back at a step
+  // within the factor (Worker::streak): a single slow step (a hiccup)
+  // makes no flag, and a single fast one on shared, noisy cores (another
+  // worker's spike raises the step's base) does not restart a slow
+  // worker's window.
   int64_t worst = -1;
   double worst_dev = 0;
   for (size_t r = 0; r < members_.size(); ++r) {
@@ -124,10 +127,14 @@ std::optional<StragglerEvent> StragglerWatch::observe(const std::vector<double>&
     const double x = vn_seconds[r];
     if (!(x > 0) || !std::isfinite(x) || !(w.est > 0)) continue;
     const double dev = x / (w.expected * sb);
-    if (dev > o_.factor || dev < 1.0 / o_.factor) {
+    const int dir = dev > o_.factor ? 1 : (dev < 1.0 / o_.factor ? -1 : 0);
+    if (dir == 0) {
+      w.streak = std::max<int64_t>(0, w.streak - 1);
+    } else if (dir == w.dir) {
       ++w.streak;
     } else {
-      w.streak = 0;
+      w.streak = 1;
+      w.dir = dir;
     }
     const double off = std::abs(std::log(w.est / (w.expected * b)));
     if (w.streak >= o_.steps && (worst < 0 || off > worst_dev)) {

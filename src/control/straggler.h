@@ -30,7 +30,7 @@ class StepCore;
 
 struct StragglerOptions {
   double factor = 1.5;  // a worker deviates when its seconds per VN are > factor x (or < 1/factor x) expected
-  int64_t steps = 5;    // ... for this many committed steps in a row
+  int64_t steps = 5;    // ... for this many committed steps (net of steps within it; Worker::streak)
   bool replan = true;   // false: report only (the bench's "do nothing")
 };
 
@@ -64,8 +64,9 @@ class StragglerWatch {
                      const std::vector<double>& device_slowdown);
   // One committed step's seconds per VN, per member in rank order (<= 0:
   // unknown). Returns an event once a worker's figure has been off its
-  // expected one by the factor at o.steps steps in a row (each step on its
-  // own, against that step's median); the caller then accept()s it (the
+  // expected one by the factor (each step on its own, against that step's
+  // median) at o.steps more committed steps than it was within it since
+  // its streak began (Worker::streak); the caller then accept()s it (the
   // measured speeds become the expected ones, so it is reported once, and
   // the next o.steps steps are not counted). The event's plan changes
   // (`changes`) only when it drops the worker or cuts the predicted compute
@@ -90,7 +91,13 @@ class StragglerWatch {
     std::vector<double> recent;  // its last `steps` figures
     double est = 0;       // seconds per VN: their median; 0 = none yet
     double expected = 1;  // seconds per VN relative to the group's base
+    // Steps off the expected speed in one direction: +1 at a step off by
+    // the factor, -1 (not to 0) at a step within it, restarted at a step
+    // off the other way. So one noisy step in a slow run delays the flag
+    // by two steps instead of restarting the window, and isolated hiccups
+    // (never two off for one within) never add up.
     int64_t streak = 0;
+    int dir = 0;  // +1 slower, -1 faster, 0 none yet
   };
   // Seconds per VN of an expected-speed worker: the median of est / expected.
   double base(const std::vector<int64_t>& ids) const;

@@ -87,7 +87,8 @@ struct JobSpec {
   // Stragglers of data-parallel jobs (docs/distributed.md, "Stragglers"):
   // a worker whose seconds per VN stay over factor x (or under 1/factor x)
   // what its peers or its device type predict for `steps` committed steps
-  // in a row is re-planned around (when replan).
+  // (one step within the factor takes one back) is re-planned around (when
+  // replan).
   double straggler_factor = 2.0;
   int64_t straggler_steps = 10;
   bool straggler_replan = true;

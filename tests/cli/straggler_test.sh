@@ -102,10 +102,11 @@ print("slowdown from step %d, flagged at step %d (slow steps seen: %d, window %d
       "%s -> %s workers, generation %d: members %s, VN shares %s; re-plan took %.3f s"
       % (onset, r["detected_step"], seen, window, r["step"] - 1, r["from"], r["to"], new_gen, members,
          r["vn_shares"], r["seconds"]))
-# The window counts steps whose own figure is off by the factor; on shared,
-# overloaded cores a step of worker 1 can fall short of it (or another
-# worker's can spike), restarting the count, so allow one restart here
-# (tests/control/straggler_test.cpp checks the window exactly).
+# The window counts steps whose own figure is off by the factor, net of
+# steps within it; on shared, overloaded cores a step of worker 1 can fall
+# short of it (or another worker's can spike), each such step delaying the
+# flag by two, so allow two of them here (tests/control/straggler_test.cpp
+# checks the count exactly).
 assert seen <= 2 * window, "FAIL: flagged after %d slow steps, window %d" % (seen, window)
 assert r["step"] - 1 - r["detected_step"] <= 4, "FAIL: the re-plan took effect late"
 if 1 in members:

@@ -40,6 +40,27 @@ TEST(StragglerWatch, FlagsAWorkerSlowForTheWindowAndSharesByMeasuredSpeed) {
   EXPECT_EQ(*w.shares({0, 1, 2}, 12), (std::vector<int64_t>{6, 1, 5}));
 }
 
+TEST(StragglerWatch, IsolatedHiccupsNeverFlagAndOneNoisyStepDelaysAFlagByTwo) {
+  StragglerWatch w({2.0, 4, true});
+  w.newGeneration({0, 1, 2}, {4, 4, 4}, {});
+  EXPECT_FALSE(feed(w, {1e-3, 1e-3, 1e-3}, 10));
+  // Worker 1 hiccups at every other step: each slow step is taken back by
+  // the next one, so 40 steps make no flag.
+  for (int i = 0; i < 40; ++i) EXPECT_FALSE(w.observe({1e-3, i % 2 ? 1e-3 : 4e-3, 1e-3})) << i;
+  // Now it is 4x slower for good. After 3 slow steps, worker 2 spikes for
+  // one step: that step's median rises to 2.5e-3 and worker 1's figure is
+  // within 2x of it (the step counts as not slow: 3 -> 2). Two more slow
+  // steps reach 4, where restarting the count would need four.
+  EXPECT_FALSE(feed(w, {1e-3, 4e-3, 1e-3}, 3));
+  EXPECT_FALSE(w.observe({1e-3, 4e-3, 2.5e-3}));
+  EXPECT_FALSE(w.observe({1e-3, 4e-3, 1e-3}));
+  auto e = w.observe({1e-3, 4e-3, 1e-3});
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->worker, 1);
+  EXPECT_GT(e->ratio, 2.0);
+  EXPECT_TRUE(e->changes);
+}
+
 TEST(StragglerWatch, DropsAWorkerWhenTheStepIsFasterWithoutIt) {
   // 4 VNs on 3 workers, one 10x slower: every worker needs a VN when kept
   // (2 units for the fast ones, 10 for it); without it 2 + 2 = 2 units.
