@@ -5,6 +5,7 @@
 // this file, not on each other. Never starts training or a process.
 #include "control/runner.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <optional>
 
+#include <ATen/Version.h>
 #include <torch/version.h>
 #include <xxhash.h>
 
@@ -210,11 +212,39 @@ std::string datasetDigest(const Dataset& d) {
 }
 }  // namespace
 
+std::string atenCpuCapability() {
+  // at::show_config() is libtorch's exported description of its build and
+  // of the level its CPU kernels run at (ATEN_CPU_CAPABILITY or the CPU).
+  const std::string config = at::show_config();
+  const std::string key = "CPU capability usage: ";
+  const size_t at = config.find(key);
+  if (at == std::string::npos) return "unknown";
+  const size_t begin = at + key.size();
+  return config.substr(begin, config.find('\n', begin) - begin);
+}
+
+std::string onednnCpuIsa() {
+  // oneDNN is a dependency of libtorch (its convolutions); looked up at run
+  // time so that a libtorch built without it still links.
+  using Effective = int (*)();
+  using Name = const char* (*)(int);
+  const auto effective = reinterpret_cast<Effective>(dlsym(RTLD_DEFAULT, "dnnl_get_effective_cpu_isa"));
+  if (!effective) return "none";
+  const int isa = effective();
+  if (const auto name = reinterpret_cast<Name>(dlsym(RTLD_DEFAULT, "dnnl_cpu_isa2str")))
+    if (const char* s = name(isa)) return s;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%x", isa);
+  return buf;
+}
+
 json runtimeFingerprint(const DataPair* data, const ModelSpec* model) {
   const char* bucket = std::getenv("MORPH_BUCKET_BYTES");
   const char* wire = std::getenv("MORPH_EXACT_WIRE");
   json f = {{"torch", TORCH_VERSION},
             {"blas", checkBlas(false)},
+            {"aten_cpu", atenCpuCapability()},
+            {"onednn_isa", onednnCpuIsa()},
             {"fixed_point", kFixedPointKernel},
             {"MORPH_BUCKET_BYTES", bucket ? bucket : ""},
             {"MORPH_EXACT_WIRE", wire ? wire : ""}};

@@ -175,8 +175,15 @@ class CheckpointKeeper {
   int64_t last_ok_ = -1;
 };
 
+// The levels at which libtorch's own CPU kernels ("AVX2", "AVX512",
+// "NO AVX"; ATEN_CPU_CAPABILITY pins it) and oneDNN's ("cpu_isa_avx2",
+// ...; ONEDNN_MAX_CPU_ISA caps it) run: a VN's bits depend on both.
+std::string atenCpuCapability();
+std::string onednnCpuIsa();
+
 // What must be the same on every worker of an exact job besides the job
-// file: libtorch and BLAS, the fixed-point kernel, the MORPH_* settings that
+// file: libtorch and BLAS (its core type included), the CPU kernel levels
+// above, the fixed-point kernel, the MORPH_* settings that
 // change collectives, and (`data`, when given) a digest of the data this
 // worker loaded (sizes and 1024 evenly spaced samples of each split), and
 // (`model`, a TorchScript model) the digest of the module file it read.

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Workers of an exact job must run the same build, settings and data: a
 # worker joining with another MORPH_BUCKET_BYTES (which changes how the
-# gradient is cut into all-reduces) is refused with exit 2 naming the
-# setting, and the job goes on; a matching worker then completes it with
-# the single-process model.
+# gradient is cut into all-reduces), or with libtorch's or oneDNN's CPU
+# kernels at another level (they change a VN's bits), is refused with exit
+# 2 naming the key, and the job goes on; a matching worker then completes
+# it with the single-process model. (The kernel cases assume a CPU with
+# AVX2, as every x86-64 server since 2013 has: pinned below it, the worker
+# differs from the manager.)
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -14,14 +17,20 @@ ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 "$MORPH" run "$work/job.toml" --quiet --workers 2 --spawn 1 --out "$work/two" > "$work/manager.log" 2>&1 &
 mpid=$!
 port=$(manager_port "$work/manager.log")
-set +e
-MORPH_BUCKET_BYTES=4096 timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token" \
-  > "$work/bad.log" 2>&1
-rc=$?
-set -e
-[[ $rc -eq 2 ]] || { echo "FAIL: mismatched worker exited $rc, expected 2"; cat "$work/bad.log"; exit 1; }
-grep -q 'MORPH_BUCKET_BYTES: manager "", worker "4096"' "$work/bad.log" ||
-  { echo "FAIL: message does not name the setting"; cat "$work/bad.log"; exit 1; }
+# refused ENV_ASSIGNMENT PATTERN: a worker started with that variable exits
+# 2 and its message matches the pattern.
+refused() {
+  set +e
+  env "$1" timeout 60 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token" > "$work/bad.log" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc -eq 2 ]] || { echo "FAIL: worker with $1 exited $rc, expected 2"; cat "$work/bad.log"; exit 1; }
+  grep -E -q "$2" "$work/bad.log" || { echo "FAIL: message for $1 does not match $2"; cat "$work/bad.log"; exit 1; }
+  grep -E "$2" "$work/bad.log"
+}
+refused MORPH_BUCKET_BYTES=4096 'MORPH_BUCKET_BYTES: manager "", worker "4096"'
+refused ATEN_CPU_CAPABILITY=default 'aten_cpu: manager "[A-Z0-9]+", worker "NO AVX"'
+refused ONEDNN_MAX_CPU_ISA=SSE41 'onednn_isa: manager "cpu_isa_[a-z0-9_]+", worker "cpu_isa_sse41"'
 timeout 120 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/two/token" > "$work/good.log" 2>&1
 wait "$mpid"
 got=$(tail -n 1 "$work/manager.log")
