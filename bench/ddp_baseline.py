@@ -307,13 +307,21 @@ def _worker(rank, args, port, result_queue):
         return idx
 
     last_loss = 0.0
+    # Seconds of each piece of the timed steps (the result's breakdown_ms,
+    # bench/float_breakdown.py): a micro-batch with no_sync (its data
+    # included), the last one (its backward waits for the all-reduce), and
+    # what follows (scale, clip, optimiser).
+    pieces = {"micro_batch": [], "last_micro_batch": [], "after": [], "step": []}
+    timing = [False]
 
     def train_step():
         nonlocal last_loss
         idx = next_global_indices()
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
+        t_step = time.perf_counter()
         for k, (s, e) in enumerate(mine):
+            t_mb = time.perf_counter()
             mb_idx = idx[s:e]
             if text is not None:
                 xb, yb = text.batch(mb_idx)
@@ -332,6 +340,9 @@ def _worker(rank, args, port, result_queue):
             else:
                 loss = fwd_bwd()  # all-reduce (average over N) happens here
             loss_sum += loss.item()
+            if timing[0]:
+                pieces["micro_batch" if k + 1 < len(mine) else "last_micro_batch"].append(time.perf_counter() - t_mb)
+        t_after = time.perf_counter()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -342,12 +353,16 @@ def _worker(rank, args, port, result_queue):
         if sched is not None:
             sched.step()
         last_loss = loss_sum
+        if timing[0]:
+            pieces["after"].append(time.perf_counter() - t_after)
+            pieces["step"].append(time.perf_counter() - t_step)
 
     for _ in range(args.warmup):
         train_step()
 
     dist.barrier()
     t0 = time.perf_counter()
+    timing[0] = True
     for _ in range(args.steps - args.warmup):
         train_step()
     dist.barrier()
@@ -371,6 +386,7 @@ def _worker(rank, args, port, result_queue):
             "samples_per_second": B * timed / seconds,
             "seconds": seconds,
             "final_loss": loss_t.item() / (B * (args.seq_len if text is not None else 1)),
+            "breakdown_ms": {k: 1e3 * float(np.median(v)) if v else None for k, v in pieces.items()},
         })
     # Leaves the process group; `ddp` (still referenced here) keeps the
     # gloo objects alive until worker() calls os._exit.
