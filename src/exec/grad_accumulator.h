@@ -61,6 +61,15 @@ class GradAccumulator {
   int64_t* exactBuffer() { return exact_.data(); }
   const int64_t* exactBuffer() const { return exact_.data(); }
   float* floatBuffer() { return float_.data(); }
+  // Float mode: `n` more floats after the segments from the next
+  // beginStep() on, zeroed by it and summed with the bucket of the last
+  // segment (StepCore::startSum). Each worker writes its values into its
+  // own slots there, so the sum gathers every worker's (VnExecutor: the
+  // control values, with no MAX all-reduce of their own).
+  void setTail(int64_t n) { tail_next_ = n; }
+  int64_t tailSize() const { return tail_; }  // in effect since the last beginStep()
+  float* tail() { return float_.data() + total_; }
+  const float* tail() const { return float_.data() + total_; }
   int64_t bufferBytes() const;
 
   // Scale state for the next step: part of the training state (checkpointed
@@ -71,6 +80,7 @@ class GradAccumulator {
  private:
   std::vector<int64_t> sizes_, offsets_;
   int64_t total_ = 0;
+  int64_t tail_ = 0, tail_next_ = 0;  // float mode: floats after the segments (setTail)
   ReduceMode mode_;
   int headroom_bits_;
   std::vector<int> scales_;       // in use by the current attempt

@@ -136,7 +136,8 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   GradAccumulator& acc = *acc_;
   const int64_t off = acc.segmentOffset(first);
   const int64_t n = acc.segmentOffset(end - 1) + acc.segmentSize(end - 1) - off;
-  if (acc.mode() == ReduceMode::kFloat) return comm.allreduceSumAsync(acc.floatBuffer() + off, n);
+  if (acc.mode() == ReduceMode::kFloat)
+    return comm.allreduceSumAsync(acc.floatBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
   // Gradients and batch-norm statistics are read as floats divided by a
   // fixed count (runStep); the loss statistics are read as sums.
   if (end > stats_seg_ || !useShardedSum(n, comm.size())) return comm.allreduceSumAsync(acc.exactBuffer() + off, n);
@@ -241,7 +242,8 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
     attempt_ = st.attempts;
     run(st.attempts);
     const double r0 = nowSeconds();
-    std::vector<double> flags = acc_->flagsAndMax();
+    // Flags after the sum: `reduce` reads them from the summed buffer.
+    std::vector<double> flags = flags_after_sum_ ? std::vector<double>() : acc_->flagsAndMax();
     reduce(flags);
     if (GradAccumulator::nonfiniteOf(flags))
       throw JobError("non-finite gradient (Inf or NaN) at step " + std::to_string(step_) +
@@ -512,10 +514,22 @@ VnExecutor::VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& t
     buckets_.push_back(b);
     s = b.end_seg;
   }
-  buckets_.push_back({core_.bn_seg_, sizes.size()});
+  // The batch-norm statistics and the loss statistics, added after the
+  // last VN's backward. Float mode sums them with the last gradient bucket
+  // (one collective fewer per step: on loopback each costs a round trip of
+  // thread wake-ups, bench/float_breakdown.py); exact mode keeps them apart,
+  // because the sharded sum turns its buckets into floats in place and the
+  // loss statistics are read as integers' sums.
+  if (job.reduce_mode == ReduceMode::kFloat && !buckets_.empty()) {
+    buckets_.back().end_seg = sizes.size();
+  } else {
+    buckets_.push_back({core_.bn_seg_, sizes.size()});
+  }
   core_.on_grad_ = [this] {
     if (launching_) launchReadyBuckets(false);
   };
+  gather_control_ = job.reduce_mode == ReduceMode::kFloat;
+  core_.flags_after_sum_ = gather_control_;
   setVnRange(0, job.virtual_nodes);
 }
 
@@ -571,7 +585,32 @@ void VnExecutor::runVn(int64_t vn, bool last) {
   }
   c.acc_->add(c.stats_seg_, stats);
   c.emulateSlowdown(nowSeconds() - t0);
-  if (last) launchReadyBuckets(true);
+  if (last) {
+    if (gather_control_) writeControl();
+    launchReadyBuckets(true);
+  }
+}
+
+void VnExecutor::writeControl() {
+  StepCore& c = core_;
+  if (speed_slot_ >= 0 && run_vns_ > 0)
+    c.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start_) / static_cast<double>(run_vns_);
+  const size_t n = c.control_.size();
+  MORPH_CHECK_EQ(c.acc_->tailSize(), static_cast<int64_t>(n) * comm_->size());
+  float* mine = c.acc_->tail() + static_cast<size_t>(comm_->rank()) * n;
+  for (size_t j = 0; j < n; ++j) mine[j] = static_cast<float>(c.control_[j]);
+}
+
+void VnExecutor::readControl() {
+  StepCore& c = core_;
+  const size_t n = c.control_.size();
+  const float* all = c.acc_->tail();
+  c.reduced_control_.assign(n, 0.0);
+  for (int r = 0; r < comm_->size(); ++r)
+    for (size_t j = 0; j < n; ++j) {
+      const double v = all[static_cast<size_t>(r) * n + j];
+      if (r == 0 || v > c.reduced_control_[j]) c.reduced_control_[j] = v;
+    }
 }
 
 StepStats VnExecutor::step() {
@@ -584,9 +623,13 @@ StepStats VnExecutor::step() {
     std::sort(check.begin(), check.end());
     MORPH_CHECK(check == sorted, "a VN order must permute the worker's VN range");
   }
-  double run_start = 0;
+  // Float mode: the control values ride in the last bucket's sum, each
+  // worker's in its own slots (writeControl), and the flags are read from
+  // the summed buffer: no MAX all-reduce (one collective fewer per step).
+  if (gather_control_) core_.acc_->setTail(static_cast<int64_t>(core_.control_.size()) * comm_->size());
+  run_vns_ = static_cast<int64_t>(order.size());
   auto run = [&](int) {
-    run_start = nowSeconds();
+    run_start_ = nowSeconds();
     next_bucket_ = 0;
     for (size_t k = 0; k < order.size(); ++k) {
       if (k + 1 < order.size()) core_.prefetch_.request(core_.step_, order[k + 1]);
@@ -596,12 +639,26 @@ StepStats VnExecutor::step() {
   // The buffer's buckets are in flight (started during the last VN's
   // backward). The flags and maxima decide whether their sum is usable.
   auto reduce = [&](std::vector<double>& flags) {
-    if (speed_slot_ >= 0 && !order.empty())
-      core_.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start) / static_cast<double>(order.size());
-    core_.reduceFlags(*comm_, flags);
-    for (auto& w : inflight_) w->advance();
-    for (auto& w : inflight_) w->wait();
-    inflight_.clear();
+    if (gather_control_) {
+      if (order.empty()) {  // no VN ran: this worker's buckets start here
+        writeControl();
+        launchReadyBuckets(true);
+      }
+      for (auto& w : inflight_) w->advance();
+      for (auto& w : inflight_) w->wait();
+      inflight_.clear();
+      // A non-finite value on any worker makes the sum non-finite, and
+      // every worker holds the same sum: all of them see the same flags.
+      flags = core_.acc_->flagsAndMax();
+      readControl();
+    } else {
+      if (speed_slot_ >= 0 && !order.empty())
+        core_.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start_) / static_cast<double>(order.size());
+      core_.reduceFlags(*comm_, flags);
+      for (auto& w : inflight_) w->advance();
+      for (auto& w : inflight_) w->wait();
+      inflight_.clear();
+    }
     if (!order.empty() && core_.step_ + 1 < core_.total_steps_) core_.prefetch_.request(core_.step_ + 1, order.front());
   };
   const int64_t bytes0 = comm_->bytesReduced();

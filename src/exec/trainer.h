@@ -98,8 +98,10 @@ class StepCore {
   StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train, bool stage_local);
 
   // Control values that ride on the step's MAX all-reduce of flags (for the
-  // control plane: pending generation, leave requests); reducedControl() is
-  // their maximum over workers once a step returns.
+  // control plane: pending generation, leave requests; in float mode a
+  // data-parallel step gathers them in its gradient sum instead,
+  // VnExecutor::writeControl); reducedControl() is their maximum over
+  // workers once a step returns.
   void setControl(std::vector<double> local) { control_ = std::move(local); }
   const std::vector<double>& reducedControl() const { return reduced_control_; }
   // Emulates a device `factor` times slower (>= 1; 1 = this machine's
@@ -222,6 +224,8 @@ class StepCore {
   std::vector<char> norm_owner_;    // per parameter: this worker counts it in the global norm
   std::vector<size_t> own_bns_;     // indices into bns_ this worker updates
   std::vector<double> control_, reduced_control_;
+  // runStep() leaves the flags to its `reduce` (VnExecutor in float mode).
+  bool flags_after_sum_ = false;
   std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;  // abandoned buffers: never touched again
   // Scratch memory of sharded sums, per run (by its first segment); set
   // aside with the buffer when a step is abandoned.
@@ -254,7 +258,7 @@ class Executor {
   // Each step, this worker's compute seconds per VN (its VNs' forward and
   // backward, recomputation in a pipeline, and the emulated slowdown; the
   // last attempt) go into control value `index` (StepCore::setControl) just
-  // before the flags' MAX all-reduce: each member writes its own slot and
+  // before they are reduced: each member writes its own slot and
   // leaves the others 0, so every member learns every member's speed
   // (control/straggler.h). -1: off.
   void setSpeedSlot(int index) { speed_slot_ = index; }
@@ -286,6 +290,12 @@ class VnExecutor : public Executor {
 
  private:
   void runVn(int64_t vn, bool last);
+  // Float mode: this worker's control values (and its seconds per VN) into
+  // its slots of the buffer's tail before the last bucket starts, and,
+  // once summed, every worker's into the core's reduced control values
+  // (their maximum, as the MAX all-reduce gives in exact mode).
+  void writeControl();
+  void readControl();
   // Starts the all-reduce of every bucket whose segments are complete, in
   // bucket order; `all`: the rest too (end of the backward pass).
   void launchReadyBuckets(bool all);
@@ -301,6 +311,9 @@ class VnExecutor : public Executor {
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<std::unique_ptr<PendingWork>> graveyard_work_;  // of abandoned steps
   int64_t vn_begin_ = 0, vn_end_ = 0;
+  bool gather_control_ = false;  // float mode (writeControl)
+  double run_start_ = 0;         // the step's VNs started (its last attempt)
+  int64_t run_vns_ = 0;          // ... this many
 };
 
 }  // namespace morph

@@ -123,6 +123,18 @@ TEST_F(Cli, NonFiniteGradientStopsSeveralWorkers) {
     EXPECT_NE(r.out.find("non-finite gradient (Inf or NaN) at step 4"), std::string::npos) << r.out;
     EXPECT_EQ(attemptsOf(o).size(), 4u) << workers << ": steps 0-3 committed";
   }
+  // Float mode on 3 workers reads the flag from the summed buffer (no MAX
+  // all-reduce): it stops too, with the steps before the reported one
+  // committed (its own step: float sums are another computation).
+  const std::string o = out("float3");
+  Result r = run("run " + j + " --quiet --workers 3 --set reduce.mode=float --out " + o);
+  EXPECT_EQ(r.code, 3) << r.out;
+  const std::string key = "non-finite gradient (Inf or NaN) at step ";
+  const size_t at = r.out.find(key);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const size_t step = std::stoul(r.out.substr(at + key.size()));
+  EXPECT_LT(step, 12u) << r.out;
+  EXPECT_EQ(attemptsOf(o).size(), step) << r.out;
 }
 
 // An unknown exact wire is refused before any worker starts: exit 2

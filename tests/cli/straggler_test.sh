@@ -3,7 +3,8 @@
 # slow`). The manager must flag it within elastic.straggler_steps steps of
 # the slowdown showing in the metrics, re-plan (a "straggler" entry in
 # summary.json's resizes; worker 1 gets fewer VNs or is dropped), and the
-# final model must equal the single-process run's. Also: `morph slow`
+# final model must equal the single-process run's; in float mode too (its
+# control values ride in the gradient sum), without the hash. Also: `morph slow`
 # exits 2 for a bad factor or an unknown worker. Then the same in a
 # pipeline of 2 stages x 2 replicas: the slowed worker's replica gets fewer
 # VNs (nothing moves), same hash.
@@ -117,6 +118,26 @@ else:
 before = [l["step_seconds"] for l in lines if onset + 1 <= l["step"] < r["step"]]
 after = [l["step_seconds"] for l in lines if l["generation"] > 0][5:]
 print("step seconds: while slow %.4f, after the re-plan %.4f" % (sum(before) / len(before), sum(after) / len(after)))
+PY
+
+# Float mode gathers the control values in the gradient sum (no MAX
+# all-reduce): the members' seconds per VN still reach the manager, which
+# re-plans around the slowed worker, and the workers follow its generation.
+"$MORPH" run "$work/job.toml" --workers 3 --set reduce.mode=float --out "$work/fst" > "$work/float.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/float.log")
+for _ in $(seq 1 600); do [[ -f "$work/fst/metrics.jsonl" ]] && (( $(wc -l < "$work/fst/metrics.jsonl") >= 30 )) && break; sleep 0.05; done
+"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/fst/token"
+wait "$mpid" || { echo "FAIL: float mode exit $?"; cat "$work/float.log"; exit 1; }
+python3 - "$work/fst" <<'PY'
+import json, sys
+out = sys.argv[1]
+lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
+assert all(len(l["vn_seconds"]) == l["workers"] and min(l["vn_seconds"]) > 0 for l in lines), "FAIL: float mode vn_seconds"
+st = [r for r in json.load(open(out + "/summary.json"))["resizes"] if r["cause"] == "straggler" and r.get("worker") == 1]
+assert st, "FAIL: float mode: worker 1 was not re-planned around"
+assert any(l["generation"] > 0 for l in lines), "FAIL: float mode: no new generation"
+print("float mode: worker 1 re-planned after step %d, VN shares %s" % (st[0]["step"] - 1, st[0]["vn_shares"]))
 PY
 
 # A pipeline: 2 stages x 2 replicas; worker 3 (stage 1 of replica 1) 4x slower.
