@@ -6,7 +6,8 @@
 // Where the figures come from: every member writes its compute seconds per
 // VN of the step (its VNs' forward and backward plus the emulated slowdown,
 // VnExecutor::setSpeedSlot) into its own slot of the control values that
-// ride on the step's MAX all-reduce, so rank 0's metrics line carries every
+// ride on the step's reduction (VnExecutor::writeSlots; a pipeline's MAX
+// all-reduce), so rank 0's metrics line carries every
 // member's (`vn_seconds`, rank order) at no extra round trip.
 //
 // StragglerWatch is pure logic (no store, no clock): it never changes a

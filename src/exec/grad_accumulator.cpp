@@ -37,8 +37,9 @@ int64_t GradAccumulator::bufferBytes() const {
 
 void GradAccumulator::beginStep() {
   scales_ = next_scales_;
-  if (mode_ == ReduceMode::kExact) exact_.assign(static_cast<size_t>(total_), 0);
-  else float_.assign(static_cast<size_t>(total_ + (tail_ = tail_next_)), 0.0f);
+  tail_ = tail_next_;
+  if (mode_ == ReduceMode::kExact) exact_.assign(static_cast<size_t>(total_ + tail_), 0);
+  else float_.assign(static_cast<size_t>(total_ + tail_), 0.0f);
   std::fill(max_.begin(), max_.end(), 0.0);
   std::fill(float_run_.begin(), float_run_.end(), -1);
   overflow_ = nonfinite_ = false;

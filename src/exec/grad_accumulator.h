@@ -29,7 +29,8 @@ class GradAccumulator {
   // Adds one VN's values of segment `seg` (segmentSize(seg) floats).
   void add(size_t seg, const float* values);
 
-  // [overflow, nonfinite, max|g| of segment 0, 1, ...] for a MAX all-reduce.
+  // [overflow, nonfinite, max|g| of segment 0, 1, ...], to be maximised over
+  // workers (a MAX all-reduce, or gathered: VnExecutor::writeSlots).
   std::vector<double> flagsAndMax() const;
   static bool overflowOf(const std::vector<double>& f) { return f[0] != 0.0; }
   static bool nonfiniteOf(const std::vector<double>& f) { return f[1] != 0.0; }
@@ -61,15 +62,18 @@ class GradAccumulator {
   int64_t* exactBuffer() { return exact_.data(); }
   const int64_t* exactBuffer() const { return exact_.data(); }
   float* floatBuffer() { return float_.data(); }
-  // Float mode: `n` more floats after the segments from the next
-  // beginStep() on, zeroed by it and summed with the bucket of the last
-  // segment (StepCore::startSum). Each worker writes its values into its
-  // own slots there, so the sum gathers every worker's (VnExecutor: the
+  // `n` more values (float or int64, the buffer's type) after the
+  // segments from the next beginStep() on, zeroed by it and summed with the
+  // bucket of the last segment (StepCore::startSum). Each worker writes its
+  // values into its own slots there, and the others' are 0, so the sum
+  // gathers every worker's exactly (VnExecutor: the flags, maxima and
   // control values, with no MAX all-reduce of their own).
   void setTail(int64_t n) { tail_next_ = n; }
   int64_t tailSize() const { return tail_; }  // in effect since the last beginStep()
-  float* tail() { return float_.data() + total_; }
-  const float* tail() const { return float_.data() + total_; }
+  float* floatTail() { return float_.data() + total_; }
+  const float* floatTail() const { return float_.data() + total_; }
+  int64_t* exactTail() { return exact_.data() + total_; }
+  const int64_t* exactTail() const { return exact_.data() + total_; }
   int64_t bufferBytes() const;
 
   // Scale state for the next step: part of the training state (checkpointed
@@ -80,7 +84,7 @@ class GradAccumulator {
  private:
   std::vector<int64_t> sizes_, offsets_;
   int64_t total_ = 0;
-  int64_t tail_ = 0, tail_next_ = 0;  // float mode: floats after the segments (setTail)
+  int64_t tail_ = 0, tail_next_ = 0;  // values after the segments (setTail)
   ReduceMode mode_;
   int headroom_bits_;
   std::vector<int> scales_;       // in use by the current attempt

@@ -1,5 +1,6 @@
 #include "exec/trainer.h"
 
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -140,7 +141,8 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
     return comm.allreduceSumAsync(acc.floatBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
   // Gradients and batch-norm statistics are read as floats divided by a
   // fixed count (runStep); the loss statistics are read as sums.
-  if (end > stats_seg_ || !useShardedSum(n, comm.size())) return comm.allreduceSumAsync(acc.exactBuffer() + off, n);
+  if (end > stats_seg_ || !useShardedSum(n, comm.size()))
+    return comm.allreduceSumAsync(acc.exactBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
   std::vector<double> divisors;
@@ -528,8 +530,7 @@ VnExecutor::VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& t
   core_.on_grad_ = [this] {
     if (launching_) launchReadyBuckets(false);
   };
-  gather_control_ = job.reduce_mode == ReduceMode::kFloat;
-  core_.flags_after_sum_ = gather_control_;
+  core_.flags_after_sum_ = true;
   setVnRange(0, job.virtual_nodes);
 }
 
@@ -586,31 +587,52 @@ void VnExecutor::runVn(int64_t vn, bool last) {
   c.acc_->add(c.stats_seg_, stats);
   c.emulateSlowdown(nowSeconds() - t0);
   if (last) {
-    if (gather_control_) writeControl();
+    writeSlots();
     launchReadyBuckets(true);
   }
 }
 
-void VnExecutor::writeControl() {
+size_t VnExecutor::slotValues() const {
+  const StepCore& c = core_;
+  return c.control_.size() + (c.acc_->mode() == ReduceMode::kExact ? 2 + c.acc_->segments() : 0);
+}
+
+void VnExecutor::writeSlots() {
   StepCore& c = core_;
   if (speed_slot_ >= 0 && run_vns_ > 0)
     c.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start_) / static_cast<double>(run_vns_);
-  const size_t n = c.control_.size();
-  MORPH_CHECK_EQ(c.acc_->tailSize(), static_cast<int64_t>(n) * comm_->size());
-  float* mine = c.acc_->tail() + static_cast<size_t>(comm_->rank()) * n;
-  for (size_t j = 0; j < n; ++j) mine[j] = static_cast<float>(c.control_[j]);
+  const bool exact = c.acc_->mode() == ReduceMode::kExact;
+  std::vector<double> v = exact ? c.acc_->flagsAndMax() : std::vector<double>();
+  v.insert(v.end(), c.control_.begin(), c.control_.end());
+  MORPH_CHECK_EQ(v.size(), slotValues());
+  MORPH_CHECK_EQ(c.acc_->tailSize(), static_cast<int64_t>(v.size()) * comm_->size());
+  const size_t at = static_cast<size_t>(comm_->rank()) * v.size();
+  for (size_t j = 0; j < v.size(); ++j) {
+    if (exact) {
+      std::memcpy(c.acc_->exactTail() + at + j, &v[j], sizeof(double));  // its bits: + 0 keeps them
+    } else {
+      c.acc_->floatTail()[at + j] = static_cast<float>(v[j]);
+    }
+  }
 }
 
-void VnExecutor::readControl() {
-  StepCore& c = core_;
-  const size_t n = c.control_.size();
-  const float* all = c.acc_->tail();
-  c.reduced_control_.assign(n, 0.0);
+std::vector<double> VnExecutor::readSlots() const {
+  const StepCore& c = core_;
+  const bool exact = c.acc_->mode() == ReduceMode::kExact;
+  const size_t n = slotValues();
+  std::vector<double> out(n, 0.0);
   for (int r = 0; r < comm_->size(); ++r)
     for (size_t j = 0; j < n; ++j) {
-      const double v = all[static_cast<size_t>(r) * n + j];
-      if (r == 0 || v > c.reduced_control_[j]) c.reduced_control_[j] = v;
+      const size_t i = static_cast<size_t>(r) * n + j;
+      double v;
+      if (exact) {
+        std::memcpy(&v, c.acc_->exactTail() + i, sizeof(double));
+      } else {
+        v = c.acc_->floatTail()[i];
+      }
+      if (r == 0 || v > out[j]) out[j] = v;
     }
+  return out;
 }
 
 StepStats VnExecutor::step() {
@@ -623,10 +645,10 @@ StepStats VnExecutor::step() {
     std::sort(check.begin(), check.end());
     MORPH_CHECK(check == sorted, "a VN order must permute the worker's VN range");
   }
-  // Float mode: the control values ride in the last bucket's sum, each
-  // worker's in its own slots (writeControl), and the flags are read from
-  // the summed buffer: no MAX all-reduce (one collective fewer per step).
-  if (gather_control_) core_.acc_->setTail(static_cast<int64_t>(core_.control_.size()) * comm_->size());
+  // The flags, maxima and control values ride in the last bucket's sum,
+  // each worker's in its own slots (writeSlots): no MAX all-reduce, one
+  // collective fewer per step.
+  core_.acc_->setTail(static_cast<int64_t>(slotValues()) * comm_->size());
   run_vns_ = static_cast<int64_t>(order.size());
   auto run = [&](int) {
     run_start_ = nowSeconds();
@@ -639,25 +661,23 @@ StepStats VnExecutor::step() {
   // The buffer's buckets are in flight (started during the last VN's
   // backward). The flags and maxima decide whether their sum is usable.
   auto reduce = [&](std::vector<double>& flags) {
-    if (gather_control_) {
-      if (order.empty()) {  // no VN ran: this worker's buckets start here
-        writeControl();
-        launchReadyBuckets(true);
-      }
-      for (auto& w : inflight_) w->advance();
-      for (auto& w : inflight_) w->wait();
-      inflight_.clear();
+    if (order.empty()) {  // no VN ran: this worker's buckets start here
+      writeSlots();
+      launchReadyBuckets(true);
+    }
+    for (auto& w : inflight_) w->advance();
+    for (auto& w : inflight_) w->wait();
+    inflight_.clear();
+    std::vector<double> g = readSlots();
+    const size_t nflags = g.size() - core_.control_.size();
+    core_.reduced_control_.assign(g.begin() + static_cast<std::ptrdiff_t>(nflags), g.end());
+    if (core_.acc_->mode() == ReduceMode::kExact) {
+      g.resize(nflags);
+      flags = std::move(g);
+    } else {
       // A non-finite value on any worker makes the sum non-finite, and
       // every worker holds the same sum: all of them see the same flags.
       flags = core_.acc_->flagsAndMax();
-      readControl();
-    } else {
-      if (speed_slot_ >= 0 && !order.empty())
-        core_.control_.at(static_cast<size_t>(speed_slot_)) = (nowSeconds() - run_start_) / static_cast<double>(order.size());
-      core_.reduceFlags(*comm_, flags);
-      for (auto& w : inflight_) w->advance();
-      for (auto& w : inflight_) w->wait();
-      inflight_.clear();
     }
     if (!order.empty() && core_.step_ + 1 < core_.total_steps_) core_.prefetch_.request(core_.step_ + 1, order.front());
   };

@@ -97,11 +97,11 @@ class StepCore {
   // only its shapes) until holdLayers().
   StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train, bool stage_local);
 
-  // Control values that ride on the step's MAX all-reduce of flags (for the
-  // control plane: pending generation, leave requests; in float mode a
-  // data-parallel step gathers them in its gradient sum instead,
-  // VnExecutor::writeControl); reducedControl() is their maximum over
-  // workers once a step returns.
+  // Control values that ride on the step's reduction of flags (for the
+  // control plane: pending generation, leave requests): a pipeline's MAX
+  // all-reduce, a data-parallel step's gradient sum (VnExecutor::
+  // writeSlots); reducedControl() is their maximum over workers once a
+  // step returns.
   void setControl(std::vector<double> local) { control_ = std::move(local); }
   const std::vector<double>& reducedControl() const { return reduced_control_; }
   // Emulates a device `factor` times slower (>= 1; 1 = this machine's
@@ -161,8 +161,9 @@ class StepCore {
   friend class StageExecutor;
 
   // One step: for each attempt, `run` (the VNs' forward and backward,
-  // quantised into the buffer) and `reduce` (the flags' MAX all-reduce with
-  // the control values, then the buffer's sums); redone with the agreed
+  // quantised into the buffer) and `reduce` (the buffer's sums and the
+  // flags with the control values, gathered in them or MAX-reduced: it
+  // fills `flags` when flags_after_sum_); redone with the agreed
   // scales when the bound was exceeded. Then the exact mean gradient of
   // every parameter this worker updates, batch-norm statistics, loss,
   // clipping (pipeline: the per-tensor squares MAX-reduced over `norm_world`)
@@ -290,12 +291,17 @@ class VnExecutor : public Executor {
 
  private:
   void runVn(int64_t vn, bool last);
-  // Float mode: this worker's control values (and its seconds per VN) into
-  // its slots of the buffer's tail before the last bucket starts, and,
-  // once summed, every worker's into the core's reduced control values
-  // (their maximum, as the MAX all-reduce gives in exact mode).
-  void writeControl();
-  void readControl();
+  // What each worker gathers through the last bucket's sum instead of a
+  // MAX all-reduce: in exact mode its flags and maxima
+  // (GradAccumulator::flagsAndMax, as double bits in int64 slots: adding
+  // the others' zeros keeps them), then the control values (its seconds
+  // per VN included); float mode only the control values (its flags are
+  // read from the summed buffer). writeSlots() fills this worker's slots
+  // of the buffer's tail before the last bucket starts; readSlots() gives
+  // the maximum over workers of each value (all are >= 0).
+  size_t slotValues() const;
+  void writeSlots();
+  std::vector<double> readSlots() const;
   // Starts the all-reduce of every bucket whose segments are complete, in
   // bucket order; `all`: the rest too (end of the backward pass).
   void launchReadyBuckets(bool all);
@@ -311,7 +317,6 @@ class VnExecutor : public Executor {
   std::vector<std::unique_ptr<PendingWork>> inflight_;
   std::vector<std::unique_ptr<PendingWork>> graveyard_work_;  // of abandoned steps
   int64_t vn_begin_ = 0, vn_end_ = 0;
-  bool gather_control_ = false;  // float mode (writeControl)
   double run_start_ = 0;         // the step's VNs started (its last attempt)
   int64_t run_vns_ = 0;          // ... this many
 };

@@ -357,9 +357,18 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       bytes += b, low = l;
     }
     if (bytes > 0) buckets.push_back({low, bytes});
-    double bn = 2;
+    // The statistics and each worker's slots of flags, maxima and control
+    // values (VnExecutor::writeSlots: no MAX all-reduce): after the last
+    // VN, with the last gradient bucket in float mode, a bucket of their
+    // own in exact mode.
+    double bn = 2 + static_cast<double>(D) * ((exact ? 4.0 * static_cast<double>(L) + 4.0 : 0.0) + 2.0 + D);
     for (const LayerCost& c : prof.layers) bn += static_cast<double>(c.bn_values);
-    buckets.push_back({0, bn * elem});  // statistics: after the last VN
+    if (exact || buckets.empty()) {
+      buckets.push_back({0, bn * elem});
+    } else {
+      buckets.back().second += bn * elem;
+      buckets.back().first = 0;
+    }
     std::vector<double> bucket_ready(buckets.size(), 0.0);
     double compute_end = 0, busy_max = 0;
     const double per_vn_all = stageComputeSeconds(prof, 0, L, false);
@@ -400,7 +409,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     double prev = 0;
     for (size_t b = 0; b < buckets.size(); ++b)
       prev = std::max(prev, bucket_ready[b]) + group(D, buckets[b].second, exact);
-    const double reduced = std::max(prev, compute_end + maxReduce(D));
+    const double reduced = prev;
     double step = 0;
     for (int d = 0; d < D; ++d)
       step = std::max(step, reduced + prof.optimizer_s_per_param * static_cast<double>(prof.totalParams()) * slow(d, 0));
