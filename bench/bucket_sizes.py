@@ -47,10 +47,7 @@ def run(binary, model, mode, steps, workers, bucket, tmp):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--morph", default=os.path.join(vs_ddp.HERE, "..", "build", "morph"))
-    p.add_argument("--model", default="mlp", choices=sorted(vs_ddp.MODELS))
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=800)
+    vs_ddp.add_job_args(p, steps=800)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--buckets", default=",1100000,600000", help="comma-separated MORPH_BUCKET_BYTES ('' = default)")
     a = p.parse_args()

@@ -42,10 +42,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", required=True, help="the baseline morph binary")
     p.add_argument("--b", required=True, help="the morph binary compared with it")
-    p.add_argument("--model", default="mlp", choices=sorted(vs_ddp.MODELS))
+    vs_ddp.add_job_args(p, steps=700, morph=False)
     p.add_argument("--mode", default="exact", choices=["exact", "float"])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=700)
     p.add_argument("--rounds", type=int, default=4)
     a = p.parse_args()
     for b in (a.a, a.b):

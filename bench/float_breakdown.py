@@ -78,10 +78,7 @@ def ddp(model, workers, steps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--morph", default=os.path.join(vs_ddp.HERE, "..", "build", "morph"))
-    p.add_argument("--model", default="mlp", choices=sorted(vs_ddp.MODELS))
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=600)
+    vs_ddp.add_job_args(p, steps=600)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     if a.steps < 70:

@@ -126,6 +126,16 @@ def write_job(model, mode, steps, tmp, extra=""):
     return path
 
 
+def add_job_args(p, steps, morph=True):
+    """The options of the scripts that run one of MODELS on local workers
+    (bucket_sizes.py, float_breakdown.py, builds_ab.py)."""
+    if morph:
+        p.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
+    p.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=steps)
+
+
 def morph_cmd(binary, model, workers, mode, steps, tmp):
     path = write_job(model, mode, steps, tmp)
     out = os.path.join(tmp, f"out-{model}-{mode}-{workers}-{steps}")
