@@ -225,7 +225,8 @@ class StepCore {
   std::vector<char> norm_owner_;    // per parameter: this worker counts it in the global norm
   std::vector<size_t> own_bns_;     // indices into bns_ this worker updates
   std::vector<double> control_, reduced_control_;
-  // runStep() leaves the flags to its `reduce` (VnExecutor in float mode).
+  // runStep() leaves the flags to its `reduce` (VnExecutor: they are gathered
+  // in the sum, VnExecutor::writeSlots).
   bool flags_after_sum_ = false;
   std::vector<std::unique_ptr<GradAccumulator>> graveyard_acc_;  // abandoned buffers: never touched again
   // Scratch memory of sharded sums, per run (by its first segment); set
