@@ -535,7 +535,9 @@ VnExecutor::VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& t
 }
 
 void VnExecutor::setVnRange(int64_t begin, int64_t end) {
-  MORPH_CHECK(0 <= begin && begin <= end && end <= core_.job_.virtual_nodes, "bad VN range");
+  // At least one VN: a worker's buckets start at the end of its last VN
+  // (every plan gives each member one or more).
+  MORPH_CHECK(0 <= begin && begin < end && end <= core_.job_.virtual_nodes, "bad VN range");
   vn_begin_ = begin;
   vn_end_ = end;
 }
@@ -661,10 +663,6 @@ StepStats VnExecutor::step() {
   // The buffer's buckets are in flight (started during the last VN's
   // backward). The flags and maxima decide whether their sum is usable.
   auto reduce = [&](std::vector<double>& flags) {
-    if (order.empty()) {  // no VN ran: this worker's buckets start here
-      writeSlots();
-      launchReadyBuckets(true);
-    }
     for (auto& w : inflight_) w->advance();
     for (auto& w : inflight_) w->wait();
     inflight_.clear();

@@ -280,7 +280,7 @@ class VnExecutor : public Executor {
   VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm);
 
   void setCommunicator(Communicator* comm) { comm_ = comm; }
-  // VNs [begin, end) of every step are this worker's.
+  // VNs [begin, end) of every step are this worker's (at least one).
   void setVnRange(int64_t begin, int64_t end);
 
   StepStats step() override;

@@ -367,7 +367,6 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       buckets.push_back({0, bn * elem});
     } else {
       buckets.back().second += bn * elem;
-      buckets.back().first = 0;
     }
     std::vector<double> bucket_ready(buckets.size(), 0.0);
     double compute_end = 0, busy_max = 0;

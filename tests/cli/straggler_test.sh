@@ -39,14 +39,22 @@ TOML
 
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 
-"$MORPH" run "$work/job.toml" --workers 3 --out "$work/st" > "$work/manager.log" 2>&1 &
-mpid=$!
-port=$(manager_port "$work/manager.log")
-lines() { [[ -f "$work/st/metrics.jsonl" ]] && (( $(wc -l < "$work/st/metrics.jsonl") >= $1 )); }
-for _ in $(seq 1 600); do lines 30 && break; sleep 0.05; done
-lines 30 || { echo "FAIL: training did not start"; cat "$work/manager.log"; exit 1; }
+# start_slowed NAME WORKER RUN_ARGS...: runs the job with RUN_ARGS into
+# $work/NAME (log $work/NAME.log) in the background (mpid, port) and, once
+# 30 steps are in its metrics, makes WORKER 4x slower.
+start_slowed() {
+  local name=$1 worker=$2
+  shift 2
+  "$MORPH" run "$work/job.toml" "$@" --out "$work/$name" > "$work/$name.log" 2>&1 &
+  mpid=$!
+  port=$(manager_port "$work/$name.log")
+  local m="$work/$name/metrics.jsonl"
+  for _ in $(seq 1 600); do [[ -f "$m" ]] && (( $(wc -l < "$m") >= 30 )) && break; sleep 0.05; done
+  [[ -f "$m" ]] && (( $(wc -l < "$m") >= 30 )) || { echo "FAIL: $name: training did not start"; cat "$work/$name.log"; exit 1; }
+  "$MORPH" slow --join "127.0.0.1:$port" --worker "$worker" --factor 4 --token-file "$work/$name/token"
+}
 
-"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/st/token"
+start_slowed st 1 --workers 3
 
 # Bad input: exit 2, and nothing changes.
 set +e
@@ -60,13 +68,13 @@ grep -q -- "--factor" "$work/bad1.log" && grep -q "no such worker" "$work/bad2.l
   || { echo "FAIL: messages"; cat "$work/bad1.log" "$work/bad2.log"; exit 1; }
 
 wait "$mpid"
-got=$(tail -n 1 "$work/manager.log")
+got=$(tail -n 1 "$work/st.log")
 echo "single process: $ref"
 echo "straggler:      $got"
-[[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ"; cat "$work/manager.log"; exit 1; }
-grep "straggler" "$work/manager.log" || true
+[[ "$got" == "$ref" ]] || { echo "FAIL: hashes differ"; cat "$work/st.log"; exit 1; }
+grep "straggler" "$work/st.log" || true
 
-python3 - "$work/st" "$WINDOW" "$work/manager.log" <<'PY'
+python3 - "$work/st" "$WINDOW" "$work/st.log" <<'PY'
 import json, re, sys
 out, window, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 lines = [json.loads(l) for l in open(out + "/metrics.jsonl")]
@@ -123,12 +131,8 @@ PY
 # Float mode gathers the control values in the gradient sum (no MAX
 # all-reduce): the members' seconds per VN still reach the manager, which
 # re-plans around the slowed worker, and the workers follow its generation.
-"$MORPH" run "$work/job.toml" --workers 3 --set reduce.mode=float --out "$work/fst" > "$work/float.log" 2>&1 &
-mpid=$!
-port=$(manager_port "$work/float.log")
-for _ in $(seq 1 600); do [[ -f "$work/fst/metrics.jsonl" ]] && (( $(wc -l < "$work/fst/metrics.jsonl") >= 30 )) && break; sleep 0.05; done
-"$MORPH" slow --join "127.0.0.1:$port" --worker 1 --factor 4 --token-file "$work/fst/token"
-wait "$mpid" || { echo "FAIL: float mode exit $?"; cat "$work/float.log"; exit 1; }
+start_slowed fst 1 --workers 3 --set reduce.mode=float
+wait "$mpid" || { echo "FAIL: float mode exit $?"; cat "$work/fst.log"; exit 1; }
 python3 - "$work/fst" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -141,17 +145,13 @@ print("float mode: worker 1 re-planned after step %d, VN shares %s" % (st[0]["st
 PY
 
 # A pipeline: 2 stages x 2 replicas; worker 3 (stage 1 of replica 1) 4x slower.
-"$MORPH" run "$work/job.toml" --workers 4 --stages 2 --out "$work/pst" > "$work/pipe.log" 2>&1 &
-mpid=$!
-port=$(manager_port "$work/pipe.log")
-for _ in $(seq 1 600); do [[ -f "$work/pst/metrics.jsonl" ]] && (( $(wc -l < "$work/pst/metrics.jsonl") >= 30 )) && break; sleep 0.05; done
-"$MORPH" slow --join "127.0.0.1:$port" --worker 3 --factor 4 --token-file "$work/pst/token"
-wait "$mpid" || { echo "FAIL: pipeline exit $?"; cat "$work/pipe.log"; exit 1; }
-got=$(tail -n 1 "$work/pipe.log")
+start_slowed pst 3 --workers 4 --stages 2
+wait "$mpid" || { echo "FAIL: pipeline exit $?"; cat "$work/pst.log"; exit 1; }
+got=$(tail -n 1 "$work/pst.log")
 echo "pipeline straggler: $got"
-[[ "$got" == "$ref" ]] || { echo "FAIL: pipeline hashes differ"; cat "$work/pipe.log"; exit 1; }
-grep "straggler" "$work/pipe.log" || true
-python3 - "$work/pst" "$work/pipe.log" <<'PY'
+[[ "$got" == "$ref" ]] || { echo "FAIL: pipeline hashes differ"; cat "$work/pst.log"; exit 1; }
+grep "straggler" "$work/pst.log" || true
+python3 - "$work/pst" "$work/pst.log" <<'PY'
 import json, re, sys
 out, log = sys.argv[1], sys.argv[2]
 summ = json.load(open(out + "/summary.json"))
