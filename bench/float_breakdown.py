@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Where a float-mode step's time goes, Morph against DDP, piece by piece.
+"""Where a Morph step's time goes, against DDP, piece by piece.
 
 vs_ddp.py gives the ratio; this says where it comes from. One of vs_ddp.py's
-models (default the MLP) on W local workers (default 2), float reduction,
-S steps; Morph and DDP (bench/ddp_baseline.py) run in turn, R rounds. For
+models (default the MLP) on W local workers (default 2), float reduction (or
+exact with --mode exact; DDP is float either way), S steps; Morph and DDP
+(bench/ddp_baseline.py) run in turn, R rounds. For
 each side, per steady step (Morph: its metrics lines after the first 50
 steps; DDP: the timed steps), medians of:
 
@@ -26,7 +27,7 @@ steps; DDP: the timed steps), medians of:
 The last column is Morph / DDP of the medians over rounds.
 
   /usr/bin/python3 bench/float_breakdown.py [--morph build/morph] [--model mlp]
-      [--workers 2] [--steps 600] [--rounds 3]
+      [--workers 2] [--steps 600] [--rounds 3] [--mode float|exact]
 """
 import argparse
 import json
@@ -43,8 +44,8 @@ import vs_ddp  # noqa: E402  (the models' job files)
 PIECES = ["compute", "reduction", "after", "between", "wall"]
 
 
-def morph(binary, model, workers, steps, tmp):
-    cmd, out = vs_ddp.morph_cmd(binary, model, workers, "float", steps, tmp)
+def morph(binary, model, workers, mode, steps, tmp):
+    cmd, out = vs_ddp.morph_cmd(binary, model, workers, mode, steps, tmp)
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
@@ -80,6 +81,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     vs_ddp.add_job_args(p, steps=600)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mode", choices=["float", "exact"], default="float", help="Morph's reduction")
     a = p.parse_args()
     if a.steps < 70:
         p.error("--steps: at least 70 (50 warm-up steps, then a steady window)")
@@ -89,14 +91,14 @@ def main():
         for rnd in range(a.rounds):
             order = ["morph", "ddp"] if rnd % 2 == 0 else ["ddp", "morph"]
             for side in order:
-                r = morph(a.morph, a.model, a.workers, a.steps, tmp) if side == "morph" else ddp(
+                r = morph(a.morph, a.model, a.workers, a.mode, a.steps, tmp) if side == "morph" else ddp(
                     a.model, a.workers, a.steps)
                 res[side].append(r)
                 print(f"round {rnd}: {side}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r.items()) + " ms",
                       flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{a.model}, {a.workers} workers, float, {a.steps} steps; ms per step, medians of {a.rounds} rounds")
+    print(f"{a.model}, {a.workers} workers, Morph {a.mode} (DDP float), {a.steps} steps; ms per step, medians of {a.rounds} rounds")
     print(f"{'piece':10} {'Morph':>8} {'DDP':>8} {'Morph/DDP':>10}")
     for k in PIECES:
         mo = statistics.median(r[k] for r in res["morph"])

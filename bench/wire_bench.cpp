@@ -75,7 +75,7 @@ int runRank(int rank, int W, int64_t n, int rounds, const std::string& store_pat
       {"exact sharded",
        [&] { ex = local; },
        [&] {
-         auto w = startShardedSum(*comm, ex.data(), n, scratch,
+         auto w = startShardedSum(*comm, ex.data(), n, 0, scratch,
                                   [&](int64_t, const int64_t* sums, int64_t len, float* out) {
                                     dequantize(sums, len, scale, B, out);
                                   });

@@ -213,14 +213,15 @@ class ShardedSum : public PendingWork {
   static constexpr int64_t kTagWrap = int64_t{1} << 22;
   static constexpr int64_t kPieceBytes = 256 << 10;
 
-  ShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch, ShardToFloat to_float)
-      : comm_(comm), data_(data), scratch_(scratch), to_float_(std::move(to_float)) {
+  ShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep, ShardScratch& scratch, ShardToFloat to_float)
+      : comm_(comm), data_(data), floats_end_(n - keep), scratch_(scratch), to_float_(std::move(to_float)) {
     const int ordinal = static_cast<int>(comm.nextShardedSum() % kTagWrap);
     reduce_tag_ = kTagBase + 2 * ordinal;
     gather_tag_ = reduce_tag_ + 1;
     D_ = comm.size();
     r_ = comm.rank();
     MORPH_CHECK(n >= D_, "a sharded sum needs at least one value per rank");
+    MORPH_CHECK(0 <= keep && keep <= n, "a sharded sum keeps at most all of its values as integers");
     int64_t longest = 0;
     for (int j = 0; j <= D_; ++j) begin_.push_back(static_cast<int64_t>(static_cast<__int128>(n) * j / D_));
     for (int j = 0; j < D_; ++j) longest = std::max(longest, len(j));
@@ -251,29 +252,30 @@ class ShardedSum : public PendingWork {
     sends_.clear();
     recvs_.clear();
     reduced_ = true;
-    // The summed chunk as floats, then in its place: float i in the first
-    // 4 n bytes of `data` (every integer there is consumed and sent now).
+    // The summed chunk's floats, then in their place: float i in the first
+    // 4 (n - keep) bytes of `data` (every integer there is consumed and
+    // sent now; the kept integers, from byte 8 (n - keep) on, stay).
     const int own = mod(r_ + 1);
-    to_float_(begin_[static_cast<size_t>(own)], data_ + begin_[static_cast<size_t>(own)], len(own),
-              scratch_.floats.data());
-    std::memcpy(floatAt(own), scratch_.floats.data(), static_cast<size_t>(len(own)) * 4);
-    // Every float chunk lands in its place, so all receives can wait now.
-    for (int t = 0; t + 1 < D_; ++t) {
-      const int j = mod(r_ - t);
-      for (int p = 0; p < pieces_; ++p)
-        recvs_.push_back(comm_.recv(floatPiece(j, p), mod(r_ - 1), gather_tag_));
+    const int64_t b = begin_[static_cast<size_t>(own)], nf = floatsIn(own);
+    if (nf > 0) {
+      to_float_(b, data_ + b, nf, scratch_.floats.data());
+      std::memcpy(reinterpret_cast<char*>(data_) + 4 * b, scratch_.floats.data(), static_cast<size_t>(nf) * 4);
     }
-    for (int p = 0; p < pieces_; ++p) sends_.push_back(comm_.send(floatPiece(own, p), mod(r_ + 1), gather_tag_));
+    // Every chunk lands in its place, so all receives can wait now.
+    for (int t = 0; t + 1 < D_; ++t)
+      for (torch::Tensor& part : gatherParts(mod(r_ - t))) recvs_.push_back(comm_.recv(part, mod(r_ - 1), gather_tag_));
+    for (torch::Tensor& part : gatherParts(own)) sends_.push_back(comm_.send(part, mod(r_ + 1), gather_tag_));
   }
   void wait() override {
     advance();
     if (gathered_) return;
+    size_t k = 0;
     for (int t = 0; t + 1 < D_; ++t)
-      for (int p = 0; p < pieces_; ++p) {
-        recvs_[static_cast<size_t>(t * pieces_ + p)]->wait();
-        // The piece of chunk r - t goes on to the right, unless it is the
+      for (torch::Tensor& part : gatherParts(mod(r_ - t))) {
+        recvs_[k++]->wait();
+        // The part of chunk r - t goes on to the right, unless it is the
         // right neighbour's own (the last step's).
-        if (t + 2 < D_) sends_.push_back(comm_.send(floatPiece(mod(r_ - t), p), mod(r_ + 1), gather_tag_));
+        if (t + 2 < D_) sends_.push_back(comm_.send(part, mod(r_ + 1), gather_tag_));
       }
     for (auto& w : sends_) w->wait();
     gathered_ = true;
@@ -285,10 +287,22 @@ class ShardedSum : public PendingWork {
   // Piece p of chunk j: values [pieceBegin(j, p), pieceBegin(j, p + 1)) of the chunk.
   int64_t pieceBegin(int j, int p) const { return len(j) * p / pieces_; }
   int64_t* recvBuf(int t) const { return scratch_.recv.data() + (t % 2) * (scratch_.recv.size() / 2); }
-  char* floatAt(int j) const { return reinterpret_cast<char*>(data_) + 4 * begin_[static_cast<size_t>(j)]; }
-  torch::Tensor floatPiece(int j, int p) const {
-    return torch::from_blob(floatAt(j) + 4 * pieceBegin(j, p), {pieceBegin(j, p + 1) - pieceBegin(j, p)},
-                            torch::kFloat32);
+  // How many of chunk j's values become floats: those before n - keep.
+  int64_t floatsIn(int j) const {
+    return std::clamp<int64_t>(floats_end_ - begin_[static_cast<size_t>(j)], 0, len(j));
+  }
+  // What the all-gather moves of chunk j, in order, empty parts left out
+  // (the same on every rank): its floats in pieces, then its kept integers.
+  std::vector<torch::Tensor> gatherParts(int j) const {
+    std::vector<torch::Tensor> parts;
+    const int64_t b = begin_[static_cast<size_t>(j)], nf = floatsIn(j);
+    char* floats = reinterpret_cast<char*>(data_) + 4 * b;
+    for (int p = 0; p < pieces_; ++p) {
+      const int64_t lo = nf * p / pieces_, hi = nf * (p + 1) / pieces_;
+      if (hi > lo) parts.push_back(torch::from_blob(floats + 4 * lo, {hi - lo}, torch::kFloat32));
+    }
+    if (nf < len(j)) parts.push_back(torch::from_blob(data_ + b + nf, {len(j) - nf}, torch::kInt64));
+    return parts;
   }
   void postReduceRecvs(int t) {
     const int j = mod(r_ - t - 1);
@@ -305,6 +319,7 @@ class ShardedSum : public PendingWork {
   }
   Communicator& comm_;
   int64_t* data_;
+  int64_t floats_end_;  // n - keep
   ShardScratch& scratch_;
   ShardToFloat to_float_;
   int D_ = 1, r_ = 0, pieces_ = 1, reduce_tag_ = 0, gather_tag_ = 0;
@@ -315,9 +330,9 @@ class ShardedSum : public PendingWork {
 
 }  // namespace
 
-std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch,
-                                             ShardToFloat to_float) {
-  return std::make_unique<ShardedSum>(comm, data, n, scratch, std::move(to_float));
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep,
+                                             ShardScratch& scratch, ShardToFloat to_float) {
+  return std::make_unique<ShardedSum>(comm, data, n, keep, scratch, std::move(to_float));
 }
 
 std::unique_ptr<PendingWork> Communicator::send(torch::Tensor, int, int) {

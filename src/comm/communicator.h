@@ -133,13 +133,15 @@ class LocalCommunicator : public Communicator {
 // in the same order (advance() and wait() block on the peers' part in
 // that same sum).
 //
-// When done, the floats are in the first n floats of `data`'s memory,
-// value i at float i (the integers are then gone); needs n >= size().
-// The first transfer starts here; advance() runs the rest of the
-// reduce-scatter. `data` and `scratch` stay live until the work is done or
-// abandoned for good.
-std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, ShardScratch& scratch,
-                                             ShardToFloat to_float);
+// When done, the floats of values [0, n - keep) are in the first n - keep
+// floats of `data`'s memory, value i at float i (those integers are then
+// gone), and the last `keep` values stay integers, summed, in their place
+// (a step's loss statistics and slots, which ride in its last bucket);
+// needs n >= size(). The first transfer starts here; advance() runs the
+// rest of the reduce-scatter. `data` and `scratch` stay live until the
+// work is done or abandoned for good.
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep,
+                                             ShardScratch& scratch, ShardToFloat to_float);
 
 
 struct GlooOptions {

@@ -140,18 +140,23 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   if (acc.mode() == ReduceMode::kFloat)
     return comm.allreduceSumAsync(acc.floatBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
   // Gradients and batch-norm statistics are read as floats divided by a
-  // fixed count (runStep); the loss statistics are read as sums.
-  if (end > stats_seg_ || !useShardedSum(n, comm.size()))
-    return comm.allreduceSumAsync(acc.exactBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
+  // fixed count (runStep); the loss statistics and the slots after them
+  // (the last bucket's) are read as integers' sums, so they stay integers.
+  const size_t float_end = std::min(end, stats_seg_);
+  const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + acc.tailSize() : 0;
+  const int64_t total = n + (end == acc.segments() ? acc.tailSize() : 0);
+  if (float_end <= first || !useShardedSum(total - keep, comm.size()))
+    return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
   std::vector<double> divisors;
-  for (size_t s = first; s < end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
-  acc.markFloats(first, end, divisors);
+  for (size_t s = first; s < float_end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
+  acc.markFloats(first, float_end, divisors);
   const GradAccumulator* a = acc_.get();
-  return startShardedSum(comm, acc.exactBuffer() + off, n, scratch_[first],
-                         [a, first, end, off, divisors](int64_t begin, const int64_t* sums, int64_t len, float* out) {
-                           a->dequantizeRange(first, end, divisors, off + begin, sums, len, out);
+  return startShardedSum(comm, acc.exactBuffer() + off, total, keep, scratch_[first],
+                         [a, first, float_end, off, divisors](int64_t begin, const int64_t* sums, int64_t len,
+                                                              float* out) {
+                           a->dequantizeRange(first, float_end, divisors, off + begin, sums, len, out);
                          });
 }
 
@@ -517,12 +522,11 @@ VnExecutor::VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& t
     s = b.end_seg;
   }
   // The batch-norm statistics and the loss statistics, added after the
-  // last VN's backward. Float mode sums them with the last gradient bucket
-  // (one collective fewer per step: on loopback each costs a round trip of
-  // thread wake-ups, bench/float_breakdown.py); exact mode keeps them apart,
-  // because the sharded sum turns its buckets into floats in place and the
-  // loss statistics are read as integers' sums.
-  if (job.reduce_mode == ReduceMode::kFloat && !buckets_.empty()) {
+  // last VN's backward, are summed with the last gradient bucket (one
+  // collective fewer per step: on loopback each costs a round trip of
+  // thread wake-ups, bench/float_breakdown.py). In exact mode the sharded
+  // sum keeps the loss statistics and the slots as integers (startSum).
+  if (!buckets_.empty()) {
     buckets_.back().end_seg = sizes.size();
   } else {
     buckets_.push_back({core_.bn_seg_, sizes.size()});

@@ -308,7 +308,7 @@ void measureComm(Communicator& comm, const std::vector<int64_t>& p2p_bytes,
       std::fill(a.begin(), a.end(), int64_t{1});
       double t0 = nowSeconds();
       if (useShardedSum(n, comm.size())) {
-        startShardedSum(comm, a.data(), n, scratch, [](int64_t, const int64_t* sums, int64_t len, float* out) {
+        startShardedSum(comm, a.data(), n, 0, scratch, [](int64_t, const int64_t* sums, int64_t len, float* out) {
           dequantize(sums, len, 40, 256.0, out);
         })->wait();
       } else {

@@ -358,12 +358,11 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     }
     if (bytes > 0) buckets.push_back({low, bytes});
     // The statistics and each worker's slots of flags, maxima and control
-    // values (VnExecutor::writeSlots: no MAX all-reduce): after the last
-    // VN, with the last gradient bucket in float mode, a bucket of their
-    // own in exact mode.
+    // values (VnExecutor::writeSlots: no MAX all-reduce) ride in the last
+    // gradient bucket, after the last VN.
     double bn = 2 + static_cast<double>(D) * ((exact ? 4.0 * static_cast<double>(L) + 4.0 : 0.0) + 2.0 + D);
     for (const LayerCost& c : prof.layers) bn += static_cast<double>(c.bn_values);
-    if (exact || buckets.empty()) {
+    if (buckets.empty()) {
       buckets.push_back({0, bn * elem});
     } else {
       buckets.back().second += bn * elem;

@@ -233,7 +233,7 @@ TEST(ShardedSum, EveryRankReadsTheFloatsOfOneAccumulatorOverAllVns) {
         fill(acc, r);
         const int64_t off = acc.segmentOffset(1), n = acc.totalElements() - off;
         ShardScratch scratch;
-        auto w = startShardedSum(comm, acc.exactBuffer() + off, n, scratch,
+        auto w = startShardedSum(comm, acc.exactBuffer() + off, n, 0, scratch,
                                  [&](int64_t begin, const int64_t* sums, int64_t len, float* out) {
                                    acc.dequantizeRange(1, 4, divisors, off + begin, sums, len, out);
                                  });
@@ -271,7 +271,7 @@ TEST(ShardedSum, SumsInFlightEachGetTheirOwnTotal) {
       std::vector<std::unique_ptr<PendingWork>> work;
       auto start = [&](size_t s) {
         for (int64_t i = 0; i < lens[s]; ++i) data[s].push_back(value(r, s, i));
-        work.push_back(startShardedSum(comm, data[s].data(), lens[s], scratch[s],
+        work.push_back(startShardedSum(comm, data[s].data(), lens[s], 0, scratch[s],
                                        [](int64_t, const int64_t* sums, int64_t len, float* out) {
                                          for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(sums[i]);
                                        }));
@@ -300,6 +300,56 @@ TEST(ShardedSum, SumsInFlightEachGetTheirOwnTotal) {
           ASSERT_EQ(got[static_cast<size_t>(r)][s][static_cast<size_t>(i)], static_cast<float>(sum))
               << D << " ranks, rank " << r << ", sum " << s << ", value " << i;
         }
+    }
+  }
+}
+
+// The last `keep` values of a sharded sum stay integers, summed bit for bit
+// (a step's loss statistics and the slots whose doubles' bits ride in
+// them), while the values before them become floats: with the kept values
+// inside the last chunk, spanning several chunks, and all of them.
+TEST(ShardedSum, KeptValuesStayIntegersAndTheRestBecomeFloats) {
+  struct Case {
+    int64_t n, keep;
+  };
+  const std::vector<Case> cases = {{300, 5}, {13, 9}, {400000, 70}, {8, 8}};
+  auto value = [](int r, int64_t i) {
+    // Rank 0's kept values are a double's bits, the others' zero (a slot).
+    if (i % 3 == 0) return r == 0 ? static_cast<int64_t>(0x400921FB54442D18LL + i) : int64_t{0};
+    return static_cast<int64_t>((r + 1) * 1000003 + i * 7919 - 5000000);
+  };
+  for (int D : {2, 3, 4}) {
+    std::vector<std::vector<std::vector<int64_t>>> got(static_cast<size_t>(D));
+    const std::vector<std::string> errors = onGlooRanks(D, [&](Communicator& comm, int r) {
+      std::vector<std::vector<int64_t>> data(cases.size());
+      std::vector<ShardScratch> scratch(cases.size());
+      std::vector<std::unique_ptr<PendingWork>> work;
+      for (size_t c = 0; c < cases.size(); ++c) {
+        for (int64_t i = 0; i < cases[c].n; ++i) data[c].push_back(value(r, i));
+        work.push_back(startShardedSum(comm, data[c].data(), cases[c].n, cases[c].keep, scratch[c],
+                                       [](int64_t, const int64_t* sums, int64_t len, float* out) {
+                                         for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(sums[i]);
+                                       }));
+      }
+      for (auto& w : work) w->advance();
+      for (auto& w : work) w->wait();
+      got[static_cast<size_t>(r)] = data;
+    });
+    for (int r = 0; r < D; ++r) {
+      ASSERT_EQ(errors[static_cast<size_t>(r)], "") << D << " ranks, rank " << r;
+      for (size_t c = 0; c < cases.size(); ++c) {
+        const std::vector<int64_t>& d = got[static_cast<size_t>(r)][c];
+        const float* f = reinterpret_cast<const float*>(d.data());
+        for (int64_t i = 0; i < cases[c].n; ++i) {
+          int64_t sum = 0;
+          for (int q = 0; q < D; ++q) sum += value(q, i);
+          if (i < cases[c].n - cases[c].keep) {
+            ASSERT_EQ(f[i], static_cast<float>(sum)) << D << " ranks, rank " << r << ", case " << c << ", value " << i;
+          } else {
+            ASSERT_EQ(d[static_cast<size_t>(i)], sum) << D << " ranks, rank " << r << ", case " << c << ", value " << i;
+          }
+        }
+      }
     }
   }
 }
