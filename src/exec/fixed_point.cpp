@@ -20,8 +20,14 @@ inline int64_t roundMagic(double d) {
   return bits - magic_bits;
 }
 
-__attribute__((target("avx2"))) QuantizeResult quantizeAddAvx2(const float* g, int64_t n,
-                                                                int scale_exp, int64_t* acc) {
+template <bool kStore>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
+
+// kStore: acc[i] = q (a segment's first VN of the step: no zeroing pass,
+// no read of acc), else acc[i] += q.
+template <bool kStore>
+__attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int64_t n, int scale_exp,
+                                                            int64_t* acc) {
   const __m256d vscale = _mm256_set1_pd(std::ldexp(1.0, scale_exp));
   const __m256d vbound = _mm256_set1_pd(kFixedBound);
   const __m256d vmagic = _mm256_set1_pd(kMagic);
@@ -41,7 +47,11 @@ __attribute__((target("avx2"))) QuantizeResult quantizeAddAvx2(const float* g, i
     vmax = _mm256_max_pd(a, vmax);  // a NaN in `a` yields vmax (flagged above)
     __m256i q = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(d, vmagic)), vmagic_i);
     __m256i* dst = reinterpret_cast<__m256i*>(acc + i);
-    _mm256_storeu_si256(dst, _mm256_add_epi64(_mm256_loadu_si256(dst), q));
+    if constexpr (kStore) {
+      _mm256_storeu_si256(dst, q);
+    } else {
+      _mm256_storeu_si256(dst, _mm256_add_epi64(_mm256_loadu_si256(dst), q));
+    }
   }
   alignas(32) double m[4];
   _mm256_store_pd(m, vmax);
@@ -51,7 +61,7 @@ __attribute__((target("avx2"))) QuantizeResult quantizeAddAvx2(const float* g, i
   r.nonfinite = _mm256_movemask_pd(vnonfinite) != 0;
   r.max_abs = std::ldexp(max_scaled, -scale_exp);
   if (i < n) {
-    QuantizeResult tail = quantizeAddScalar(g + i, n - i, scale_exp, acc + i);
+    QuantizeResult tail = quantizeScalar<kStore>(g + i, n - i, scale_exp, acc + i);
     r.overflow = r.overflow || tail.overflow;
     r.nonfinite = r.nonfinite || tail.nonfinite;
     r.max_abs = std::fmax(r.max_abs, tail.max_abs);
@@ -64,9 +74,8 @@ bool haveAvx2() {
   return has;
 }
 
-}  // namespace
-
-QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
+template <bool kStore>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
   const double scale = std::ldexp(1.0, scale_exp);
   double max_scaled = 0.0;
   QuantizeResult r;
@@ -74,6 +83,7 @@ QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64
     double d = static_cast<double>(g[i]) * scale;
     double a = std::fabs(d);
     if (!(a < kFixedBound)) {  // the step will be redone: leave acc alone
+      if constexpr (kStore) acc[i] = 0;  // (but defined)
       r.overflow = true;
       if (std::isfinite(a)) {
         max_scaled = std::fmax(max_scaled, a);
@@ -83,15 +93,34 @@ QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64
       continue;
     }
     if (a > max_scaled) max_scaled = a;
-    acc[i] += roundMagic(d);
+    if constexpr (kStore) {
+      acc[i] = roundMagic(d);
+    } else {
+      acc[i] += roundMagic(d);
+    }
   }
   r.max_abs = std::ldexp(max_scaled, -scale_exp);
   return r;
 }
 
+}  // namespace
+
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
+  return quantizeScalar<false>(g, n, scale_exp, acc);
+}
+
+QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
+  return quantizeScalar<true>(g, n, scale_exp, acc);
+}
+
 QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc) {
-  if (haveAvx2()) return quantizeAddAvx2(g, n, scale_exp, acc);
-  return quantizeAddScalar(g, n, scale_exp, acc);
+  if (haveAvx2()) return quantizeAvx2<false>(g, n, scale_exp, acc);
+  return quantizeScalar<false>(g, n, scale_exp, acc);
+}
+
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc) {
+  if (haveAvx2()) return quantizeAvx2<true>(g, n, scale_exp, acc);
+  return quantizeScalar<true>(g, n, scale_exp, acc);
 }
 
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out) {

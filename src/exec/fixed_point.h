@@ -27,6 +27,11 @@ struct QuantizeResult {
 QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc);
 // The portable reference implementation (also used for the tail).
 QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
+// The same with acc[i] = round(...) (acc is not read): a segment's first
+// VN of a step, which so needs no zeroed buffer. Where `overflow` is set,
+// acc is garbage here too.
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc);
+QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
 
 // out[i] = float(double(acc[i]) * 2^-scale_exp / divisor).
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out);

@@ -27,6 +27,7 @@ GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode 
   // The buffer itself is allocated by the first beginStep(): a pipeline
   // stage replaces the whole-model accumulator before it is used.
   max_.assign(sizes_.size(), 0.0);
+  fresh_.assign(sizes_.size(), 1);
   float_run_.assign(sizes_.size(), -1);
   float_divisor_.assign(sizes_.size(), 0.0);
 }
@@ -38,8 +39,17 @@ int64_t GradAccumulator::bufferBytes() const {
 void GradAccumulator::beginStep() {
   scales_ = next_scales_;
   tail_ = tail_next_;
-  if (mode_ == ReduceMode::kExact) exact_.assign(static_cast<size_t>(total_ + tail_), 0);
-  else float_.assign(static_cast<size_t>(total_ + tail_), 0.0f);
+  // No zeroing pass over the segments: each is fresh (logically zero)
+  // until its first add() of the step stores instead of adding.
+  const size_t len = static_cast<size_t>(total_ + tail_);
+  if (mode_ == ReduceMode::kExact) {
+    exact_.resize(len);
+    std::fill(exact_.begin() + total_, exact_.end(), int64_t{0});
+  } else {
+    float_.resize(len);
+    std::fill(float_.begin() + total_, float_.end(), 0.0f);
+  }
+  std::fill(fresh_.begin(), fresh_.end(), 1);
   std::fill(max_.begin(), max_.end(), 0.0);
   std::fill(float_run_.begin(), float_run_.end(), -1);
   overflow_ = nonfinite_ = false;
@@ -48,11 +58,16 @@ void GradAccumulator::beginStep() {
 void GradAccumulator::add(size_t seg, const float* values) {
   MORPH_CHECK_LT(seg, sizes_.size());
   const int64_t n = sizes_[seg], off = offsets_[seg];
+  const bool first = fresh_[seg];
+  fresh_[seg] = 0;
   if (mode_ == ReduceMode::kExact) {
-    QuantizeResult r = quantizeAdd(values, n, scales_[seg], exact_.data() + off);
+    QuantizeResult r = first ? quantizeStore(values, n, scales_[seg], exact_.data() + off)
+                             : quantizeAdd(values, n, scales_[seg], exact_.data() + off);
     max_[seg] = std::max(max_[seg], r.max_abs);
     overflow_ = overflow_ || r.overflow;
     nonfinite_ = nonfinite_ || r.nonfinite;
+  } else if (first) {
+    std::memcpy(float_.data() + off, values, static_cast<size_t>(n) * sizeof(float));
   } else {
     // A vectorisable add; Inf and NaN propagate into the sum, which
     // flagsAndMax() checks once per step.
@@ -61,16 +76,32 @@ void GradAccumulator::add(size_t seg, const float* values) {
   }
 }
 
+void GradAccumulator::settle() {
+  for (size_t seg = 0; seg < sizes_.size(); ++seg) {
+    if (!fresh_[seg]) continue;
+    const size_t off = static_cast<size_t>(offsets_[seg]), n = static_cast<size_t>(sizes_[seg]);
+    if (mode_ == ReduceMode::kExact) std::fill_n(exact_.begin() + off, n, int64_t{0});
+    else std::fill_n(float_.begin() + off, n, 0.0f);
+    fresh_[seg] = 0;
+  }
+}
+
 std::vector<double> GradAccumulator::flagsAndMax() const {
   bool nonfinite = nonfinite_;
   if (mode_ == ReduceMode::kFloat) {
-    uint32_t all_ones = 0;  // exponent bits all set <=> Inf or NaN
-    for (float v : float_) {
-      uint32_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      all_ones |= ((bits >> 23) & 0xFFu) == 0xFFu;
-    }
-    nonfinite = nonfinite || all_ones != 0;
+    auto scan = [this](int64_t begin, int64_t end) {
+      uint32_t all_ones = 0;  // exponent bits all set <=> Inf or NaN
+      const float* v = float_.data();
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, v + i, sizeof bits);
+        all_ones |= ((bits >> 23) & 0xFFu) == 0xFFu;
+      }
+      return all_ones != 0;
+    };
+    for (size_t seg = 0; seg < sizes_.size(); ++seg)
+      if (!fresh_[seg]) nonfinite = nonfinite || scan(offsets_[seg], offsets_[seg] + sizes_[seg]);
+    nonfinite = nonfinite || scan(total_, total_ + tail_);
   }
   std::vector<double> f;
   f.reserve(2 + max_.size());
@@ -89,8 +120,11 @@ void GradAccumulator::updateScales(const std::vector<double>& reduced) {
 
 void GradAccumulator::read(size_t seg, double divisor, float* out) const {
   const int64_t n = sizes_[seg], off = offsets_[seg];
-  if (mode_ == ReduceMode::kExact && float_run_[seg] >= 0) {
+  if (mode_ == ReduceMode::kExact && float_run_[seg] >= 0)
     MORPH_CHECK(divisor == float_divisor_[seg], "a sharded sum's floats read with another divisor");
+  if (fresh_[seg]) {
+    std::fill_n(out, n, 0.0f);
+  } else if (mode_ == ReduceMode::kExact && float_run_[seg] >= 0) {
     // The run's floats start at its first value's memory (4 bytes each).
     const char* floats = reinterpret_cast<const char*>(exact_.data() + float_run_[seg]);
     std::memcpy(out, floats + 4 * (off - float_run_[seg]), static_cast<size_t>(n) * 4);
@@ -122,6 +156,7 @@ void GradAccumulator::markFloats(size_t first, size_t end, const std::vector<dou
 double GradAccumulator::readScalar(size_t seg, int64_t i) const {
   const size_t k = static_cast<size_t>(offsets_[seg] + i);
   MORPH_CHECK(float_run_[seg] < 0, "readScalar of a sharded sum's floats");
+  if (fresh_[seg]) return 0.0;
   if (mode_ == ReduceMode::kExact) return std::ldexp(static_cast<double>(exact_[k]), -scales_[seg]);
   return float_[k];
 }

@@ -26,8 +26,15 @@ class GradAccumulator {
   GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits);
 
   void beginStep();
-  // Adds one VN's values of segment `seg` (segmentSize(seg) floats).
+  // Adds one VN's values of segment `seg` (segmentSize(seg) floats). The
+  // first add() of a segment in a step stores (beginStep() leaves the
+  // segments as they were, each "fresh": logically zero, which read(),
+  // readScalar() and flagsAndMax() honour).
   void add(size_t seg, const float* values);
+  // Zeroes the segments no add() has touched this step, so that the buffer
+  // itself holds the sums' terms; the non-const buffer accessors (the
+  // collectives' way in) do it first.
+  void settle();
 
   // [overflow, nonfinite, max|g| of segment 0, 1, ...], to be maximised over
   // workers (a MAX all-reduce, or gathered: VnExecutor::writeSlots).
@@ -59,9 +66,14 @@ class GradAccumulator {
   const std::vector<int64_t>& segmentSizes() const { return sizes_; }
   int64_t segmentOffset(size_t seg) const { return offsets_[seg]; }
   int64_t totalElements() const { return total_; }
-  int64_t* exactBuffer() { return exact_.data(); }
-  const int64_t* exactBuffer() const { return exact_.data(); }
-  float* floatBuffer() { return float_.data(); }
+  int64_t* exactBuffer() {
+    settle();
+    return exact_.data();
+  }
+  float* floatBuffer() {
+    settle();
+    return float_.data();
+  }
   // `n` more values (float or int64, the buffer's type) after the
   // segments from the next beginStep() on, zeroed by it and summed with the
   // bucket of the last segment (StepCore::startSum). Each worker writes its
@@ -92,6 +104,7 @@ class GradAccumulator {
   std::vector<int64_t> exact_;
   std::vector<float> float_;
   std::vector<double> max_;
+  std::vector<char> fresh_;  // per segment: no add() yet this step (logically zero)
   // Per segment, for runs marked by markFloats(): the run's first value
   // (where its floats start) and the divisor applied; -1 otherwise.
   std::vector<int64_t> float_run_;

@@ -146,12 +146,63 @@ TEST(FixedPoint, VectorAndScalarKernelsAgreeBitwise) {
     EXPECT_EQ(a, b) << "scale " << scale;
     EXPECT_EQ(ra.max_abs, rb.max_abs);
     EXPECT_EQ(ra.overflow, rb.overflow);
+    // Storing (a segment's first VN) is adding into zeros, whatever the
+    // memory held before.
+    std::vector<int64_t> zero(g.size(), 0), c(g.size(), -7), d(g.size(), 11);
+    quantizeAdd(g.data(), g.size(), scale, zero.data());
+    QuantizeResult rc = quantizeStore(g.data(), g.size(), scale, c.data());
+    QuantizeResult rd = quantizeStoreScalar(g.data(), g.size(), scale, d.data());
+    if (!ra.overflow) {
+      EXPECT_EQ(c, zero) << "scale " << scale;
+      EXPECT_EQ(d, zero) << "scale " << scale;
+    }
+    EXPECT_EQ(rc.max_abs, ra.max_abs);
+    EXPECT_EQ(rd.max_abs, ra.max_abs);
+    EXPECT_EQ(rc.overflow, ra.overflow);
+    EXPECT_EQ(rd.overflow, ra.overflow);
   }
   std::vector<int64_t> acc(2, 0);
   float ties[2] = {0.5f, -2.5f};
   quantizeAddScalar(ties, 2, 0, acc.data());
   EXPECT_EQ(acc[0], 0);   // half to even
   EXPECT_EQ(acc[1], -2);
+}
+
+// beginStep() zeroes nothing: a segment's first add() of the step stores,
+// and a segment no VN touched reads as zero and is zeroed before the
+// buffer goes to a collective, though it held last step's values.
+TEST(GradAccumulator, UntouchedSegmentsAreZeroWithoutAZeroingPass) {
+  for (ReduceMode mode : {ReduceMode::kExact, ReduceMode::kFloat}) {
+    GradAccumulator acc({5, 3}, mode, 3);
+    acc.setTail(2);
+    const std::vector<float> a = {1, -2, 3, -4, 5}, b = {0.5f, 0.25f, -8};
+    acc.beginStep();
+    acc.add(0, a.data());
+    acc.add(0, a.data());
+    acc.add(1, b.data());
+    std::vector<float> out(5);
+    acc.read(0, 2.0, out.data());
+    EXPECT_EQ(out, a);
+    acc.beginStep();  // the buffer still holds last step's values
+    acc.add(0, a.data());
+    acc.read(0, 1.0, out.data());
+    EXPECT_EQ(out, a) << "the first add stores";
+    std::vector<float> seg1(3, 9.0f);
+    acc.read(1, 1.0, seg1.data());
+    EXPECT_EQ(seg1, std::vector<float>(3, 0.0f));
+    EXPECT_EQ(acc.readScalar(1, 2), 0.0);
+    EXPECT_FALSE(GradAccumulator::nonfiniteOf(acc.flagsAndMax()));
+    if (mode == ReduceMode::kExact) {
+      const int64_t* buf = acc.exactBuffer();  // settles
+      for (int64_t i = 5; i < 10; ++i) EXPECT_EQ(buf[i], 0) << "value " << i;
+    } else {
+      const float* buf = acc.floatBuffer();
+      for (int64_t i = 5; i < 10; ++i) EXPECT_EQ(buf[i], 0.0f) << "value " << i;
+    }
+    acc.add(1, b.data());  // after settling: added to the zeros
+    acc.read(1, 1.0, seg1.data());
+    EXPECT_EQ(seg1, b);
+  }
 }
 
 TEST(FixedPoint, ScaleKeepsMaximumBelowBoundWithHeadroom) {
