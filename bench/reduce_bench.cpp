@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
       {"float add (float mode, per VN)", [&] { for (size_t i = 0; i < N; ++i) facc[i] += g[i]; }, {}},
       {"quantizeAdd (exact, per VN)", [&] { sink = quantizeAdd(g.data(), n, scale, acc.data()).max_abs; }, {}},
       {"quantizeAddScalar (no AVX2)", [&] { sink = quantizeAddScalar(g.data(), n, scale, acc.data()).max_abs; }, {}},
+      {"quantizeStore (exact, first VN)", [&] { sink = quantizeStore(g.data(), n, scale, acc.data()).max_abs; }, {}},
+      {"float copy (float, first VN)", [&] { std::memcpy(facc.data(), g.data(), N * sizeof(float)); }, {}},
       {"zero float buffer (per step)", [&] { std::fill(facc.begin(), facc.end(), 0.0f); }, {}},
       {"zero int64 buffer (per step)", [&] { std::fill(acc.begin(), acc.end(), int64_t{0}); }, {}},
       {"float read / B (per step)", [&] { for (size_t i = 0; i < N; ++i) out[i] = facc[i] * (1.0f / 256); }, {}},

@@ -17,8 +17,8 @@ whole command (`morph run`, `ddp_baseline.py`) for S steps and for S + E
 steps; the difference divided by E is the marginal time of one steady step.
 Start-up (process launch, data loading, Gloo rendezvous), the final
 evaluation and teardown cancel; everything either system does between
-steps counts (for Morph: the control plane's store round trips, the
-metrics line, the flags MAX all-reduce). Morph's evaluation runs only after
+steps counts (for Morph: the control plane's store round trips and the
+metrics line). Morph's evaluation runs only after
 the last step (eval.every = 0), so it cancels too.
 
 A round runs every system (DDP, exact, float) once short and once long, in
