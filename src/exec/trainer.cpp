@@ -137,14 +137,14 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   GradAccumulator& acc = *acc_;
   const int64_t off = acc.segmentOffset(first);
   const int64_t n = acc.segmentOffset(end - 1) + acc.segmentSize(end - 1) - off;
-  if (acc.mode() == ReduceMode::kFloat)
-    return comm.allreduceSumAsync(acc.floatBuffer() + off, n + (end == acc.segments() ? acc.tailSize() : 0));
+  const int64_t tail = end == acc.segments() ? acc.tailSize() : 0;  // the slots ride in the last bucket
+  const int64_t total = n + tail;
+  if (acc.mode() == ReduceMode::kFloat) return comm.allreduceSumAsync(acc.floatBuffer() + off, total);
   // Gradients and batch-norm statistics are read as floats divided by a
-  // fixed count (runStep); the loss statistics and the slots after them
-  // (the last bucket's) are read as integers' sums, so they stay integers.
+  // fixed count (runStep); the loss statistics (the last segment) and the
+  // slots after them are read as integers' sums, so they stay integers.
   const size_t float_end = std::min(end, stats_seg_);
-  const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + acc.tailSize() : 0;
-  const int64_t total = n + (end == acc.segments() ? acc.tailSize() : 0);
+  const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + tail : 0;
   if (float_end <= first || !useShardedSum(total - keep, comm.size()))
     return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
