@@ -36,6 +36,10 @@ lr = 0.02
 momentum = 0.9
 [eval]
 every = 500
+[elastic]
+# The resizes are checked one by one: noise on shared cores must not add
+# straggler re-plans (straggler_test.sh tests those in pipelines).
+straggler_replan = false
 TOML
 
 wait_for() {  # wait_for DESCRIPTION LOG COMMAND...: poll up to 90 s
