@@ -8,10 +8,11 @@ and prints per build the median over rounds of the wall time per steady
 step (the unix_time of the metrics lines after the first 50 steps: all
 between steps counts) and of the reduction wait (`reduce_seconds`), and
 B / A. Results are compared too: an exact job must give both builds the
-same model_hash, or the script stops.
+same model_hash, or the script stops. With --stages P the job is a
+pipeline of P stages x W / P replicas.
 
   /usr/bin/python3 bench/builds_ab.py --a OLD/morph --b build/morph [--model mlp]
-      [--mode exact|float] [--workers 2] [--steps 700] [--rounds 4]
+      [--mode exact|float] [--workers 2] [--stages P] [--steps 700] [--rounds 4]
 """
 import argparse
 import json
@@ -28,6 +29,8 @@ import vs_ddp  # noqa: E402  (the models' job files)
 
 def run(binary, a, tmp):
     cmd, out = vs_ddp.morph_cmd(binary, a.model, a.workers, a.mode, a.steps, tmp)
+    if a.stages > 1:
+        cmd += ["--stages", str(a.stages)]
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
@@ -45,7 +48,10 @@ def main():
     vs_ddp.add_job_args(p, steps=700, morph=False)
     p.add_argument("--mode", default="exact", choices=["exact", "float"])
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--stages", type=int, default=1, help="a pipeline of this many stages (default 1: data parallel)")
     a = p.parse_args()
+    if a.stages < 1 or a.workers % a.stages:
+        p.error(f"--stages {a.stages}: expected a divisor of --workers {a.workers}")
     for b in (a.a, a.b):
         if not os.access(b, os.X_OK):
             p.error(f"{b}: not an executable morph binary")
@@ -63,7 +69,8 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     if a.mode == "exact" and hashes["A"] != hashes["B"]:
         sys.exit(f"builds_ab: the builds trained different models: A {hashes['A']}, B {hashes['B']}")
-    print(f"{a.model}, {a.mode}, {a.workers} workers, {a.steps} steps; medians of {a.rounds} rounds")
+    shape = f", {a.stages} stages x {a.workers // a.stages} replicas" if a.stages > 1 else ""
+    print(f"{a.model}, {a.mode}, {a.workers} workers{shape}, {a.steps} steps; medians of {a.rounds} rounds")
     print(f"{'build':6} {'ms/step':>8} {'reduce ms':>9}")
     wall = {}
     for name in ("A", "B"):

@@ -509,13 +509,14 @@ StepStats StageExecutor::step() {
 void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 
 // Stage gradients among replicas and the tied weight between first and last
-// stage, then flags and control values (MAX) and loss statistics (SUM) over
-// every rank. The world's collectives come last so that a step is committed
-// everywhere or nowhere a member can see: a rank finishes them only if every
-// rank entered them, that is, had finished its own stage's sums. Started
-// together, a replica killed between the world's sums and its stage's would
-// leave one stage committed at step S + 1 and another only at S, and no live
-// morph could put a model together from them (tests/cli/pipeline_morph_test.sh).
+// stage, with flags and control values (MAX) over every rank while they run;
+// then loss statistics (SUM) over every rank. That sum comes last so that a
+// step is committed everywhere or nowhere a member can see: a rank finishes
+// it only if every rank entered it, that is, had finished its own stage's
+// sums. Started together, a replica killed between the world's sum and its
+// stage's would leave one stage committed at step S + 1 and another only at
+// S, and no live morph could put a model together from them
+// (tests/cli/pipeline_morph_test.sh).
 void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) { works.push_back(core_.startSum(*c, first, end)); };
@@ -528,8 +529,8 @@ void StageExecutor::reduce(std::vector<double>& flags) {
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
   if (pcomm_.tied)
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
-  finish();
   core_.reduceFlags(*pcomm_.world, flags);
+  finish();
   launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
   finish();
 }
