@@ -510,13 +510,13 @@ void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 
 // Stage gradients among replicas and the tied weight between first and last
 // stage, with flags and control values (MAX) over every rank while they run;
-// then loss statistics (SUM) over every rank. That sum comes last so that a
-// step is committed everywhere or nowhere a member can see: a rank finishes
-// it only if every rank entered it, that is, had finished its own stage's
-// sums. Started together, a replica killed between the world's sum and its
-// stage's would leave one stage committed at step S + 1 and another only at
-// S, and no live morph could put a model together from them
-// (tests/cli/pipeline_morph_test.sh).
+// then loss statistics (SUM) over every rank. That sum comes last: a rank
+// finishes it only if every rank entered it, that is, had finished its own
+// stage's sums. Started together, a replica killed between the world's sum
+// and its stage's would leave one stage committed at step S + 1 and another
+// only at S, and no live morph could put a model together from them. A rank
+// killed inside the last sum can still leave it done on some ranks only
+// (docs/pipeline.md, "One step for every stage").
 void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) { works.push_back(core_.startSum(*c, first, end)); };
