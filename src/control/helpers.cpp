@@ -93,6 +93,8 @@ void faultPoint(const std::string& point, int64_t worker) {
   if (faultHook()) faultHook()(point, worker);
 }
 
+bool faultHookSet() { return static_cast<bool>(faultHook()); }
+
 std::unique_ptr<FileSystem> checkpointFileSystem() {
   if (fileSystemFactory()) return fileSystemFactory()();
   return std::make_unique<PosixFileSystem>();

@@ -136,6 +136,8 @@ json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& 
 std::unique_ptr<FileSystem> checkpointFileSystem();
 // The fault seam (runner.h): calls the installed hook, if any.
 void faultPoint(const std::string& point, int64_t worker);
+// Whether a fault hook is installed (the tests' build).
+bool faultHookSet();
 // Loads the job's dataset; with `say`, reports what it holds and how long
 // loading took in one line ("data: ...", docs/job_file.md, "Progress").
 DataPair loadData(const JobSpec& job, const std::function<void(const std::string&)>& say = nullptr);

@@ -1269,14 +1269,17 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
     MorphCandidate c;
     c.id = id;
     c.step = committed.at(id);
-    // The layers it holds at that step ("lo,hi"; absent or malformed: none).
+    // The layers it holds at that step ("lo,hi", then ",1" when the next
+    // step is prepared; absent or malformed: none).
     const std::string hk = key(gen_, "held", id);
     if (store_->check({hk})) {
       const std::string v = getString(*store_, hk);
       size_t lo = 0, hi = 0;
-      char tail = 0;
-      if (std::sscanf(v.c_str(), "%zu,%zu%c", &lo, &hi, &tail) == 2 && lo <= hi && hi <= layer_names_.size())
-        c.held_lo = lo, c.held_hi = hi;
+      int used = 0;
+      if (std::sscanf(v.c_str(), "%zu,%zu%n", &lo, &hi, &used) == 2 && lo <= hi && hi <= layer_names_.size()) {
+        const std::string rest = v.substr(static_cast<size_t>(used));
+        if (rest.empty() || rest == ",1") c.held_lo = lo, c.held_hi = hi, c.prepared = !rest.empty();
+      }
     }
     in.candidates.push_back(c);
   }
@@ -1310,6 +1313,16 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
     std::snprintf(buf, sizeof buf, "%zu layers move between workers (about %.1f MiB)", mp.transfers.size(),
                   static_cast<double>(mp.bytes_moved) / 1048576.0);
     how = buf;
+    // Members that lost only the last collective of the step the others
+    // committed finish it from their buffers (StepCore::prepared()).
+    std::string finishing;
+    for (const MorphCandidate& c : in.candidates)
+      if (c.prepared && c.step + 1 == mp.step &&
+          std::find(mp.members.begin(), mp.members.end(), c.id) != mp.members.end())
+        finishing += (finishing.empty() ? "" : ", ") + std::to_string(c.id);
+    if (!finishing.empty())
+      how += "; worker " + finishing + " finishes step " + std::to_string(mp.step - 1) +
+             " from its buffer (it lost only the step's last collective)";
   } else {
     // Some layer has no holder at the newest step: every member reloads
     // from the newest checkpoint and the steps since are done again.

@@ -44,8 +44,10 @@ MorphPlan planMorph(const MorphInput& in, const MorphShape& shape, const std::ve
   const int P = shape.stages, slots = shape.workers();
   for (const MorphCandidate& c : in.candidates) plan.step = std::max(plan.step, c.step);
   const int64_t S = plan.step;
+  // S is a committed step (never a prepared one's): a member that got
+  // through the step's last collective shows that every member had its sums.
   auto holds = [&](const MorphCandidate& c, size_t l) {
-    return S >= 0 && c.step == S && c.held_lo <= l && l < c.held_hi;
+    return S >= 0 && (c.step == S || (c.prepared && c.step + 1 == S)) && c.held_lo <= l && l < c.held_hi;
   };
   auto bytes = [&](size_t l) { return l < in.layer_bytes.size() ? in.layer_bytes[l] : 0; };
   std::vector<std::vector<size_t>> need(static_cast<size_t>(slots));

@@ -21,6 +21,10 @@ struct MorphCandidate {
   int64_t step = -1;
   // The layers it holds at that step, [held_lo, held_hi) (empty: none).
   size_t held_lo = 0, held_hi = 0;
+  // It lost only the last collective of the next step (StepCore::
+  // prepared()): where another member committed that step, it can finish
+  // it and so holds its layers at step + 1 too.
+  bool prepared = false;
 };
 
 struct MorphInput {

@@ -26,8 +26,10 @@ void setCheckpointFileSystemFactory(FileSystemFactory factory);
 
 // The test seam for control-plane faults: a worker calls it at named points
 // with its id — "registering" (it took an id, before announcing its pid),
-// "registered" (announced and heart-beating, before loading data) and
-// "evaluate" (before each evaluation it runs as the reporter). Unset: nothing
+// "registered" (announced and heart-beating, before loading data),
+// "evaluate" (before each evaluation it runs as the reporter) and, in a
+// pipeline, "last-sum@STEP" (step STEP's last world collective has ended
+// here; a hook that throws CommFailure makes it lost). Unset: nothing
 // happens. The shipped binary never sets it; tests/cli/crashy_main.cpp does
 // (MORPH_TEST_FAULT), and the workers it starts run that binary too.
 using FaultHook = std::function<void(const std::string& point, int64_t worker)>;

@@ -345,6 +345,17 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
     setUpPipeline(ex, p, rank, range, comms, store, gkey, go);
     out["rendezvous_seconds"] = out["rendezvous_seconds"].get<double>() + (nowSeconds() - t0);
   };
+  // A step this worker lost only the last collective of (StepCore::
+  // prepared()) is finished when the new generation starts from the step
+  // after it: some member committed it, so every member had its sums.
+  StepCore& sc = ex.core();
+  if (sc.prepared()) {
+    if (!morph.is_null() && morph.at("live").get<bool>() && morph.at("step").get<int64_t>() == sc.nextStep() + 1) {
+      sc.finishPrepared();
+    } else {
+      sc.discardPrepared();
+    }
+  }
   if (morph.is_null()) {  // the first generation: every member starts from the same state
     place();
     if (!resume_ckpt.empty()) {
@@ -549,6 +560,8 @@ void WorkerJob::startUp() {
 
   if (stage_local) stage_ex_ = std::make_unique<StageExecutor>(job_, steps_, *data_.train);
   else vn_ex_ = std::make_unique<VnExecutor>(job_, steps_, *data_.train, none_);
+  if (stage_ex_ && faultHookSet())  // "last-sum@STEP": after the step's last world collective
+    stage_ex_->setAfterLastSum([id = id_](int64_t step) { faultPoint("last-sum@" + std::to_string(step), id); });
   tr_ = stage_local ? static_cast<Executor*>(stage_ex_.get()) : vn_ex_.get();
   core_ = &tr_->core();
   const std::string resume = getString(*store_, keys::kJobResume);
@@ -578,8 +591,10 @@ void WorkerJob::startUp() {
 
 void WorkerJob::report(const std::string& what) {
   if (!last_line_.is_null()) setString(*store_, keys::genReport(gen_, "line", id_), last_line_.dump());
+  // "lo,hi", and ",1" when the step after the committed one is prepared.
   if (stage_ex_)
-    setString(*store_, keys::genReport(gen_, "held", id_), std::to_string(held_.lo) + "," + std::to_string(held_.hi));
+    setString(*store_, keys::genReport(gen_, "held", id_),
+              std::to_string(held_.lo) + "," + std::to_string(held_.hi) + (core_->prepared() ? ",1" : ""));
   setString(*store_, keys::genReport(gen_, what, id_), std::to_string(core_->nextStep()));
   store_->add(keys::kEvents, 1);  // wakes the manager's membership check
 }

@@ -515,8 +515,9 @@ void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 // stage's sums. Started together, a replica killed between the world's sum
 // and its stage's would leave one stage committed at step S + 1 and another
 // only at S, and no live morph could put a model together from them. A rank
-// killed inside the last sum can still leave it done on some ranks only
-// (docs/pipeline.md, "One step for every stage").
+// killed inside the last sum can still leave it done on some ranks only:
+// the others' step is prepared by then (StepCore::prepared()) and a morph
+// finishes it (docs/pipeline.md, "One step for every stage").
 void StageExecutor::reduce(std::vector<double>& flags) {
   std::vector<std::unique_ptr<PendingWork>> works;
   auto launch = [&](Communicator* c, size_t first, size_t end) { works.push_back(core_.startSum(*c, first, end)); };
@@ -531,8 +532,10 @@ void StageExecutor::reduce(std::vector<double>& flags) {
     for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
   core_.reduceFlags(*pcomm_.world, flags);
   finish();
+  core_.markPrepared(flags);
   launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
   finish();
+  if (after_last_sum_) after_last_sum_(core_.step_);
 }
 
 void StageExecutor::runSchedule() {

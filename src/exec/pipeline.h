@@ -88,6 +88,9 @@ class StageExecutor : public Executor {
   // workers; each must be one this placement holds, in whole or in part
   // (a stage's copy of a tied weight takes only that tensor).
   void importLayers(const std::map<size_t, NamedTensors>& layers);
+  // The tests' fault seam: called with the step once its last world
+  // collective has ended here (it may throw, as a lost collective would).
+  void setAfterLastSum(std::function<void(int64_t step)> f) { after_last_sum_ = std::move(f); }
   // Per-action trace and per-step timing.
   void setTracing(bool on) { tracing_ = on; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
@@ -104,10 +107,11 @@ class StageExecutor : public Executor {
 
  private:
   void runSchedule();
-  // Stage gradients among replicas and the tied weight (started first, in
-  // the background), flags and control values (MAX) and loss statistics
-  // (SUM) over every rank.
+  // Stage gradients among replicas and the tied weight with flags and
+  // control values (MAX) over every rank, then loss statistics (SUM) over
+  // every rank (pipeline.cpp says why in that order).
   void reduce(std::vector<double>& flags);
+  std::function<void(int64_t step)> after_last_sum_;
 
   PipelinePlacement pipe_;
   PipelineComms pcomm_;

@@ -163,6 +163,8 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
 void StepCore::abandonBuffer() {
   std::vector<int> scales = acc_->scales();
   graveyard_acc_.push_back(std::move(acc_));
+  if (prepared_) prepared_acc_ = graveyard_acc_.back().get();  // (a later abandon keeps it)
+  prepared_ = false;
   graveyard_scratch_.push_back(std::move(scratch_));
   scratch_.clear();
   acc_ = std::make_unique<GradAccumulator>(graveyard_acc_.back()->segmentSizes(), job_.reduce_mode, job_.headroom_bits);
@@ -244,8 +246,10 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
   st.step = step_;
   st.lr = learningRate(job_.optim, step_, total_steps_);
   const double t0 = nowSeconds();
+  prepared_acc_ = nullptr;
   for (st.attempts = 1;; ++st.attempts) {
     acc_->beginStep();
+    prepared_ = false;
     attempt_ = st.attempts;
     run(st.attempts);
     const double r0 = nowSeconds();
@@ -262,7 +266,31 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
     MORPH_CHECK_LT(st.attempts, 8);
     // Redo with the scales from the exact maxima just agreed.
   }
+  prepared_ = false;
+  finishStep(*acc_, st, true, norm_world);
+  st.seconds = nowSeconds() - t0;
+  return st;
+}
 
+void StepCore::markPrepared(const std::vector<double>& flags) {
+  prepared_ = !GradAccumulator::nonfiniteOf(flags) && !GradAccumulator::overflowOf(flags) &&
+              job_.optim.clip_norm <= 0.0;
+  prepared_flags_ = flags;
+}
+
+void StepCore::finishPrepared() {
+  MORPH_CHECK(prepared_acc_, "no prepared step to finish");
+  GradAccumulator& acc = *prepared_acc_;
+  prepared_acc_ = nullptr;
+  acc.updateScales(prepared_flags_);  // as runStep did on the members that committed
+  StepStats st;
+  st.step = step_;
+  st.lr = learningRate(job_.optim, step_, total_steps_);
+  finishStep(acc, st, false, nullptr);
+  acc_->setScales(acc.scales());
+}
+
+void StepCore::finishStep(GradAccumulator& acc, StepStats& st, bool stats, Communicator* norm_world) {
   // Means over all loss terms of the step (samples x targets per sample).
   // A pipeline stage reads and updates its own parameters and batch norms.
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
@@ -270,17 +298,20 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
   for (size_t i : own_params_) {
     torch::Tensor& g = params_[i].mutable_grad();
     if (!g.defined()) g = torch::empty_like(params_[i]);
-    acc_->read(segOf(i), B, g.data_ptr<float>());
+    acc.read(segOf(i), B, g.data_ptr<float>());
   }
   for (size_t k : own_bns_) {
     torch::Tensor mean = torch::empty({bns_[k]->channels()}), var = torch::empty({bns_[k]->channels()});
-    acc_->read(bn_seg_ + 2 * k, V, mean.data_ptr<float>());
-    acc_->read(bn_seg_ + 2 * k + 1, V, var.data_ptr<float>());
+    acc.read(bn_seg_ + 2 * k, V, mean.data_ptr<float>());
+    acc.read(bn_seg_ + 2 * k + 1, V, var.data_ptr<float>());
     bns_[k]->commitRunningStats(mean, var);
   }
-  st.loss = acc_->readScalar(stats_seg_, 0) / B;
-  st.train_accuracy = acc_->readScalar(stats_seg_, 1) / B;
+  if (stats) {
+    st.loss = acc.readScalar(stats_seg_, 0) / B;
+    st.train_accuracy = acc.readScalar(stats_seg_, 1) / B;
+  }
   if (job_.optim.clip_norm > 0.0) {
+    MORPH_CHECK(stats, "a clipped step is never finished from a prepared buffer");
     // Every tensor's sum of squares, added in parameter order. In a
     // pipeline each comes from the stage that owns it (the others hold 0).
     std::vector<double> sq(params_.size(), 0.0);
@@ -292,8 +323,6 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
   }
   opt_->step(st.lr);  // parameters without a gradient (other stages') stay
   ++step_;
-  st.seconds = nowSeconds() - t0;
-  return st;
 }
 
 void StepCore::scoreBatch(const torch::Tensor& out, const torch::Tensor& targets, double& loss, int64_t& correct) const {

@@ -156,6 +156,18 @@ class StepCore {
   // The hash of layers [lo, hi) (core/model_hash.h): per layer, in order.
   std::vector<std::string> layerHashes(size_t lo, size_t hi) const;
 
+  // A pipeline step whose stage sums and flags are done is *prepared* until
+  // its last world collective ends (StageExecutor::reduce). When that
+  // collective fails here, the buffer set aside by abandonBuffer() still
+  // holds the whole step for this worker's layers: if another member got
+  // through it (it committed the step), finishPrepared() commits the step
+  // here too, bit for bit as they did (its loss is not known here: only
+  // the metrics line needs it, and theirs has it); else discardPrepared().
+  // docs/pipeline.md, "One step for every stage".
+  bool prepared() const { return prepared_acc_ != nullptr; }
+  void finishPrepared();
+  void discardPrepared() { prepared_acc_ = nullptr; }
+
  private:
   friend class VnExecutor;
   friend class StageExecutor;
@@ -173,6 +185,15 @@ class StepCore {
   // MAX-reduces `flags` with the control values appended (and splits them
   // off again).
   void reduceFlags(Communicator& comm, std::vector<double>& flags);
+  // The step in flight is prepared (see prepared()) once its sums other
+  // than the last and its flags are done, unless the flags ask for a redo
+  // (overflow) or a stop (non-finite), or the step clips (the global norm
+  // needs a world collective after the sums).
+  void markPrepared(const std::vector<double>& flags);
+  // The end of a step whose sums and agreed flags are in `acc`: each owned
+  // parameter's mean gradient, batch-norm statistics, loss (when `stats`),
+  // clipping and the optimiser step; the step counter moves on.
+  void finishStep(GradAccumulator& acc, StepStats& st, bool stats, Communicator* norm_world);
   // Starts the sum of the buffer's segments [first, end) over `comm`
   // (exact or float as the job says; exactWire() picks the exact one's
   // wire). read() gives the sums once the work is waited.
@@ -234,6 +255,9 @@ class StepCore {
   std::map<size_t, ShardScratch> scratch_;
   std::vector<std::map<size_t, ShardScratch>> graveyard_scratch_;
   int64_t step_ = 0;
+  bool prepared_ = false;  // the step in flight is prepared (markPrepared)
+  std::vector<double> prepared_flags_;
+  GradAccumulator* prepared_acc_ = nullptr;  // a prepared step's buffer, in graveyard_acc_
   double slowdown_ = 1.0;
   int64_t peak_model_bytes_ = 0;
   ExecutorProbe* probe_ = nullptr;

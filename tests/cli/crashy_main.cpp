@@ -13,8 +13,11 @@
 // MORPH_TEST_FAULT = POINT:WORKER:ACTION[,...] acts at a control-plane
 // fault point (runner.h, setFaultHook) of worker id WORKER: ACTION "exit"
 // ends the process at once (exit code 9, as a kill would), "sleep=S" holds
-// it there S seconds (a slow evaluation, say). E.g. "registered:0:exit",
-// "evaluate:0:sleep=6".
+// it there S seconds (a slow evaluation, say), "lose" throws the
+// CommFailure of a collective lost on this worker alone. E.g.
+// "registered:0:exit", "evaluate:0:sleep=6", "last-sum@150:1:lose" (a
+// pipeline step's last world collective, ended everywhere, taken as lost
+// by worker 1).
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +31,7 @@
 
 #include "ckpt/checkpoint_store.h"
 #include "cli/cli.h"
+#include "comm/communicator.h"
 #include "control/runner.h"
 
 namespace {
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
                      point.c_str(), f.action.c_str());
         std::fflush(stderr);
         if (f.action == "exit") _exit(9);
+        if (f.action == "lose") throw morph::CommFailure("test hook: the collective is lost here");
         if (f.action.rfind("sleep=", 0) == 0)
           std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(f.action.c_str() + 6)));
       }

@@ -9,9 +9,13 @@
 #  C. a joiner killed as the morph that sends it its layers starts: the
 #     reference model, or exit 3 naming a checkpoint; never another model;
 #  D. a job started with --plan auto morphs to the planner's choice for the
-#     workers left (another depth and cut than the rule's), state moved live.
+#     workers left (another depth and cut than the rule's), state moved live;
+#  E. a step's last collective lost on the only survivor of a stage while
+#     the others committed the step (the test build's fault hook): it
+#     finishes the step from its buffer and the morph is live.
 set -euo pipefail
 MORPH=$1
+CRASHY=$2  # the fault-injecting build (tests/cli/crashy_main.cpp)
 source "$(dirname "$0")/shell_util.sh"
 make_work
 [[ -n "${KEEP_WORK:-}" ]] && trap - EXIT && echo "work: $work"
@@ -61,30 +65,15 @@ ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 ref400=$("$MORPH" run "$work/job.toml" --quiet --steps 400 --out "$work/ref400" | tail -n 1)
 echo "single process: $ref (400 steps: $ref400)"
 
-# split LOG: the morph after the kill found the survivors a step apart (one
-# stage's survivor at S, the others at S + 1): a peer killed inside the
-# step's last collective can leave it completed on some members only
-# (docs/pipeline.md, "One step for every stage"). Then only a checkpoint can
-# resume, so parts A and D, which test live morphs, run again once.
-split() { grep -q "no surviving worker holds layer" "$1"; }
-morphed_or_split() { generation "$1" 1 || split "$2"; }
-
 # A. 2 x 2: kill, then join.
-for attempt in 1 2; do
-  rm -rf "$work/a"
-  "$MORPH" run "$work/job.toml" --quiet --workers 4 --stages 2 --out "$work/a" > "$work/a.log" 2>&1 &
-  mpid=$!
-  port=$(manager_port "$work/a.log")
-  wait_for "training to start" "$work/a.log" lines "$work/a" 100
-  mapfile -t pids < <(workers_of "$port")
-  (( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
-  kill -9 "${pids[3]}"
-  wait_for "the pipeline to morph after the failure" "$work/a.log" morphed_or_split "$work/a" "$work/a.log"
-  split "$work/a.log" || break
-  (( attempt == 1 )) || { echo "FAIL: the survivors were a step apart twice in a row"; cat "$work/a.log"; exit 1; }
-  echo "part A: the survivors were a step apart ($(grep -o 'no surviving worker holds layer [0-9]* at step [0-9]*' "$work/a.log" | head -n 1)); once more"
-  wait "$mpid" || true
-done
+"$MORPH" run "$work/job.toml" --quiet --workers 4 --stages 2 --out "$work/a" > "$work/a.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/a.log")
+wait_for "training to start" "$work/a.log" lines "$work/a" 100
+mapfile -t pids < <(workers_of "$port")
+(( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
+kill -9 "${pids[3]}"
+wait_for "the pipeline to morph after the failure" "$work/a.log" generation "$work/a" 1
 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/a/token" > "$work/joiner.log" 2>&1 &
 wait_for "the joiner to be placed" "$work/a.log" generation "$work/a" 2
 (( $(wc -l < "$work/a/metrics.jsonl") < 900 )) || { echo "FAIL: the job ended before the join"; exit 1; }
@@ -178,26 +167,37 @@ start=$(best 4)
 want=$(best 3)
 echo "planner: 4 workers $start, 3 workers $want"
 [[ "$start" == 2x2* && "$want" != 2x1* ]] || { echo "FAIL: the edited profile does not separate planner and rule"; exit 1; }
-for attempt in 1 2; do
-  d="$work/d$attempt"  # its own output folder, with the edited profile
-  mkdir -p "$d" && cp "$work/d/profile.json" "$d/"
-  "$MORPH" run "$work/job.toml" --quiet --steps 400 --plan auto --workers 4 --memory-cap 300 --out "$d" \
-    --set checkpoint.every=50 > "$work/d.log" 2>&1 &
-  mpid=$!
-  port=$(manager_port "$work/d.log")
-  wait_for "training to start" "$work/d.log" lines "$d" 100
-  mapfile -t pids < <(workers_of "$port")
-  (( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
-  kill -9 "${pids[3]}"
-  wait "$mpid" || { echo "FAIL: exit $?"; cat "$work/d.log"; exit 1; }
-  split "$work/d.log" || break
-  (( attempt == 1 )) || { echo "FAIL: the survivors were a step apart twice in a row"; cat "$work/d.log"; exit 1; }
-  echo "part D: the survivors were a step apart ($(grep -o 'no surviving worker holds layer [0-9]* at step [0-9]*' "$work/d.log" | head -n 1)); once more"
-done
+"$MORPH" run "$work/job.toml" --quiet --steps 400 --plan auto --workers 4 --memory-cap 300 --out "$work/d" \
+  --set checkpoint.every=50 > "$work/d.log" 2>&1 &
+mpid=$!
+port=$(manager_port "$work/d.log")
+wait_for "training to start" "$work/d.log" lines "$work/d" 100
+mapfile -t pids < <(workers_of "$port")
+(( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
+kill -9 "${pids[3]}"
+wait "$mpid" || { echo "FAIL: exit $?"; cat "$work/d.log"; exit 1; }
 got=$(tail -n 1 "$work/d.log")
 echo "--plan auto 2x2, kill: $got"
 [[ "$got" == "$ref400" ]] || { echo "FAIL: hashes differ"; cat "$work/d.log"; exit 1; }
-r=$(field "$d/summary.json" "(lambda r: r['chosen_by']+' '+'x'.join(map(str,r['to_shape']))+' '+str(r['to_cuts'])+' live='+str(r['live']))(s['resizes'][0])")
+r=$(field "$work/d/summary.json" "(lambda r: r['chosen_by']+' '+'x'.join(map(str,r['to_shape']))+' '+str(r['to_cuts'])+' live='+str(r['live']))(s['resizes'][0])")
 echo "resize: $r"
 [[ "$r" == "planner $want live=True" ]] || { echo "FAIL: expected a live morph to the planner's $want"; cat "$work/d.log"; exit 1; }
+
+# E. 2 x 2; step 150's last world collective ends everywhere, then worker 3
+# (stage 1 of replica 1) dies and worker 1 (stage 1 of replica 0) takes it as
+# lost (MORPH_TEST_FAULT: exit, lose). Workers 0 and 2 committed step 150;
+# worker 1 reports step 149 committed and 150 prepared, and is the only
+# survivor holding stage 1: it finishes step 150 from its buffer and the
+# morph to 2 x 1 is live. (Without a checkpoint, anything else stops the job.)
+MORPH_TEST_FAULT="last-sum@150:1:lose,last-sum@150:3:exit" "$CRASHY" run "$work/job.toml" --quiet --steps 400 \
+  --workers 4 --stages 2 --out "$work/e" > "$work/e.log" 2>&1 || { echo "FAIL: part E exit $?"; cat "$work/e.log"; exit 1; }
+grep -q "test hook: worker 1 at 'last-sum@150': lose" "$work/e.log" || { echo "FAIL: the hook did not act"; cat "$work/e.log"; exit 1; }
+grep -q "worker 1 finishes step 150 from its buffer" "$work/e.log" || { echo "FAIL: not finished from the buffer"; cat "$work/e.log"; exit 1; }
+got=$(tail -n 1 "$work/e.log")
+echo "2x2, a step's last collective lost on the only survivor of a stage: $got"
+[[ "$got" == "$ref400" ]] || { echo "FAIL: hashes differ"; cat "$work/e.log"; exit 1; }
+r=$(field "$work/e/summary.json" "' '.join('x'.join(map(str,r['to_shape']))+' live='+str(r['live'])+' redone='+str(r.get('steps_redone', 0)) for r in s['resizes'])")
+echo "resize: $r"
+[[ "$r" == "2x1 live=True redone=0" ]] || { echo "FAIL: expected one live morph to 2x1, nothing redone"; cat "$work/e.log"; exit 1; }
+(( $(wc -l < "$work/e/metrics.jsonl") == 400 )) || { echo "FAIL: metrics lines"; exit 1; }
 echo "pipeline morph test passed"

@@ -144,6 +144,37 @@ TEST(MorphPlan, StaleHolderIsNotASource) {
   EXPECT_FALSE(p.live);
 }
 
+TEST(MorphPlan, PreparedHolderFinishesTheStepTheOthersCommitted) {
+  // Worker 1 lost only the last collective of step 41 (its sums were done,
+  // it is prepared); worker 0 committed that step. Worker 1 can finish it,
+  // so its layers count at step 42: live, nothing moves, the step counter
+  // from worker 0.
+  MorphInput in;
+  in.stages = 2;
+  in.cuts = {0, 1, 2};
+  in.target = 2;
+  in.virtual_nodes = 4;
+  in.layer_bytes = {1, 1};
+  MorphCandidate ahead{0, 42, 0, 1}, prepared{1, 41, 1, 2};
+  prepared.prepared = true;
+  in.candidates = {ahead, prepared};
+  const MorphPlan p = planMorph(in, {2, 1}, in.cuts);
+  ASSERT_TRUE(p.live) << p.why_not_live;
+  EXPECT_EQ(p.step, 42);
+  EXPECT_TRUE(p.transfers.empty());
+  EXPECT_EQ(p.members, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(p.meta_source, 0);
+  // Prepared for step 41 but two steps behind: no holder of layer 1 at 43.
+  in.candidates[0].step = 43;
+  EXPECT_FALSE(planMorph(in, {2, 1}, in.cuts).live);
+  // Nobody committed beyond its step: it holds its layers at its own step
+  // (the prepared step is dropped), and that is the step the job goes on from.
+  in.candidates[0].step = 41;
+  const MorphPlan q = planMorph(in, {2, 1}, in.cuts);
+  ASSERT_TRUE(q.live) << q.why_not_live;
+  EXPECT_EQ(q.step, 41);
+}
+
 TEST(MorphPlan, TiedWeightOwnerGoesToTheLastStage) {
   // Layer 3 uses layer 0's weight; 1 stage to 2: the new last stage needs
   // layer 0 (for the shared weight) besides its own.
