@@ -130,18 +130,26 @@ TEST(MorphPlan, LostStageWithoutReplicaNeedsTheCheckpoint) {
   EXPECT_EQ(p.members.size(), 2u);
 }
 
-TEST(MorphPlan, StaleHolderIsNotASource) {
-  // Worker 1 committed one step less (its last reduction failed): its
-  // layers are of step 41, so the job cannot continue from 42 live.
+// Two one-layer stages, one replica; worker 0 holds layer 0 at step
+// `ahead`, worker 1 layer 1 at `behind` (prepared for the next step or not).
+MorphInput twoStages(int64_t ahead, int64_t behind, bool prepared) {
   MorphInput in;
   in.stages = 2;
   in.cuts = {0, 1, 2};
   in.target = 2;
   in.virtual_nodes = 4;
   in.layer_bytes = {1, 1};
-  in.candidates = {{0, 42, 0, 1}, {1, 41, 1, 2}};
-  const MorphPlan p = planMorph(in, {2, 1}, in.cuts);
-  EXPECT_FALSE(p.live);
+  in.candidates = {{0, ahead, 0, 1}, {1, behind, 1, 2}};
+  in.candidates[1].prepared = prepared;
+  return in;
+}
+
+TEST(MorphPlan, StaleHolderIsNotASource) {
+  // Worker 1 committed one step less (its last reduction failed) and has
+  // no step prepared: its layers are of step 41, so the job cannot
+  // continue from 42 live.
+  const MorphInput in = twoStages(42, 41, false);
+  EXPECT_FALSE(planMorph(in, {2, 1}, in.cuts).live);
 }
 
 TEST(MorphPlan, PreparedHolderFinishesTheStepTheOthersCommitted) {
@@ -149,15 +157,7 @@ TEST(MorphPlan, PreparedHolderFinishesTheStepTheOthersCommitted) {
   // it is prepared); worker 0 committed that step. Worker 1 can finish it,
   // so its layers count at step 42: live, nothing moves, the step counter
   // from worker 0.
-  MorphInput in;
-  in.stages = 2;
-  in.cuts = {0, 1, 2};
-  in.target = 2;
-  in.virtual_nodes = 4;
-  in.layer_bytes = {1, 1};
-  MorphCandidate ahead{0, 42, 0, 1}, prepared{1, 41, 1, 2};
-  prepared.prepared = true;
-  in.candidates = {ahead, prepared};
+  MorphInput in = twoStages(42, 41, true);
   const MorphPlan p = planMorph(in, {2, 1}, in.cuts);
   ASSERT_TRUE(p.live) << p.why_not_live;
   EXPECT_EQ(p.step, 42);
