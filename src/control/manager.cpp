@@ -1309,6 +1309,7 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
     plan["meta_source"] = mp.meta_source;
     plan["transfers"] = tr;
     plan["expected_bytes"] = mp.bytes_moved;
+    plan["finishing"] = mp.finishing;
     char buf[160];
     std::snprintf(buf, sizeof buf, "%zu layers move between workers (about %.1f MiB)", mp.transfers.size(),
                   static_cast<double>(mp.bytes_moved) / 1048576.0);
@@ -1316,10 +1317,8 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
     // Members that lost only the last collective of the step the others
     // committed finish it from their buffers (StepCore::prepared()).
     std::string finishing;
-    for (const MorphCandidate& c : in.candidates)
-      if (c.prepared && c.step + 1 == mp.step &&
-          std::find(mp.members.begin(), mp.members.end(), c.id) != mp.members.end())
-        finishing += (finishing.empty() ? "" : ", ") + std::to_string(c.id);
+    for (int r : mp.finishing)
+      finishing += (finishing.empty() ? "" : ", ") + std::to_string(mp.members[static_cast<size_t>(r)]);
     if (!finishing.empty())
       how += "; worker " + finishing + " finishes step " + std::to_string(mp.step - 1) +
              " from its buffer (it lost only the step's last collective)";

@@ -106,6 +106,8 @@ MorphPlan planMorph(const MorphInput& in, const MorphShape& shape, const std::ve
     plan.why_not_live = "no member holds the state of a committed step";
     return plan;
   }
+  for (int r = 0; r < slots; ++r)
+    if (member(r).prepared && member(r).step + 1 == S) plan.finishing.push_back(r);
   // Each missing layer from the holder that has sent the fewest bytes so far.
   std::map<int, int64_t> sent;
   for (int r = 0; r < slots; ++r) {
@@ -119,6 +121,7 @@ MorphPlan planMorph(const MorphInput& in, const MorphShape& shape, const std::ve
         plan.why_not_live = "no surviving worker holds layer " + std::to_string(l) + " at step " + std::to_string(S);
         plan.transfers.clear();
         plan.bytes_moved = 0;
+        plan.finishing.clear();
         return plan;
       }
       sent[src] += bytes(l);

@@ -72,6 +72,9 @@ struct MorphPlan {
   int meta_source = -1;
   std::vector<MorphTransfer> transfers;
   int64_t bytes_moved = 0;  // sum of layer_bytes over the transfers
+  // Ranks whose member has step - 1 committed and `step` prepared: each
+  // finishes that step from its buffer before state moves.
+  std::vector<int> finishing;
   // Not live: some layer has no holder at `step`; every member loads its
   // layers from the newest checkpoint instead (which the manager names).
   std::string why_not_live;

@@ -346,11 +346,12 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
     out["rendezvous_seconds"] = out["rendezvous_seconds"].get<double>() + (nowSeconds() - t0);
   };
   // A step this worker lost only the last collective of (StepCore::
-  // prepared()) is finished when the new generation starts from the step
-  // after it: some member committed it, so every member had its sums.
+  // prepared()) is finished where the plan says so (planMorph: another
+  // member committed it, so every member had its sums), else dropped.
   StepCore& sc = ex.core();
   if (sc.prepared()) {
-    if (!morph.is_null() && morph.at("live").get<bool>() && morph.at("step").get<int64_t>() == sc.nextStep() + 1) {
+    const json finishing = morph.is_null() ? json::array() : morph.value("finishing", json::array());
+    if (std::find(finishing.begin(), finishing.end(), json(rank)) != finishing.end()) {
       sc.finishPrepared();
     } else {
       sc.discardPrepared();

@@ -164,6 +164,7 @@ TEST(MorphPlan, PreparedHolderFinishesTheStepTheOthersCommitted) {
   EXPECT_TRUE(p.transfers.empty());
   EXPECT_EQ(p.members, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(p.meta_source, 0);
+  EXPECT_EQ(p.finishing, (std::vector<int>{1}));
   // Prepared for step 41 but two steps behind: no holder of layer 1 at 43.
   in.candidates[0].step = 43;
   EXPECT_FALSE(planMorph(in, {2, 1}, in.cuts).live);
@@ -173,6 +174,7 @@ TEST(MorphPlan, PreparedHolderFinishesTheStepTheOthersCommitted) {
   const MorphPlan q = planMorph(in, {2, 1}, in.cuts);
   ASSERT_TRUE(q.live) << q.why_not_live;
   EXPECT_EQ(q.step, 41);
+  EXPECT_TRUE(q.finishing.empty());
 }
 
 TEST(MorphPlan, TiedWeightOwnerGoesToTheLastStage) {
