@@ -28,9 +28,10 @@ gpipe, 1f1b and varuna schedules, on gpt-mini over the fortunes text
 3. Step time of the three schedules, as ratios to gpipe measured in the same
    run (1f1b/gpipe and varuna/gpipe per condition, with and without
    --recompute), P = 2, M = 8: on loopback; on loopback with an emulated slow,
-   jittery link, MORPH_PIPE_DELAY_MS=2:1 and =5:3 in the environment of
-   `morph run` (so of every local worker): "emulated 2ms±1ms" and "emulated
-   5ms±3ms" (user-space emulation: each worker holds every activation/gradient
+   jittery link, MORPH_TEST_PIPE_DELAY_MS=2:1 and =5:3 in the environment of
+   the test build's `morph_crashy run` (--harness; so of every local worker):
+   "emulated 2ms±1ms" and "emulated 5ms±3ms" (user-space emulation: each
+   worker holds every activation/gradient
    message back MEAN ± JITTER ms, uniform, order kept per channel, on its
    per-channel send thread before sending it; not netem: packets, the
    manager's store traffic and the receive side are not delayed); then with
@@ -54,10 +55,14 @@ loopback, emulated 2ms±1ms, and veth without netem and with netem 2ms 1ms
 (31 runs instead of 61, references included; 28 and 49 where the kernel has
 no netem).
 
-MORPH_PIPE_DELAY_MS in this script's own environment is removed from every
-run but the emulated ones (it would slow the baselines).
+The emulated link is a seam of the test build only (exec/pipeline.h,
+LinkEmulation; tests/cli/crashy_main.cpp reads MORPH_TEST_PIPE_DELAY_MS):
+the shipped `morph` never delays a message. So the emulated rows run
+--harness (build/tests/morph_crashy, built with the tests), every other row
+--morph; a MORPH_TEST_PIPE_DELAY_MS in this script's own environment is
+removed from every run but the emulated ones.
 
-  python3 bench/pipeline_bench.py [--quick] [--morph build/morph] [--repeat R]
+  python3 bench/pipeline_bench.py [--quick] [--morph build/morph] [--harness build/tests/morph_crashy] [--repeat R]
           [--only bubble,memory,state,steps] [--no-ref] [--keep DIR] [--dry-run]
 
 (--only state: table 2b.)
@@ -80,7 +85,9 @@ ROOT = os.path.dirname(HERE)
 JOB = os.path.join(ROOT, "examples", "fortunes-gpt.toml")
 FORTUNES = "/usr/share/games/fortunes"
 MIB = 1 << 20
-DELAY_ENV = "MORPH_PIPE_DELAY_MS"  # "MEAN" or "MEAN:JITTER" ms per pipeline message, on the sender (src/exec/pipeline.cpp)
+# "MEAN" or "MEAN:JITTER" ms per pipeline message, on the sender: read by the test build's morph_crashy only
+# (tests/cli/crashy_main.cpp -> exec/pipeline.h's LinkEmulation).
+DELAY_ENV = "MORPH_TEST_PIPE_DELAY_MS"
 
 # gpt-mini shapes. vn_batch: sequences per VN (batch.global = M * vn_batch).
 # Table 1 and 3: 9 layers (embed, 6 blocks, norm, tied head) cut into 2 or 3
@@ -179,8 +186,9 @@ def make_corpus(tmp, dry):
 class Runner:
     """Starts morph runs, one at a time; a failed run prints its log tails and yields None."""
 
-    def __init__(self, morph, work, dry, timeout, port):
+    def __init__(self, morph, harness, work, dry, timeout, port):
         self.morph, self.work, self.dry, self.timeout = morph, work, dry, timeout
+        self.harness = harness  # the test build's binary: the only one that emulates a link delay
         self.port = port  # the last fixed port handed to a namespace run
         self.count = 0
         self.live = []  # Popen objects still running (each the leader of its own process group)
@@ -189,9 +197,12 @@ class Runner:
         self.count += 1
         return os.path.join(self.work, f"{self.count:03d}-" + re.sub(r"[^A-Za-z0-9.=+-]+", "_", label))
 
+    def binary(self, delay):
+        return self.harness if delay else self.morph
+
     @staticmethod
     def env(delay):
-        """This process's environment without MORPH_PIPE_DELAY_MS, plus MORPH_PIPE_DELAY_MS=delay when given."""
+        """This process's environment without DELAY_ENV, plus DELAY_ENV=delay when given."""
         env = {k: v for k, v in os.environ.items() if k != DELAY_ENV}
         if delay:
             env[DELAY_ENV] = delay
@@ -266,11 +277,11 @@ class Runner:
         return {"label": label, "hash": h, "summary": s, "step": step, "out": out}
 
     def local(self, label, args, delay=None, quiet=True):
-        """morph run on this machine (manager and its workers on loopback); delay: MORPH_PIPE_DELAY_MS
+        """morph run on this machine (manager and its workers on loopback); delay: DELAY_ENV (then the harness)
         for it and so for every worker it starts (they inherit its environment); quiet=False keeps the
         progress output (the per-stage memory estimates of --memory-cap are printed only then)."""
         out = self.outdir(label)
-        argv = [self.morph, "run", JOB, *args, *(["--quiet"] if quiet else []), "--out", out]
+        argv = [self.binary(delay), "run", JOB, *args, *(["--quiet"] if quiet else []), "--out", out]
         if self.dry:
             print("  $ " + self.shown(argv, delay))
             return None
@@ -280,13 +291,13 @@ class Runner:
 
     def split(self, label, args, ns, port, delay=None):
         """Manager and one spawned worker (the first to register: rank 0, stage 0) in namespace A,
-        the other worker (stage 1) joining from namespace B across the veth link; delay: MORPH_PIPE_DELAY_MS
+        the other worker (stage 1) joining from namespace B across the veth link; delay: DELAY_ENV (the harness)
         for both the manager (so its spawned worker) and the joining worker."""
         out = self.outdir(label)
         join = f"{ns.host_a}:{port}"
-        mgr_argv = ["ip", "netns", "exec", ns.a, self.morph, "run", JOB, *args, "--spawn", "1", "--host", ns.host_a,
+        mgr_argv = ["ip", "netns", "exec", ns.a, self.binary(delay), "run", JOB, *args, "--spawn", "1", "--host", ns.host_a,
                     "--port", str(port), "--quiet", "--out", out]
-        wkr_argv = ["ip", "netns", "exec", ns.b, self.morph, "worker", "--join", join, "--token-file", out + "/token"]
+        wkr_argv = ["ip", "netns", "exec", ns.b, self.binary(delay), "worker", "--join", join, "--token-file", out + "/token"]
         if self.dry:
             print("  $ " + self.shown(mgr_argv, delay) + " &")
             print(f"    (wait until `ip netns exec {ns.a} {self.morph} status --join {join} --token-file {out}/token`"
@@ -651,16 +662,21 @@ def steps_table(a, r, corpus):
     mdl = COMPUTE_MODEL
     scheds = ("gpipe", "1f1b", "varuna")
     recomputes = (True,) if a.quick else (True, False)
-    # (name, split across namespaces, netem spec, MORPH_PIPE_DELAY_MS)
+    # (name, split across namespaces, netem spec, DELAY_ENV for the harness)
     conditions = [("loopback", False, None, None)]
     emulated = [("emulated 2ms±1ms", False, None, "2:1"), ("emulated 5ms±3ms", False, None, "5:3")]
-    conditions += emulated[:1] if a.quick else emulated
+    if r.dry or os.access(r.harness, os.X_OK):
+        conditions += emulated[:1] if a.quick else emulated
+    else:
+        print(f"SKIPPED the emulated-link rows: {r.harness} not found (the test build's binary: build with"
+              " MORPH_BUILD_TESTS=ON, or pass --harness)")
     nets = [("veth, no netem", True, None, None), ("netem 2ms 1ms", True, "delay 2ms 1ms", None),
             ("netem 5ms 3ms", True, "delay 5ms 3ms", None)]
     conditions += nets[:2] if a.quick else nets
     print(f"\n== 3. step time by schedule, P = {p}, M = {m}, D = 1; baseline: gpipe under the same condition ==")
     print(f"gpt-mini as in table 1; {steps} steps a run, {a.repeat} run(s) per cell (medians).")
-    print(f"emulated A±B rows: loopback with {DELAY_ENV}=A:B in the environment of `morph run`, so of every"
+    print(f"emulated A±B rows: loopback with {DELAY_ENV}=A:B in the environment of `{r.harness} run` (the test"
+          " build's binary: the shipped one never delays a message), so of every"
           " worker it starts: a USER-SPACE EMULATION of a slow, jittery link, not netem. Each worker holds every"
           " activation/gradient message back A ms ± B ms (uniform; order kept per channel: a message never leaves"
           " before the one ahead of it) on its per-channel send thread, then sends it over loopback. One delay"
@@ -768,6 +784,8 @@ def steps_table(a, r, corpus):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--morph", default=os.path.join(ROOT, "build", "morph"))
+    ap.add_argument("--harness", default=os.path.join(ROOT, "build", "tests", "morph_crashy"),
+                    help="the test build's morph (emulated link delay, MORPH_TEST_PIPE_DELAY_MS): the emulated rows")
     ap.add_argument("--quick", action="store_true", help="a reduced grid (about half the runs)")
     ap.add_argument("--only", default="bubble,memory,state,steps",
                     help="comma-separated subset of bubble,memory,state,steps (state: table 2b)")
@@ -784,6 +802,7 @@ def main():
     if unknown:
         ap.error(f"--only: unknown table(s) {', '.join(sorted(unknown))}")
     a.morph = os.path.abspath(a.morph)
+    a.harness = os.path.abspath(a.harness)
     if not a.dry_run:
         if not os.access(a.morph, os.X_OK):
             raise SystemExit(f"{a.morph}: not found; build first (cmake --build build)")
@@ -801,7 +820,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pipeline_bench.")
     work = os.path.abspath(a.keep) if a.keep else tmp
     os.makedirs(work, exist_ok=True)
-    r = Runner(a.morph, work, a.dry_run, a.timeout, a.port - 1)
+    r = Runner(a.morph, a.harness, work, a.dry_run, a.timeout, a.port - 1)
     print(f"morph: {a.morph}; {os.cpu_count()} cores; " + ("quick grid" if a.quick else "full grid") +
           ("; dry run" if a.dry_run else "") + (f"; runs kept in {work}" if a.keep else ""))
     load = os.getloadavg()[0]

@@ -9,15 +9,17 @@
    steps (the first WARMUP steps and the last, which evaluates, left out),
    median over the steps. Data parallel with 1 and 2 workers; pipelines of
    P = 2 and 3 with M = 4, 8, 16 VNs, gpipe / 1f1b / varuna, with and without
-   recomputation; and with an emulated slow link (MORPH_PIPE_DELAY_MS, the
-   stage executor's per-message delay). Prints predicted, measured and the
-   error per row, then the median and worst error.
+   recomputation; and with an emulated slow link (MORPH_TEST_PIPE_DELAY_MS,
+   a per-message delay on the sender that only the test build's
+   morph_crashy emulates, exec/pipeline.h's LinkEmulation: those rows run
+   and simulate with --harness). Prints predicted, measured and the error
+   per row, then the median and worst error.
 3. Plan quality (--quality): for 2 and 3 workers, every (P, D, schedule,
    recompute) the planner would consider is measured, and the planner's
    choice (`morph plan --json`, top 1) is compared with the best measured.
 
 Usage: python3 bench/sim_accuracy.py [--morph build/morph] [--steps 30]
-       [--quick] [--quality]
+       [--harness build/tests/morph_crashy] [--quick] [--quality]
 """
 import argparse
 import json
@@ -52,15 +54,24 @@ def layout(workers=0, stages=1, schedule=None, recompute=False):
     return args
 
 
+DELAY_ENV = "MORPH_TEST_PIPE_DELAY_MS"  # read by the test build's morph_crashy only
+HARNESS = None  # its path (--harness)
+
+
 def delay_env(delay):
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != DELAY_ENV}
     if delay:
-        env["MORPH_PIPE_DELAY_MS"] = str(delay)
+        env[DELAY_ENV] = str(delay)
     return env
 
 
+def binary(morph, delay):
+    """The shipped binary, or for an emulated link delay the test build's."""
+    return HARNESS if delay else morph
+
+
 def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recompute=False, delay=None):
-    cmd = [morph, "run", JOB, "--steps", str(steps), "--out", out, "--quiet"] + sets(vns) + \
+    cmd = [binary(morph, delay), "run", JOB, "--steps", str(steps), "--out", out, "--quiet"] + sets(vns) + \
         layout(workers, stages, schedule, recompute)
     subprocess.run(cmd, check=True, env=delay_env(delay), stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -71,7 +82,7 @@ def measure(morph, out, vns, steps, workers=0, stages=1, schedule=None, recomput
 
 
 def predict(morph, profile, vns, workers=0, stages=1, schedule=None, recompute=False, delay=None):
-    cmd = [morph, "simulate", JOB, "--profile", profile, "--json"] + sets(vns) + \
+    cmd = [binary(morph, delay), "simulate", JOB, "--profile", profile, "--json"] + sets(vns) + \
         layout(workers, stages, schedule, recompute)
     env = delay_env(delay)
     r = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
@@ -81,10 +92,14 @@ def predict(morph, profile, vns, workers=0, stages=1, schedule=None, recompute=F
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--morph", default=os.path.join(os.path.dirname(__file__), "..", "build", "morph"))
+    ap.add_argument("--harness", default=os.path.join(os.path.dirname(__file__), "..", "build", "tests", "morph_crashy"),
+                    help="the test build's morph: the emulated-link rows (MORPH_TEST_PIPE_DELAY_MS)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="a few rows only")
     ap.add_argument("--quality", action="store_true", help="also measure plan quality")
     a = ap.parse_args()
+    global HARNESS
+    HARNESS = os.path.abspath(a.harness)
     tmp = tempfile.mkdtemp(prefix="morph_simacc_")
     profile = os.path.join(tmp, "profile.json")
     t0 = time.time()
@@ -105,6 +120,10 @@ def main():
     rows.append(dict(workers=2, stages=2, vns=8, schedule="varuna", recompute=True, delay=2))
     if a.quick:
         rows = rows[:2] + rows[2:4]
+    if not os.access(HARNESS, os.X_OK):
+        print(f"SKIPPED the emulated-link rows: {HARNESS} not found (the test build's binary: build with"
+              " MORPH_BUILD_TESTS=ON, or pass --harness)")
+        rows = [r for r in rows if not r.get("delay")]
     errs = []
     print(f"{'configuration':44s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}")
     for r in rows:

@@ -231,7 +231,7 @@ void printAllocations(const std::vector<AllocationRow>& rows) {
 SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
   SimOptions o;
   o.bucket_bytes = bucketBytes();
-  o.link_delay_s = pipeDelayMs().first / 1000.0;
+  o.link_delay_s = linkEmulation().delay_ms / 1000.0;
   o.clipping = job.optim.clip_norm > 0;
   o.in_process = in_process;
   o.checkpoints = job.checkpoint_every > 0;

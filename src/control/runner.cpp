@@ -112,7 +112,6 @@ int runJob(const RunOptions& given) {
   // inherit them and would each fail later).
   bucketBytes();
   exactWire();
-  pipeDelayMs();
   if (o.plan == "auto") {
     if (o.workers == 0) {
       o.plan.clear();  // one process: there is nothing to choose

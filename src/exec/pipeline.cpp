@@ -23,11 +23,9 @@
 #include <numeric>
 #include <mutex>
 #include <thread>
-#include <tuple>
 
 #include "core/error.h"
 #include "core/model_hash.h"
-#include "core/parse_number.h"
 #include "core/sys.h"
 #include "models/loss.h"
 #include "exec/trainer.h"
@@ -145,27 +143,24 @@ class RecvChannel {
   std::thread thread_;
 };
 
-std::pair<double, double> pipeDelayMs() {
-  const char* d = std::getenv("MORPH_PIPE_DELAY_MS");
-  if (!d) return {0.0, 0.0};
-  const std::string spec = d;
-  const size_t colon = spec.find(':');
-  const double mean = parseDoubleOr(spec.substr(0, colon), "MORPH_PIPE_DELAY_MS (MEAN[:JITTER] ms)", 0.0, 1e6);
-  const double jitter = colon == std::string::npos
-                            ? 0.0
-                            : parseDoubleOr(spec.substr(colon + 1), "MORPH_PIPE_DELAY_MS (MEAN[:JITTER] ms)", 0.0, 1e6);
-  return {mean, jitter};
-}
+namespace {
+LinkEmulation g_link;  // the harness's seam (pipeline.h); zero in the shipped binary
+}  // namespace
+
+void setLinkEmulation(const LinkEmulation& e) { g_link = e; }
+LinkEmulation linkEmulation() { return g_link; }
 
 // Sends one channel's messages in order on a thread of its own, which waits
-// for each transfer and then drops the tensor. MORPH_PIPE_DELAY_MS="MEAN" or
-// "MEAN:JITTER" holds each message back MEAN +- JITTER ms (uniform, order
-// kept) before sending it: an emulated slow link for benchmarks where the
-// kernel has no netem. It changes timing only, never results.
+// for each transfer and then drops the tensor. Under a LinkEmulation (the
+// test and bench harness only) each message is held back delay_ms +-
+// jitter_ms (uniform, order kept) before it is sent: an emulated slow link
+// where the kernel has no netem. It changes timing only, never results.
 class SendChannel {
  public:
   SendChannel(Communicator& comm, int peer, int tag) : comm_(comm), peer_(peer), tag_(tag) {
-    std::tie(delay_ms_, jitter_ms_) = pipeDelayMs();
+    const LinkEmulation link = linkEmulation();
+    delay_ms_ = link.delay_ms;
+    jitter_ms_ = link.jitter_ms;
     if (delay_ms_ > 0 || jitter_ms_ > 0) {
       rng_.seed(static_cast<unsigned>(getpid()) * 2654435761u + static_cast<unsigned>(tag));
     }

@@ -172,10 +172,20 @@ struct StageMemory {
   int64_t total() const { return runtime_bytes + init_bytes + training(); }
 };
 
-// MORPH_PIPE_DELAY_MS="MEAN" or "MEAN:JITTER" (ms, >= 0): the emulated
-// slow link of pipeline sends; {0, 0} when unset. InputError naming the
-// variable when it is not numbers.
-std::pair<double, double> pipeDelayMs();
+// An emulated slow link for pipeline sends: every activation/gradient
+// message is held back delay_ms +- jitter_ms (uniform, order kept per
+// channel) on its sender's send thread before it is sent. A seam for the
+// test and bench harness only (tests/cli/crashy_main.cpp sets it from
+// MORPH_TEST_PIPE_DELAY_MS): the shipped binary never sets it, so its
+// sends are never delayed. It changes timing only, never results; the
+// planner and simulator read delay_ms as the link delay of each message
+// (SimOptions::link_delay_s). Set it before the first pipeline starts.
+struct LinkEmulation {
+  double delay_ms = 0;
+  double jitter_ms = 0;
+};
+void setLinkEmulation(const LinkEmulation& e);
+LinkEmulation linkEmulation();
 
 // Estimates each stage's memory for the job cut at `cuts`, run with the
 // given schedule on `micro_batches` VNs per replica: the tensor sizes are

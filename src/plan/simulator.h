@@ -66,7 +66,7 @@ class ScheduleCache {
 struct SimOptions {
   ScheduleCache* schedules = nullptr;  // optional; must outlive the call
   int64_t bucket_bytes = int64_t{25} << 20;  // the executor's MORPH_BUCKET_BYTES
-  double link_delay_s = 0;   // MORPH_PIPE_DELAY_MS's mean, per pipeline message
+  double link_delay_s = 0;   // per pipeline message: an emulated link's delay (LinkEmulation, test/bench harness)
   bool clipping = false;     // optim.clip_norm > 0: one more MAX all-reduce in pipelines
   bool in_process = false;   // `morph run` without --workers: no collectives, no store
   bool checkpoints = false;  // the job checkpoints: each stage copies its state for its writer

@@ -18,6 +18,13 @@
 // "registered:0:exit", "evaluate:0:sleep=6", "last-sum@150:1:lose" (a
 // pipeline step's last world collective, ended everywhere, taken as lost
 // by worker 1).
+//
+// MORPH_TEST_PIPE_DELAY_MS = MEAN or MEAN:JITTER (ms, >= 0) emulates a slow,
+// jittery link for pipeline sends (exec/pipeline.h, LinkEmulation): each
+// activation/gradient message is held back MEAN +- JITTER ms on its
+// sender, and `simulate` and `plan` count MEAN per message. The benches use
+// it where the kernel has no netem (bench/pipeline_bench.py,
+// bench/sim_accuracy.py); the shipped `morph` never reads it.
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +40,9 @@
 #include "cli/cli.h"
 #include "comm/communicator.h"
 #include "control/runner.h"
+#include "core/error.h"
+#include "core/parse_number.h"
+#include "exec/pipeline.h"
 
 namespace {
 
@@ -93,9 +103,27 @@ std::vector<Fault> parseFaults(const std::string& spec) {
   return out;
 }
 
+// "MEAN" or "MEAN:JITTER" milliseconds; InputError naming the variable otherwise.
+morph::LinkEmulation parseLinkDelay(const std::string& spec) {
+  const std::string what = "MORPH_TEST_PIPE_DELAY_MS (MEAN[:JITTER] ms)";
+  const size_t colon = spec.find(':');
+  morph::LinkEmulation e;
+  e.delay_ms = morph::parseDoubleOr(spec.substr(0, colon), what, 0.0, 1e6);
+  if (colon != std::string::npos) e.jitter_ms = morph::parseDoubleOr(spec.substr(colon + 1), what, 0.0, 1e6);
+  return e;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (const char* spec = std::getenv("MORPH_TEST_PIPE_DELAY_MS")) {
+    try {
+      morph::setLinkEmulation(parseLinkDelay(spec));
+    } catch (const morph::InputError& e) {
+      std::fprintf(stderr, "morph: %s\n", e.what());
+      return 2;
+    }
+  }
   if (const char* spec = std::getenv("MORPH_TEST_CRASH_IN_CHECKPOINT")) {
     const std::string s = spec;
     morph::setCheckpointFileSystemFactory([s] { return std::make_unique<CrashingFileSystem>(s); });

@@ -302,4 +302,39 @@ TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
   EXPECT_NE(r.out.find("vn_size"), std::string::npos) << r.out;
 }
 
+// The emulated link delay belongs to the test harness (morph_crashy's
+// MORPH_TEST_PIPE_DELAY_MS, exec/pipeline.h's LinkEmulation): the harness's
+// `simulate` counts it on every pipeline message, the shipped binary does
+// not read it (nor the MORPH_PIPE_DELAY_MS it once read), and a bad value
+// is refused naming the variable.
+TEST_F(PlannerCli, EmulatedLinkDelayIsTheHarnessesOnly) {
+  const std::string j = job(kGpt);
+  const std::string p = profile(j);
+  const std::string args = " simulate " + j + " --profile " + p + " --stages 2 --workers 2 --json 2>&1";
+  auto shell = [](const std::string& cmd) {
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    const int status = pclose(f);
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  };
+  auto step = [&](const std::string& cmd) {
+    const Result r = shell(cmd);
+    EXPECT_EQ(r.code, 0) << cmd << "\n" << r.out;
+    return r.code == 0 ? nlohmann::json::parse(r.out).at("step_seconds").get<double>() : -1.0;
+  };
+  const std::string crashy = MORPH_CRASHY_BINARY;
+  const double plain = step(crashy + args);
+  const double delayed = step("MORPH_TEST_PIPE_DELAY_MS=50:10 " + crashy + args);
+  const double shipped = step("MORPH_TEST_PIPE_DELAY_MS=50 MORPH_PIPE_DELAY_MS=50 " + std::string(MORPH_BINARY) + args);
+  // 2 stages: at least one activation and one gradient message of a step
+  // lie on its critical path, 50 ms each.
+  EXPECT_GE(delayed, plain + 0.1);
+  EXPECT_DOUBLE_EQ(shipped, plain);
+  const Result bad = shell("MORPH_TEST_PIPE_DELAY_MS=5ms " + crashy + args);
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("MORPH_TEST_PIPE_DELAY_MS (MEAN[:JITTER] ms) '5ms'"), std::string::npos) << bad.out;
+}
+
 }  // namespace

@@ -32,8 +32,18 @@ TEST(ParseNumber, ErrorsNameTheSettingAndTheRange) {
     EXPECT_STREQ(e.what(), "MORPH_BUCKET_BYTES '25M': expected an integer in [1, 100]");
   }
   EXPECT_THROW(parseInt64Or("0", "X", 1, 100), InputError);
-  EXPECT_THROW(parseDoubleOr("-1", "MORPH_PIPE_DELAY_MS", 0.0, 10.0), InputError);
-  EXPECT_DOUBLE_EQ(parseDoubleOr("2.5", "MORPH_PIPE_DELAY_MS", 0.0, 10.0), 2.5);
+  // parseDoubleOr's user: the test harness's emulated link (tests/cli/crashy_main.cpp).
+  const std::string delay = "MORPH_TEST_PIPE_DELAY_MS (MEAN[:JITTER] ms)";
+  EXPECT_DOUBLE_EQ(parseDoubleOr("2.5", delay, 0.0, 10.0), 2.5);
+  EXPECT_DOUBLE_EQ(parseDoubleOr("0", delay, 0.0, 10.0), 0.0);
+  EXPECT_DOUBLE_EQ(parseDoubleOr("10", delay, 0.0, 10.0), 10.0);
+  for (const char* bad : {"10.5", "2.5ms", "", "nan"}) EXPECT_THROW(parseDoubleOr(bad, delay, 0.0, 10.0), InputError) << bad;
+  try {
+    parseDoubleOr("-1", delay, 0.0, 10.0);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "MORPH_TEST_PIPE_DELAY_MS (MEAN[:JITTER] ms) '-1': expected a number in [0, 10]");
+  }
 }
 
 }  // namespace

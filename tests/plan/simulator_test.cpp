@@ -98,7 +98,7 @@ TEST(Simulator, NonUniformProfileByHand) {
   EXPECT_DOUBLE_EQ(r.schedule_seconds, 16.0);
   EXPECT_DOUBLE_EQ(r.stages[0].busy_s, 6.0);
   EXPECT_DOUBLE_EQ(r.stages[1].busy_s, 12.0);
-  // Per-message delay (MORPH_PIPE_DELAY_MS) adds to every transfer.
+  // Per-message delay (an emulated link, LinkEmulation) adds to every transfer.
   prof.p2p.latency_s = 0;
   SimOptions o;
   o.link_delay_s = 0.5;
