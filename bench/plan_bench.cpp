@@ -25,9 +25,9 @@
 //   build/bench/plan_bench [--profile FILE] [--vns V] [--repeat 5]
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <random>
 
+#include "bench_cli.h"
 #include "exec/pipeline.h"
 #include "plan/planner.h"
 
@@ -183,11 +183,12 @@ int main(int argc, char** argv) {
   std::string profile;
   int64_t vns = 16;
   int repeat = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--profile")) profile = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--vns")) vns = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--repeat")) repeat = std::atoi(argv[i + 1]);
-  }
+  CLI::App app{"planner speed, cut quality and allocation policies (bench/README.md)"};
+  app.add_option("--profile", profile, "a calibrated profile (morph calibrate) to plan as well")
+      ->check(CLI::ExistingFile);
+  app.add_option("--vns", vns, "VNs for the --profile rows")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--repeat", repeat, "plannings per figure (the best counts)")->check(CLI::Range(1, 1000));
+  if (const int rc = bench::parseArgs(app, argc, argv); rc >= 0) return rc;
   const Profile syn = synthetic(96);
   speed("synthetic", syn, 512, repeat);
   cuts("synthetic", syn, 64);

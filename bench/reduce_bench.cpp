@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_cli.h"
 #include "core/sys.h"
 #include "exec/fixed_point.h"
 
@@ -23,10 +24,11 @@ using namespace morph;
 int main(int argc, char** argv) {
   int64_t n = 669706;  // MLP 784-512-512-10
   int rounds = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--elements")) n = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
-  }
+  CLI::App app{"the exact reduction's kernels on one worker against float mode's (bench/README.md)"};
+  app.add_option("--elements", n, "values per buffer (default: the MLP's 669,706)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
+  app.add_option("--rounds", rounds, "interleaved rounds")->check(CLI::Range(1, 1000000));
+  if (const int rc = bench::parseArgs(app, argc, argv); rc >= 0) return rc;
   const size_t N = static_cast<size_t>(n);
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1e-3f);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench_cli.h"
 #include "control/status_server.h"
 
 namespace {
@@ -17,7 +18,10 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 100000;
+  int steps = 100000;
+  CLI::App app{"the status page's own cost: record() per step and answering its pages (bench/README.md)"};
+  app.add_option("STEPS", steps, "steps recorded")->check(CLI::Range(1, 100000000));
+  if (const int rc = morph::bench::parseArgs(app, argc, argv); rc >= 0) return rc;
   morph::StatusOptions o;
   o.job_name = "bench";
   o.steps = steps;

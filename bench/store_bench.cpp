@@ -4,7 +4,7 @@
 // (Morph / TCPStore), and the cost of a new connection (TCPStore: connect;
 // Morph: connect + HMAC challenge-response), which every joining worker
 // pays twice.
-//   build/store_bench [iterations]
+//   build/bench/store_bench [ITERATIONS]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
+#include "bench_cli.h"
 #include "control/store_client.h"
 #include "control/store_server.h"
 
@@ -50,7 +51,10 @@ Figures measure(c10d::Store& s, int n, const std::function<void()>& connect) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int n = argc > 1 ? std::atoi(argv[1]) : 5000;
+  int n = 5000;
+  CLI::App app{"control-plane store round trips: c10d's TCPStore against Morph's store (bench/README.md)"};
+  app.add_option("ITERATIONS", n, "calls of each operation")->check(CLI::Range(1, 100000000));
+  if (const int rc = morph::bench::parseArgs(app, argc, argv); rc >= 0) return rc;
 
   c10d::TCPStoreOptions so;
   so.port = 0;

@@ -6,9 +6,9 @@
 //
 //   build/bench/vn_bench [--model cnn|mlp] [--steps 20] [--rounds 3] [--vns 1,4,16]
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
+#include "bench_cli.h"
 #include "comm/communicator.h"
 #include "core/job_spec.h"
 #include "core/sys.h"
@@ -86,15 +86,16 @@ double morphSamplesPerSecond(const std::string& model, const Dataset& train, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "cnn", vns_arg = "1,4,16";
+  std::string model = "cnn";
   int64_t steps = 20, rounds = 3, B = 256;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) model = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--vns")) vns_arg = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--global")) B = std::atoll(argv[i + 1]);
-  }
+  std::vector<int64_t> vns = {1, 4, 16};
+  CLI::App app{"VN overhead: Morph's executor against a plain libtorch loop (bench/README.md)"};
+  app.add_option("--model", model, "the model")->check(CLI::IsMember({"cnn", "mlp"}));
+  app.add_option("--steps", steps, "timed steps per round")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--rounds", rounds, "rounds (the best counts)")->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  app.add_option("--vns", vns, "VN counts, comma-separated")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--global", B, "global batch")->check(CLI::Range(int64_t{1}, int64_t{60000}));
+  if (const int rc = bench::parseArgs(app, argc, argv); rc >= 0) return rc;
   tuneAllocator();  // as the morph binary does; the plain loop benefits too
   pinThreads(1);
   std::printf("blas: %s\n", checkBlas(true).c_str());
@@ -102,9 +103,6 @@ int main(int argc, char** argv) {
   ds.dataset = "fashion-mnist";
   ds.path = "/usr/share/datasets/fashion-mnist";
   DataPair data = loadDatasets(ds, 1);
-  std::vector<int64_t> vns;
-  std::stringstream ss(vns_arg);
-  for (std::string t; std::getline(ss, t, ',');) vns.push_back(std::stoll(t));
 
   std::printf("model %s, global batch %lld, %lld timed steps, best of %lld rounds, 1 thread\n", model.c_str(),
               static_cast<long long>(B), static_cast<long long>(steps), static_cast<long long>(rounds));

@@ -31,6 +31,7 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <vector>
 
+#include "bench_cli.h"
 #include "comm/communicator.h"
 #include "core/sys.h"
 #include "exec/fixed_point.h"
@@ -134,17 +135,15 @@ int runRank(int rank, int W, int64_t n, int rounds, const std::string& store_pat
 int main(int argc, char** argv) {
   int W = 2, rounds = 100;
   int64_t n = 669706;  // MLP 784-512-512-10
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--workers"))
-      W = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--elements"))
-      n = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds"))
-      rounds = std::atoi(argv[i + 1]);
-  }
-  if (W < 2 || n < W || rounds < 1) {
-    std::fprintf(stderr,
-                 "usage: wire_bench [--workers W >= 2] [--elements n >= W] [--rounds R >= 1]\n");
+  CLI::App app{"the exact reduction's wires across forked processes on loopback (bench/README.md)"};
+  app.add_option("--workers", W, "processes")->check(CLI::Range(2, 64));
+  app.add_option("--elements", n, "values per call (default: the MLP's 669,706; at least --workers)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 32));
+  app.add_option("--rounds", rounds, "calls of each wire")->check(CLI::Range(1, 1000000));
+  if (const int rc = bench::parseArgs(app, argc, argv); rc >= 0) return rc;
+  if (n < W) {
+    std::fprintf(stderr, "wire_bench: --elements %lld: expected at least --workers (%d)\n",
+                 static_cast<long long>(n), W);
     return 2;
   }
   char dir[] = "/tmp/wire_bench.XXXXXX";
