@@ -4,7 +4,9 @@ generation, for join, leave (SIGTERM) and failure (SIGKILL), on an MLP of
 about 1M and about 20M parameters (synthetic data, global batch 32, 8 VNs).
 For the failure, the detection share is the time from the SIGKILL to the
 manager noticing it. The step time printed beside it is the steady-state
-step time of the same run: a resize cannot take less than one step.
+step time of the same run (median wall clock between two step commits):
+a resize cannot take less than one step. Only the processes the script
+starts are ended (bench/procs.py).
 
   python3 bench/resize_latency.py [--morph build/morph]
 """
@@ -19,6 +21,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import procs  # noqa: E402  (only the processes this script starts are ended)
 JOB = """[job]
 name = "resize-{tag}"
 seed = 1
@@ -67,9 +71,10 @@ def run(binary, hidden, tag, tmp):
         f.write(JOB.format(tag=tag, hidden=json.dumps(hidden)))
     out = os.path.join(tmp, f"out-{tag}")
     log = open(os.path.join(tmp, f"{tag}.log"), "w+")
-    mgr = subprocess.Popen([binary, "run", job, "--workers", "3", "--quiet", "--out", out], stdout=log,
-                           stderr=subprocess.STDOUT)
+    mgr = procs.start([binary, "run", job, "--workers", "3", "--quiet", "--out", out], stdout=log,
+                      stderr=subprocess.STDOUT)
     metrics = os.path.join(out, "metrics.jsonl")
+    joiner = None
     try:
         def port():
             log.seek(0)
@@ -78,31 +83,31 @@ def run(binary, hidden, tag, tmp):
         wait(lambda: port() is not None, "the manager")
         p = port()
         wait(lambda: os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 20, "training")
-        workers = subprocess.run(["pgrep", "-f", f"^{binary} worker --join 127.0.0.1:{p}"], capture_output=True,
-                                 text=True).stdout.split()
+        workers = procs.children(mgr.pid)  # the 3 workers `morph run` spawned
+        if len(workers) != 3:
+            raise SystemExit(f"expected 3 workers under the manager, found {workers}")
         # A failure (3 -> 2), then a join (2 -> 3), then a leave (3 -> 2).
         killed_at = time.time()
         os.kill(int(workers[1]), signal.SIGKILL)
         wait(lambda: generation_seen(metrics, 1), "the failure")
         time.sleep(0.5)
-        subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{p}", "--token-file", os.path.join(out, "token")], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        joiner = procs.start([binary, "worker", "--join", f"127.0.0.1:{p}", "--token-file", os.path.join(out, "token")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait(lambda: generation_seen(metrics, 2), "the join")
         time.sleep(0.5)
         os.kill(int(workers[2]), signal.SIGTERM)
         wait(lambda: generation_seen(metrics, 3), "the leave")
         time.sleep(0.5)
         steps = [json.loads(line) for line in open(metrics)]
-        step_time = sorted(s["step_seconds"] for s in steps[-20:])[10]
+        gaps = [b["unix_time"] - x["unix_time"] for x, b in zip(steps[-21:], steps[-20:])]
+        step_time = sorted(gaps)[len(gaps) // 2]  # wall clock between commits, everything between steps included
         # Stop the job and read the resizes from the manager's status record.
         status = json.loads(subprocess.run([binary, "status", "--join", f"127.0.0.1:{p}", "--token-file",
                                             os.path.join(out, "token")], capture_output=True,
                                            text=True).stdout)
         assert status["generation"] >= 3, status
     finally:
-        mgr.send_signal(signal.SIGKILL)
-        mgr.wait()
-        subprocess.run(["pkill", "-9", "-f", f"{binary} worker --join"], capture_output=True)
+        procs.end(mgr, joiner)
     log.seek(0)
     lines = re.findall(r"generation (\d+): (\w+), (\d+) -> (\d+) workers, first step committed after ([\d.]+) s",
                        log.read())

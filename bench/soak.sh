@@ -24,7 +24,17 @@ MORPH=$(readlink -f "${2:-$(dirname "$0")/../build/morph}")
 KEY_BOUND=${KEY_BOUND:-200}
 RSS_BOUND_MIB=${RSS_BOUND_MIB:-64}
 work=$(mktemp -d)
-trap 'pkill -9 -f "morph worker --join 127.0.0.1:${port:-none}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# Only the processes this script starts are ended: the manager (its spawned
+# workers exit with it) and the joiners it started (never a name pattern:
+# other jobs on this machine run the same binary).
+mpid=""
+joiners=()
+cleanup() {
+  local p
+  for p in "${joiners[@]}" $mpid; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 # Roughly as long as the soak (about 10 ms a step with 3-4 workers on 2
 # cores); the soak stops early if the job ends first.
 steps=$(( duration * 100 + 500 ))
@@ -53,7 +63,13 @@ set +m
 mpid=$!
 for _ in $(seq 1 100); do grep -q "manager on port" "$work/manager.log" && break; sleep 0.1; done
 port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/manager.log")
-workers() { pgrep -f "^$MORPH worker --join 127.0.0.1:$port" || true; }
+# The job's live workers: the manager's children and the joiners still running.
+workers() {
+  local p
+  { cat /proc/"$mpid"/task/*/children 2>/dev/null | tr ' ' '\n'
+    for p in "${joiners[@]}"; do kill -0 "$p" 2>/dev/null && echo "$p"; done
+  } | grep -E '^[0-9]+$' | sort -n || true
+}
 rss_mib() { awk '/^VmRSS/ {printf "%d", $2 / 1024}' "/proc/$1/status" 2>/dev/null || echo 0; }
 store_keys() {
   "$MORPH" status --join "127.0.0.1:$port" --token-file "$work/soak/token" 2>/dev/null |
@@ -79,6 +95,7 @@ while (( $(date +%s) < end )) && kill -0 "$mpid" 2>/dev/null; do
   elif (( r == 1 && n > 2 )); then kill -TERM "${pids[RANDOM % ${#pids[@]}]}"; leaves=$((leaves + 1))
   elif (( n < 4 )); then
     "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/soak/token" > /dev/null 2>&1 &
+    joiners+=("$!")
     disown  # no "Killed" report when the soak kills it
     joins=$((joins + 1))
   fi

@@ -23,6 +23,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import procs  # noqa: E402  (victims are the workers this script's job started, never found by name)
 JOB = """[job]
 name = "spot"
 seed = 3
@@ -67,8 +69,8 @@ def main():
         out = os.path.join(tmp, "spot")
         log = open(os.path.join(tmp, "spot.log"), "w+")
         t0 = time.time()
-        mgr = subprocess.Popen([binary, "run", job, "--workers", "4", "--stages", "2", "--quiet", "--out", out],
-                               stdout=log, stderr=subprocess.STDOUT)
+        mgr = procs.start([binary, "run", job, "--workers", "4", "--stages", "2", "--quiet", "--out", out],
+                          stdout=log, stderr=subprocess.STDOUT)
         token = os.path.join(out, "token")
         port = None
         while port is None and mgr.poll() is None:
@@ -85,15 +87,15 @@ def main():
             if time.time() < next_event:
                 continue
             next_event += a.every
-            pids = subprocess.run(["pgrep", "-f", f"^{binary} worker --join 127.0.0.1:{port}"], capture_output=True,
-                                  text=True).stdout.split()
+            # The job's live workers: those `morph run` spawned and the joiners started here.
+            pids = procs.children(mgr.pid) + [p.pid for p in joiners if p.poll() is None]
             if kill_next and len(pids) > 1:
                 victim = rng.choice(pids)
-                os.kill(int(victim), signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
                 events.append((time.time() - t0, "kill", len(pids) - 1))
             else:
-                joiners.append(subprocess.Popen([binary, "worker", "--join", f"127.0.0.1:{port}", "--token-file", token],
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                joiners.append(procs.start([binary, "worker", "--join", f"127.0.0.1:{port}", "--token-file", token],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 events.append((time.time() - t0, "join", len(pids) + 1))
             kill_next = not kill_next
         log.seek(0)
@@ -102,8 +104,7 @@ def main():
         lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
         summary = json.load(open(os.path.join(out, "summary.json"))) if os.path.exists(
             os.path.join(out, "summary.json")) else {}
-        for p in joiners:
-            p.kill()
+        procs.end(*joiners)
         # Samples/s per 10-second window of wall clock (commit times of the
         # steps), so the pauses of morphs and redone steps count.
         print(f"{'t (s)':>6} {'workers':>7} {'samples/s':>9} {'per worker':>10}")
