@@ -15,7 +15,10 @@ step structure as Morph, using N CPU processes joined by gloo over TCP:
     effective gradient is sum/B;
   * SGD, lr 0.05, momentum 0.9 (mlp, cnn); for gpt-mini AdamW, lr 0.003,
     20 warm-up steps then cosine, gradient clipped to norm 1.0, as
-    examples/fortunes-gpt.toml.
+    examples/fortunes-gpt.toml;
+  * glibc's malloc thresholds as `morph` sets them (--malloc morph, the
+    default; --malloc glibc keeps glibc's own), so that both sides'
+    tensors come from the same kind of allocator.
 
 gpt-mini is the twin of Morph's built-in one (src/models/zoo.cpp): token and
 position embeddings (vocabulary 256 bytes), pre-norm transformer blocks
@@ -221,7 +224,28 @@ def worker_micro_batches(micro_batches, workers, rank):
 # Worker process
 # --------------------------------------------------------------------------
 
+# Morph's allocator settings (src/core/sys.cpp, tuneAllocator(), called at
+# the start of every morph process): glibc serves blocks up to 64 MiB from
+# its heap instead of fresh mmaps, and keeps up to 256 MiB of free heap
+# instead of returning it to the kernel. --malloc morph (the default) gives
+# the baseline the same, so a comparison is not decided by page faults;
+# --malloc glibc keeps glibc's defaults.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+MORPH_MALLOPT = {M_MMAP_THRESHOLD: 64 << 20, M_TRIM_THRESHOLD: 256 << 20}
+
+
+def tune_allocator(kind):
+    if kind != "morph":
+        return
+    import ctypes
+    libc = ctypes.CDLL(None)
+    for param, value in MORPH_MALLOPT.items():
+        if libc.mallopt(param, value) != 1:
+            raise RuntimeError("mallopt(%d, %d) failed" % (param, value))
+
+
 def worker(rank, args, port, result_queue):
+    tune_allocator(args.malloc)  # before torch allocates anything in this process
     # Both paths leave through os._exit: with torch 1.13, letting Python free
     # the DDP module (Reducer -> ProcessGroupGloo destructor, run with the GIL
     # held) can deadlock against a gloo worker thread that needs the GIL to
@@ -307,19 +331,22 @@ def _worker(rank, args, port, result_queue):
         return idx
 
     last_loss = 0.0
-    # Seconds of each piece of the timed steps (the result's breakdown_ms,
-    # bench/float_breakdown.py): a micro-batch with no_sync (its data
-    # included), the last one (its backward waits for the all-reduce), and
-    # what follows (scale, clip, optimiser).
-    pieces = {"micro_batch": [], "last_micro_batch": [], "after": [], "step": []}
+    # Each timed step on this rank (the result's "timeline", read by
+    # bench/float_breakdown.py): when it began (before the index selection
+    # and zero_grad: everything of a step counts), the seconds of each
+    # micro-batch (data included; the last one's backward waits for the
+    # all-reduce), and when it ended (after the optimiser). perf_counter
+    # seconds.
+    timeline = []
     timing = [False]
 
     def train_step():
         nonlocal last_loss
+        t_step = time.perf_counter()
+        mb_seconds = []
         idx = next_global_indices()
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        t_step = time.perf_counter()
         for k, (s, e) in enumerate(mine):
             t_mb = time.perf_counter()
             mb_idx = idx[s:e]
@@ -340,9 +367,7 @@ def _worker(rank, args, port, result_queue):
             else:
                 loss = fwd_bwd()  # all-reduce (average over N) happens here
             loss_sum += loss.item()
-            if timing[0]:
-                pieces["micro_batch" if k + 1 < len(mine) else "last_micro_batch"].append(time.perf_counter() - t_mb)
-        t_after = time.perf_counter()
+            mb_seconds.append(time.perf_counter() - t_mb)
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -354,8 +379,7 @@ def _worker(rank, args, port, result_queue):
             sched.step()
         last_loss = loss_sum
         if timing[0]:
-            pieces["after"].append(time.perf_counter() - t_after)
-            pieces["step"].append(time.perf_counter() - t_step)
+            timeline.append({"start": t_step, "end": time.perf_counter(), "micro_batches": mb_seconds})
 
     for _ in range(args.warmup):
         train_step()
@@ -382,11 +406,12 @@ def _worker(rank, args, port, result_queue):
             "warmup": args.warmup,
             "timed_steps": timed,
             "threads": args.threads,
+            "malloc": args.malloc,
             "data": args.data,
             "samples_per_second": B * timed / seconds,
             "seconds": seconds,
             "final_loss": loss_t.item() / (B * (args.seq_len if text is not None else 1)),
-            "breakdown_ms": {k: 1e3 * float(np.median(v)) if v else None for k, v in pieces.items()},
+            "timeline": timeline,
         })
     # Leaves the process group; `ddp` (still referenced here) keeps the
     # gloo objects alive until worker() calls os._exit.
@@ -425,6 +450,8 @@ def parse_args(argv=None):
     p.add_argument("--broadcast-buffers", action="store_true",
                    help="let DDP broadcast BatchNorm buffers from rank 0 every forward")
     p.add_argument("--json", action="store_true", help="print one JSON line with the result")
+    p.add_argument("--malloc", choices=["morph", "glibc"], default="morph",
+                   help="glibc's malloc thresholds: Morph's (default, as `morph` sets them) or glibc's own")
     args = p.parse_args(argv)
 
     if args.data is None:

@@ -4,25 +4,32 @@
 vs_ddp.py gives the ratio; this says where it comes from. One of vs_ddp.py's
 models (default the MLP) on W local workers (default 2), float reduction (or
 exact with --mode exact; DDP is float either way), S steps; Morph and DDP
-(bench/ddp_baseline.py) run in turn, R rounds. For
-each side, per steady step (Morph: its metrics lines after the first 50
-steps; DDP: the timed steps), medians of:
+(bench/ddp_baseline.py) run in turn, R rounds.
 
-  compute       the worker's VNs / micro-batches, forward and backward, data
-                included, up to the wait for the reduction. Morph: its
-                seconds per VN (`vn_seconds`, rank 0's) x its VNs. DDP: the
-                no_sync micro-batch x its micro-batches.
-  reduction     Morph: `reduce_seconds` (the flags MAX all-reduce and the
-                wait for the buckets). DDP: its last micro-batch less a
-                no_sync one (its backward overlaps the all-reduce of its
-                first bucket and then waits for the rest).
-  after         Morph: the rest of `step_seconds` (reading the sums into
-                the gradients, loss statistics, the optimiser). DDP: the
-                gradient scaling and the optimiser.
-  between       Morph: the wall time per step (unix_time of the lines) less
-                step_seconds (the control plane, the metrics line). DDP:
-                its whole step less the pieces above.
-  wall          the wall time per step.
+Both sides are timed the same way, on their rank 0, over the same window of
+steady steps (Morph: its metrics lines after the first 50 steps; DDP: its
+timed steps after 50 warm-up steps). A step runs from where the framework
+begins it (Morph: StepCore::runStep; DDP: the top of its train_step, before
+the index selection and zero_grad) to the end of its optimiser step; the
+wall clock between two step ends (Morph: `unix_time` of the lines; DDP:
+perf_counter after the optimiser) covers one step and what lies between
+it and the previous one. Per step, means over the window (so the pieces
+add up to the wall time):
+
+  compute    the worker's VNs / micro-batches, forward and backward, data
+             included, up to the wait for the reduction. Morph: its seconds
+             per VN (`vn_seconds`, rank 0's) x its VNs. DDP: the mean of its
+             no_sync micro-batches x its micro-batches.
+  reduction  Morph: `reduce_seconds` (the wait for the buckets). DDP: its
+             last micro-batch less a no_sync one (its backward overlaps the
+             all-reduce of its first bucket and then waits for the rest).
+  after      the rest of the step: step time less compute and reduction
+             (reading the sums into the gradients, the optimiser; DDP: also
+             its index selection and zero_grad at the step's top).
+  between    wall less the step time: from one step's end to the next one's
+             start (Morph: the control plane's store round trip, the
+             metrics line; DDP: its Python loop).
+  wall       the wall clock per step.
 
 The last column is Morph / DDP of the medians over rounds.
 
@@ -44,6 +51,12 @@ import vs_ddp  # noqa: E402  (the models' job files)
 PIECES = ["compute", "reduction", "after", "between", "wall"]
 
 
+def pieces(wall, step, compute, reduction):
+    """Per-step seconds of the window: wall clock per step, and the means of the in-step parts."""
+    return {"compute": compute, "reduction": reduction, "after": step - compute - reduction,
+            "between": wall - step, "wall": wall}
+
+
 def morph(binary, model, workers, mode, steps, tmp):
     cmd, out = vs_ddp.morph_cmd(binary, model, workers, mode, steps, tmp)
     shutil.rmtree(out, ignore_errors=True)
@@ -54,13 +67,11 @@ def morph(binary, model, workers, mode, steps, tmp):
         sys.exit("float_breakdown: too few steps for a steady window; raise --steps")
     vns = vs_ddp.MODELS[model]["vns"] // workers  # rank 0's (the first V % W ranks get one more)
     vns += 1 if vs_ddp.MODELS[model]["vns"] % workers else 0
-    wall = (steady[-1]["unix_time"] - steady[0]["unix_time"]) / (len(steady) - 1)
-    med = lambda f: statistics.median(f(l) for l in steady)  # noqa: E731
-    compute = med(lambda l: l["vn_seconds"][0] * vns)
-    reduction = med(lambda l: l["reduce_seconds"])
-    step = med(lambda l: l["step_seconds"])
-    return {"compute": compute, "reduction": reduction, "after": step - compute - reduction,
-            "between": wall - statistics.mean(l["step_seconds"] for l in steady), "wall": wall}
+    # The window: from the end of the first steady step to the end of the last, so the steps in it are steady[1:].
+    inside = steady[1:]
+    mean = lambda f: statistics.fmean(f(l) for l in inside)  # noqa: E731
+    return pieces((steady[-1]["unix_time"] - steady[0]["unix_time"]) / len(inside), mean(lambda l: l["step_seconds"]),
+                  mean(lambda l: l["vn_seconds"][0] * vns), mean(lambda l: l["reduce_seconds"]))
 
 
 def ddp(model, workers, steps):
@@ -69,12 +80,17 @@ def ddp(model, workers, steps):
            "--workers", str(workers), "--global-batch", str(m["batch"]), "--micro-batches", str(m["vns"]),
            "--steps", str(steps), "--warmup", "50", "--json"]
     r = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    b = {k: v / 1e3 for k, v in json.loads(r.stdout.strip().splitlines()[-1])["breakdown_ms"].items()}
-    mbs = m["vns"] // workers + (1 if m["vns"] % workers else 0)
-    compute = b["micro_batch"] * mbs
-    reduction = b["last_micro_batch"] - b["micro_batch"]
-    return {"compute": compute, "reduction": reduction, "after": b["after"],
-            "between": b["step"] - compute - reduction - b["after"], "wall": b["step"]}
+    steady = json.loads(r.stdout.strip().splitlines()[-1])["timeline"]
+    if len(steady) < 10 or len(steady[0]["micro_batches"]) < 2:
+        sys.exit("float_breakdown: DDP needs a steady window and at least 2 micro-batches per worker")
+    inside = steady[1:]
+
+    def plain(t):  # a no_sync micro-batch, mean of the step's
+        return statistics.fmean(t["micro_batches"][:-1])
+    mean = lambda f: statistics.fmean(f(t) for t in inside)  # noqa: E731
+    return pieces((steady[-1]["end"] - steady[0]["end"]) / len(inside), mean(lambda t: t["end"] - t["start"]),
+                  mean(lambda t: plain(t) * len(t["micro_batches"])),
+                  mean(lambda t: t["micro_batches"][-1] - plain(t)))
 
 
 def main():
@@ -98,7 +114,8 @@ def main():
                       flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{a.model}, {a.workers} workers, Morph {a.mode} (DDP float), {a.steps} steps; ms per step, medians of {a.rounds} rounds")
+    print(f"{a.model}, {a.workers} workers, Morph {a.mode} (DDP float), {a.steps} steps; ms per step (means over the"
+          f" window), medians of {a.rounds} rounds")
     print(f"{'piece':10} {'Morph':>8} {'DDP':>8} {'Morph/DDP':>10}")
     for k in PIECES:
         mo = statistics.median(r[k] for r in res["morph"])

@@ -6,13 +6,23 @@ after the manager re-planned around it, against doing nothing
 Three workers train an MLP (synthetic data, 12 VNs); after --slow-at steps
 worker 1 is made --factor times slower with `morph slow`. With --pipeline,
 four workers train the same MLP as 2 stages x 2 replicas and worker 3 (the
-last stage of replica 1) is slowed: the re-plan gives that replica fewer VNs. Each phase's
-figure is the median of the metrics lines' step_seconds:
+last stage of replica 1) is slowed: the re-plan gives that replica fewer VNs.
+
+Every figure is wall clock between step commits (`unix_time` of the
+metrics lines), so what happens between steps counts: the re-plan (the
+workers leave their generation, the manager publishes the next, they
+regroup) lies between two steps and is inside these windows. A phase
+[lo, hi) is the time from the commit of step lo - 1 to that of step hi - 1,
+divided by its hi - lo steps:
   before:  steps [10, slowdown)
   during:  from the slowdown to the re-plan (replan run)
+  re-plan: the first step of the new generation, the pause before it included
   after:   from 5 steps after the re-plan to the end (replan run)
 The do-nothing run's phases are the same numbers of steps, counted from the
-step where its own metrics first show the slowdown.
+step where its own metrics first show the slowdown. The headline is the
+whole window from the slowdown on: the seconds the same number of steps
+took in each run, and their ratio re-plan / do nothing (< 1: re-planning
+pays, its own cost included).
 Re-plans before the slowdown (timing noise: 3 workers on a shared 2-core
 machine) are counted and reported, not hidden.
 
@@ -22,7 +32,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,9 +116,16 @@ def onset_of(lines, ranks, w, peers):
     return None
 
 
-def med(lines, lo, hi):
-    v = [l["step_seconds"] for l in lines if lo <= l["step"] < hi]
-    return (statistics.median(v), len(v)) if v else (float("nan"), 0)
+def commits(lines):
+    """{step: wall-clock time of its (last) commit}."""
+    return {l["step"]: l["unix_time"] for l in lines}
+
+
+def wall(t, lo, hi):
+    """Seconds per step of steps [lo, hi): commit of hi - 1 minus commit of lo - 1."""
+    if lo < 1 or hi <= lo or lo - 1 not in t or hi - 1 not in t:
+        return float("nan")
+    return (t[hi - 1] - t[lo - 1]) / (hi - lo)
 
 
 def main():
@@ -137,11 +153,17 @@ def main():
         sys.exit("no straggler re-plan for worker %d in %s" % (a.slow_worker, on_sum["resizes"]))
     r = st[0]
     replan_step = r["step"]
+    t_on, t_off = commits(on), commits(off)
+    n = a.steps - max(o_on, o_off)  # steps from each run's own onset of the slowdown
+    window_on = (t_on[o_on - 1 + n] - t_on[o_on - 1])
+    window_off = (t_off[o_off - 1 + n] - t_off[o_off - 1])
     res = {
         "factor": a.factor, "hidden": a.hidden, "steps": a.steps, "pipeline": a.pipeline,
+        "window_steps": n, "window_seconds": {"replan": window_on, "nothing": window_off},
         "replan": {
-            "before": med(on, 10, o_on)[0], "during": med(on, o_on, replan_step)[0],
-            "after": med(on, replan_step + 5, a.steps)[0], "slow_from_step": o_on,
+            "before": wall(t_on, 10, o_on), "during": wall(t_on, o_on, replan_step),
+            "replan": wall(t_on, replan_step, replan_step + 1),
+            "after": wall(t_on, replan_step + 5, a.steps), "slow_from_step": o_on,
             "flagged_at_step": r["detected_step"], "replanned_after_step": replan_step - 1,
             "replan_seconds": r["seconds"], "vn_shares": r["vn_shares"], "dropped": r["dropped"],
             "model_hash": on_hash, "replans_before_slowdown": len(early),
@@ -149,8 +171,9 @@ def main():
         },
         "nothing": {
             # The same phases, counted from this run's own onset of the slowdown.
-            "before": med(off, 10, o_off)[0], "during": med(off, o_off, o_off + replan_step + 5 - o_on)[0],
-            "after": med(off, o_off + replan_step + 5 - o_on, a.steps)[0], "slow_from_step": o_off,
+            "before": wall(t_off, 10, o_off), "during": wall(t_off, o_off, o_off + replan_step - o_on),
+            "replan": wall(t_off, o_off + replan_step - o_on, o_off + replan_step - o_on + 1),
+            "after": wall(t_off, o_off + replan_step + 5 - o_on, a.steps), "slow_from_step": o_off,
             "model_hash": off_hash,
         },
     }
@@ -158,10 +181,13 @@ def main():
     print("straggler bench: %s, MLP %s, 12 VNs, worker %d made %gx slower at step ~%d (%s)"
           % ("2 stages x 2 replicas" if a.pipeline else "3 workers", a.hidden, a.slow_worker, a.factor, a.slow_at,
              a.morph))
-    print("%-22s %10s %10s %10s" % ("ms per step (median)", "before", "slow", "after"))
+    print("%-22s %10s %10s %10s %10s" % ("wall ms per step", "before", "slow", "re-plan", "after"))
     for k, name in (("nothing", "do nothing"), ("replan", "re-plan")):
         x = res[k]
-        print("%-22s %10.2f %10.2f %10.2f" % (name, x["before"] * 1e3, x["during"] * 1e3, x["after"] * 1e3))
+        print("%-22s %10.2f %10.2f %10.2f %10.2f" % (name, x["before"] * 1e3, x["during"] * 1e3, x["replan"] * 1e3,
+                                                     x["after"] * 1e3))
+    print("the %d steps from the slowdown on: re-plan %.2f s, do nothing %.2f s, re-plan / do nothing %.3f"
+          % (n, window_on, window_off, window_on / window_off))
     x = res["replan"]
     print("slow from step %d, flagged at step %d, re-planned after step %d (%.3f s to the first step of the new "
           "generation); new VN shares %s%s" % (x["slow_from_step"], x["flagged_at_step"], x["replanned_after_step"],

@@ -8,7 +8,9 @@ fortunes text, global batch 32 sequences in 4 VNs of 8, AdamW with warm-up,
 cosine schedule and clip_norm 1.0). One intra-op thread per process. Morph
 runs in exact and float reduction modes; DDP (bench/ddp_baseline.py, the
 same model, data, optimiser and step structure) accumulates over its
-micro-batches with no_sync. Before a model's rows the script prints both
+micro-batches with no_sync, with glibc's malloc thresholds set as `morph`
+sets them (ddp_baseline.py --malloc morph; `--ddp-glibc` adds a row of DDP
+with glibc's own). Before a model's rows the script prints both
 sides' parameter counts (Morph's from a 1-step checkpoint, DDP's from the
 PyTorch model) and stops if they differ.
 
@@ -52,6 +54,7 @@ namespaces are removed on exit, also on an error or SIGTERM/SIGINT/SIGHUP.
         [--workers 1,2] [--exact-buckets BYTES,...]   (extra exact rows with MORPH_BUCKET_BYTES=BYTES)
         [--exact-wires allreduce,...]   (extra exact rows with MORPH_EXACT_WIRE=...)
         [--link 1gbit,10gbit [--workers 4]] [--extra E]   (E: override the model's extra steps)
+        [--ddp-glibc]   (an extra row: DDP with glibc's own malloc thresholds)
 """
 import argparse
 import glob
@@ -326,7 +329,7 @@ def morph_netns(net, binary, model, workers, mode, steps, tmp, env):
     return time.perf_counter() - t0, out
 
 
-def ddp_netns(net, model, workers, steps):
+def ddp_netns(net, model, workers, steps, malloc="morph"):
     port = str(random.randint(20000, 40000))
     env = dict(os.environ)
     t0 = time.perf_counter()
@@ -334,7 +337,7 @@ def ddp_netns(net, model, workers, steps):
     try:
         for r in range(workers):
             e = dict(env, GLOO_SOCKET_IFNAME=net.ifs[r])
-            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] + ddp_cmd(model, workers, steps) +
+            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] + ddp_cmd(model, workers, steps, malloc) +
                                           ["--rank", str(r), "--master-addr", net.ips[0], "--port", port],
                                           stdout=subprocess.DEVNULL, env=e))
         wait_all(procs, f"ddp {model} {steps} steps")
@@ -359,11 +362,12 @@ def morph_reduce_stats(out):
     return (statistics.median(red) if red else 0.0), s.get("reduce_payload_bytes_per_step", 0)
 
 
-def ddp_cmd(model, workers, steps):
+def ddp_cmd(model, workers, steps, malloc="morph"):
+    """DDP with Morph's malloc thresholds (ddp_baseline.py --malloc morph), or glibc's own ("glibc")."""
     m = MODELS[model]
     return ["/usr/bin/python3", os.path.join(HERE, "ddp_baseline.py"), "--model", m["ddp"], "--workers",
             str(workers), "--steps", str(steps), "--warmup", "1", "--micro-batches", str(m["vns"]),
-            "--global-batch", str(m["batch"])]
+            "--global-batch", str(m["batch"]), "--malloc", malloc]
 
 
 def window(a, model):
@@ -378,8 +382,10 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
     times, stats, sent = {}, (0.0, 0), {}
     for steps in ((s + e, s) if long_first else (s, s + e)):
         tx0 = net.tx_bytes() if net else 0
-        if system == "ddp":
-            times[steps] = ddp_netns(net, model, workers, steps) if net else timed(ddp_cmd(model, workers, steps))
+        if system in ("ddp", "ddp-glibc"):
+            malloc = "glibc" if system == "ddp-glibc" else "morph"
+            times[steps] = (ddp_netns(net, model, workers, steps, malloc) if net
+                            else timed(ddp_cmd(model, workers, steps, malloc)))
         else:
             # mode[@MORPH_BUCKET_BYTES][~MORPH_EXACT_WIRE]
             rest, _, wire = system.partition("~")
@@ -461,6 +467,9 @@ def main():
                    help="comma-separated RATE[:DELAY] (e.g. 1gbit,10gbit): run the workers in network namespaces "
                         "on a bridge with every link shaped to RATE (root, iproute2)")
     p.add_argument("--extra", type=int, default=0, help="extra steps E (default: the model's)")
+    p.add_argument("--ddp-glibc", action="store_true",
+                   help="an extra system: DDP with glibc's own malloc thresholds (row 'ddp-glibc'); the baseline "
+                        "'ddp' has Morph's")
     a = p.parse_args()
     a.morph = os.path.abspath(a.morph)
     models = [ALIASES.get(m, m) for m in a.models.split(",") if m]
@@ -472,6 +481,7 @@ def main():
     systems = ["ddp", "exact", "float"]
     extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
     extra += [f"exact~{w}" for w in a.exact_wires.split(",") if w]
+    extra += ["ddp-glibc"] if a.ddp_glibc else []
     print(f"start: load average {' '.join('%.2f' % x for x in os.getloadavg())}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     net = None
 
