@@ -35,9 +35,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-# Roughly as long as the soak (about 10 ms a step with 3-4 workers on 2
-# cores); the soak stops early if the job ends first.
-steps=$(( duration * 100 + 500 ))
+# Longer than the soak (3-4 ms a step with 3-4 workers on the 2-core
+# development machine, 2026-12-02; 10 ms on a slower one): the job must
+# outlive the soak, or there is no key count and RSS at the end (the soak
+# then says so and fails); what is left runs after the soak.
+steps=$(( duration * 400 + 500 ))
 cat > "$work/job.toml" <<TOML
 [job]
 name = "soak"
@@ -72,7 +74,8 @@ workers() {
 }
 rss_mib() { awk '/^VmRSS/ {printf "%d", $2 / 1024}' "/proc/$1/status" 2>/dev/null || echo 0; }
 store_keys() {
-  "$MORPH" status --join "127.0.0.1:$port" --token-file "$work/soak/token" 2>/dev/null |
+  # (nothing when the job has ended: its store is gone)
+  { "$MORPH" status --join "127.0.0.1:$port" --token-file "$work/soak/token" 2>/dev/null || true; } |
     sed -n 's/.*"store_keys": \([0-9]*\).*/\1/p'
 }
 rss_all() { local p; for p in $(workers); do printf ' %s:%sMiB' "$p" "$(rss_mib "$p")"; done; }
@@ -100,6 +103,9 @@ while (( $(date +%s) < end )) && kill -0 "$mpid" 2>/dev/null; do
     joins=$((joins + 1))
   fi
 done
+if ! kill -0 "$mpid" 2>/dev/null; then
+  echo "soak: the job ended $(( end - $(date +%s) )) s before the soak did: no count at the end (raise its steps)"
+fi
 keys_end=$(store_keys)
 anchor_end=$(rss_mib "$anchor")
 echo "soak end:   store keys $keys_end; worker RSS (pid:RSS):$(rss_all)"
