@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "bench_cli.h"
-#include "control/status_server.h"
+#include "status/status_server.h"
 
 namespace {
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }

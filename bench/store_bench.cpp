@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "bench_cli.h"
-#include "control/store_client.h"
-#include "control/store_server.h"
+#include "store/client.h"
+#include "store/server.h"
 
 namespace {
 

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Builds the control-plane store's unit tests (tests/control/store_test.cpp:
-# server, client and protocol under malformed, oversized and unauthenticated
-# input) with AddressSanitizer + UBSan and with ThreadSanitizer, and runs
+# Builds the store's unit tests (tests/store/: server, client, protocol
+# under malformed, oversized and unauthenticated input; the in-memory table) with AddressSanitizer + UBSan and with ThreadSanitizer, and runs
 # them. About 3 minutes on 2 cores; not part of ctest.
 #   scripts/sanitize_store.sh [WORK_DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$(mktemp -d)}
 torch="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -DUSE_DISTRIBUTED"
-sources=(src/control/store_protocol.cpp src/control/store_server.cpp src/control/store_client.cpp
-         src/comm/communicator.cpp tests/control/store_test.cpp)
+sources=(src/store/protocol.cpp src/store/table.cpp src/store/server.cpp src/store/client.cpp
+         src/store/local_store.cpp src/store/abortable_store.cpp src/comm/communicator.cpp
+         tests/store/server_test.cpp tests/store/local_store_test.cpp)
 for san in address,undefined thread; do
   dir="$work/${san%%,*}"
   mkdir -p "$dir"

@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "control/runner.h"
-#include "control/status_server.h"
+#include "status/status_server.h"
 #include "core/error.h"
 #include "core/sys.h"
 

@@ -18,8 +18,8 @@
 
 #include "ckpt/checkpoint_store.h"
 #include "control/runner.h"
-#include "control/status_server.h"
-#include "control/store_client.h"
+#include "status/status_server.h"
+#include "store/client.h"
 #include "core/error.h"
 #include "core/job_spec.h"
 #include "core/sys.h"

@@ -1,4 +1,4 @@
-// Manager: hosts the job's store (store_server.h), tracks membership (registrations,
+// Manager: hosts the job's store (store/server.h), tracks membership (registrations,
 // heartbeats, local child exits, leave posts), turns every membership change
 // into a new generation with a new VN plan, and writes the job's outputs.
 // It never trains and never touches tensors. Protocol: docs/distributed.md.
@@ -19,8 +19,10 @@
 
 #include "control/internal.h"
 #include "control/morph_plan.h"
-#include "control/store_keys.h"
-#include "control/store_server.h"
+#include "control/protocol/keys.h"
+#include "control/protocol/key_policy.h"
+#include "store/local_store.h"
+#include "store/server.h"
 #include "control/straggler.h"
 #include "core/model_hash.h"
 #include "exec/pipeline.h"
@@ -65,61 +67,6 @@ constexpr double kStatusIntervalS = 0.5;
 // `morph resize` and `morph status` give up on reaching the manager, and
 // `morph status` on its first status record, after this long.
 constexpr double kClientTimeoutS = 5.0;
-
-// The manager's own view of the store it hosts: the requests of a
-// connection with the manager role, applied in this process (no socket, no
-// server thread woken: the manager looks at the store many times a second).
-class InProcessStore : public c10d::Store {
- public:
-  explicit InProcessStore(store::StoreServer& server) : c10d::Store(kManagerStoreTimeout), server_(server) {}
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    store::Request r = request(store::Op::kSet, {key});
-    r.value = value;
-    call(r);
-  }
-  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override {
-    store::Request r = request(store::Op::kCompareSet, {key});
-    r.value = expected;
-    r.value2 = desired;
-    return call(r).value;
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    store::Request r = request(store::Op::kGet, {key});
-    r.timeout_ms = static_cast<uint64_t>(timeout_.count());
-    return call(r).value;
-  }
-  int64_t add(const std::string& key, int64_t value) override {
-    store::Request r = request(store::Op::kAdd, {key});
-    r.delta = value;
-    return call(r).number;
-  }
-  bool deleteKey(const std::string& key) override { return call(request(store::Op::kDelete, {key})).number != 0; }
-  bool check(const std::vector<std::string>& keys) override {
-    return call(request(store::Op::kCheck, keys)).number != 0;
-  }
-  int64_t getNumKeys() override { return call(request(store::Op::kNumKeys, {})).number; }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store::Request r = request(store::Op::kWait, keys);
-    r.timeout_ms = static_cast<uint64_t>(timeout.count());
-    call(r);
-  }
-
- private:
-  static store::Request request(store::Op op, std::vector<std::string> keys) {
-    store::Request r;
-    r.op = op;
-    r.keys = std::move(keys);
-    return r;
-  }
-  store::Reply call(const store::Request& r) {
-    store::Reply rep = server_.localCall(r);
-    if (rep.status != store::Status::kOk) throw StoreError(rep.message);
-    return rep;
-  }
-  store::StoreServer& server_;
-};
 
 struct WorkerInfo {
   pid_t pid = -1;        // local child, or -1
@@ -216,7 +163,7 @@ class Manager {
   std::string dir_;
   int target_;
   std::unique_ptr<store::StoreServer> server_;
-  c10::intrusive_ptr<c10d::Store> store_;  // the manager's own view of the store (InProcessStore)
+  c10::intrusive_ptr<c10d::Store> store_;  // the manager's own view of the store (store::LocalStore)
   int port_ = 0;
   std::string token_file_;  // OUT/token: what local workers prove
   std::string join_host_;   // how local workers reach the store
@@ -524,6 +471,7 @@ void Manager::hostStore() {
   so.manager_key = store::randomToken();
   so.port = o_.port;
   so.bind_addr = o_.host;
+  so.policy = std::make_shared<JobKeyPolicy>();
   in_addr probe{};
   if (inet_pton(AF_INET, o_.host.c_str(), &probe) != 1) {  // a host name: the address it resolves to here
     addrinfo hints{}, *res = nullptr;
@@ -547,8 +495,7 @@ void Manager::hostStore() {
                      e.what());
   }
   port_ = server_->port();
-  store_ = c10::make_intrusive<InProcessStore>(*server_);
-  store_->setTimeout(kManagerStoreTimeout);
+  store_ = c10::make_intrusive<store::LocalStore>(server_->table(), kManagerStoreTimeout);
 }
 
 void Manager::spawn(int count) {
@@ -856,7 +803,7 @@ void Manager::pollMetrics() {
     }
     watchStragglers(line);
     last_sps_ = line.at("samples_per_second").get<double>();
-    server_->erase(keys::metrics(next_));  // read once: the store stays bounded
+    server_->table().erase(keys::metrics(next_));  // read once: the store stays bounded
     committed_ = next_++;
     if (pending_gen_ >= 0 && line.at("generation").get<int64_t>() >= pending_gen_) {
       pending_resize_["seconds"] = nowSeconds() - pending_since_;
@@ -1133,12 +1080,12 @@ void Manager::publish() {
 // were already gone at the previous generation change (one that exits
 // after a leave or release may still write its heartbeat in between).
 void Manager::forgetPast() {
-  if (gen_ >= 2) server_->erasePrefix(keys::genPrefix(gen_ - 2));
+  if (gen_ >= 2) server_->table().erasePrefix(keys::genPrefix(gen_ - 2));
   std::set<int64_t> gone;
   for (auto& [id, w] : workers_) {
     if (w.alive || forgotten_.count(id)) continue;
     if (gone_before_.count(id)) {
-      server_->erasePrefix(keys::workerPrefix(id));
+      server_->table().erasePrefix(keys::workerPrefix(id));
       forgotten_.insert(id);
     } else {
       gone.insert(id);
@@ -1471,7 +1418,7 @@ void Manager::superviseGenerations() {
   while (true) {
     // Every worker write (registrations, ready, left, metrics, requests)
     // after this count wakes the wait at the end of the loop.
-    const int64_t seen = server_->writes();
+    const int64_t seen = server_->table().writes();
     pollRegistrations();
     pollResizeRequests();
     pollChildren();
@@ -1496,7 +1443,7 @@ void Manager::superviseGenerations() {
     // of a core next to a 2-core job's worker).
     const auto idle = std::min<std::chrono::milliseconds>(
         kIdleWait, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(hb_interval_ * 1000))));
-    server_->waitForWrite(seen, idle);
+    server_->table().waitForWrite(seen, idle);
   }
 }
 

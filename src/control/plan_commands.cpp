@@ -15,7 +15,8 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
-#include "control/store_server.h"
+#include "control/protocol/keys.h"
+#include "store/server.h"
 #include "core/memory_estimate.h"
 #include "core/parse_number.h"
 #include "exec/pipeline.h"
@@ -74,14 +75,13 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   store::ServerOptions so;
   so.token = store::randomToken();
   so.manager_key = store::randomToken();
-  so.policy = store::KeyPolicy::kOpen;
   store::StoreServer server(so);
   auto store = c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), so.manager_key, "manager",
                                                 kCalibConnectTimeout);
   store->setTimeout(kCalibStoreTimeout);
   const std::vector<int64_t> p2p = p2pSizes(p), ar = allreduceSizes(p);
-  setString(*store, "calib/sizes", json({{"p2p", p2p}, {"allreduce", ar}}).dump());
-  setString(*store, "calib/job",
+  setString(*store, keys::kCalibSizes, json({{"p2p", p2p}, {"allreduce", ar}}).dump());
+  setString(*store, keys::kCalibJob,
             json({{"path", std::filesystem::absolute(job_path).lexically_normal().string()}, {"overrides", overrides}})
                 .dump());
   const std::string join = "127.0.0.1:" + std::to_string(server.port());
@@ -104,14 +104,14 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   try {
     GlooOptions go;
     go.interface_addr = "127.0.0.1";
-    auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 0, 2, go);
+    auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(keys::kCalibGroup, store), 0, 2, go);
     measureComm(*comm, p2p, ar, &p, say);
     p.compute_contention = measureContention(job, *data.train, *comm, kContentionRounds);
     say("two workers computing at once: x" + fmt("%.3f", p.compute_contention) + " per VN");
-    store->wait({"calib/store_rtt"}, kCalibStoreTimeout);
+    store->wait({keys::kCalibStoreRtt}, kCalibStoreTimeout);
     // A worker reads the generation key each step and rank 0 posts the
     // step's metrics: two store round trips.
-    p.step_overhead_s = 2.0 * std::stod(getString(*store, "calib/store_rtt"));
+    p.step_overhead_s = 2.0 * std::stod(getString(*store, keys::kCalibStoreRtt));
   } catch (const std::exception& e) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
@@ -258,15 +258,15 @@ int runCalibrate(const CalibrateOptions& o) {
 
 int runCalibratePeer(const std::string& join) {
   auto store = connectToManager(join, readToken(""), "worker", 30.0);
-  const json sizes = json::parse(getString(*store, "calib/sizes"));
-  const json job_ref = json::parse(getString(*store, "calib/job"));
+  const json sizes = json::parse(getString(*store, keys::kCalibSizes));
+  const json job_ref = json::parse(getString(*store, keys::kCalibJob));
   const JobSpec job = loadJobFile(job_ref.at("path").get<std::string>(),
                                   job_ref.at("overrides").get<std::vector<std::string>>());
   pinThreads(job.threads);
   DataPair data = loadDatasets(job.data, job.seed);
   GlooOptions go;
   go.interface_addr = "127.0.0.1";
-  auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>("calib/pg", store), 1, 2, go);
+  auto comm = makeGlooCommunicator(c10::make_intrusive<c10d::PrefixStore>(keys::kCalibGroup, store), 1, 2, go);
   measureComm(*comm, sizes.at("p2p").get<std::vector<int64_t>>(), sizes.at("allreduce").get<std::vector<int64_t>>(),
               nullptr, nullptr);
   measureContention(job, *data.train, *comm, kContentionRounds);
@@ -274,12 +274,12 @@ int runCalibratePeer(const std::string& join) {
   std::vector<double> rtt;
   for (int i = 0; i < 41; ++i) {
     const double t0 = nowSeconds();
-    setString(*store, "calib/probe", std::to_string(i));
-    (void)getString(*store, "calib/probe");
+    setString(*store, keys::kCalibProbe, std::to_string(i));
+    (void)getString(*store, keys::kCalibProbe);
     if (i > 0) rtt.push_back((nowSeconds() - t0) / 2);
   }
   std::sort(rtt.begin(), rtt.end());
-  setString(*store, "calib/store_rtt", std::to_string(rtt[rtt.size() / 2]));
+  setString(*store, keys::kCalibStoreRtt, std::to_string(rtt[rtt.size() / 2]));
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "control/internal.h"
+#include "control/protocol/keys.h"
 #include "plan/simulator.h"
 
 namespace morph {
@@ -294,7 +295,7 @@ std::optional<std::vector<int64_t>> PipelineStragglerWatch::shares(const std::ve
 }
 
 SlowdownKnob::SlowdownKnob(c10::intrusive_ptr<c10d::Store> store, int64_t id)
-    : store_(std::move(store)), key_("ctl/slow/" + std::to_string(id)), thread_([this] { loop(); }) {}
+    : store_(std::move(store)), key_(keys::slow(id)), thread_([this] { loop(); }) {}
 
 SlowdownKnob::~SlowdownKnob() {
   stop_ = true;
@@ -337,15 +338,15 @@ int runSlow(const std::string& join, int64_t worker, double factor, const std::s
   if (worker < 0) throw InputError("--worker " + std::to_string(worker) + ": expected a worker id (>= 0)");
   auto store = detail::connectToManager(join, detail::readToken(token_file), "client", 5.0);
   const std::string id = std::to_string(worker);
-  if (!store->check({"workers/" + id + "/pid"}))
+  if (!store->check({keys::workerPid(worker)}))
     throw InputError("--worker " + id + ": the job at " + join + " has no such worker (ids: morph status --join " +
                      join + ")");
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", factor);
-  setString(*store, "ctl/slow/" + id, buf);
+  setString(*store, keys::slow(worker), buf);
   std::string note;
-  if (store->check({"status"})) {
-    const auto s = nlohmann::json::parse(getString(*store, "status"), nullptr, false);
+  if (store->check({keys::kStatus})) {
+    const auto s = nlohmann::json::parse(getString(*store, keys::kStatus), nullptr, false);
     if (s.is_object() && s.contains("members")) {
       bool member = false;
       for (const auto& m : s.at("members")) member = member || (m.is_number_integer() && m.get<int64_t>() == worker);

@@ -16,8 +16,9 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
-#include "control/store_keys.h"
+#include "control/protocol/keys.h"
 #include "control/straggler.h"
+#include "store/abortable_store.h"
 #include "core/memory_estimate.h"
 #include "exec/pipeline.h"
 
@@ -206,48 +207,6 @@ class PeerWatch {
   double deadline_, every_;
   double last_check_ = 0, last_note_ = 0;
   std::map<int64_t, std::string> beats_;
-};
-
-// The store as a generation's process groups see it: a wait for keys
-// (Gloo's rendezvous waits for every member's address) also ends, with
-// CommFailure, once the manager aborts the generation. A member that died
-// before publishing its address would otherwise hold the others for the
-// store's whole timeout.
-class GenerationStore : public c10d::Store {
- public:
-  GenerationStore(c10::intrusive_ptr<StoreClient> inner, std::string abort_key)
-      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)), abort_(std::move(abort_key)) {}
-  void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }
-  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override {
-    return inner_->compareSet(key, expected, desired);
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    waitFor({key}, timeout_);
-    return inner_->get(key);
-  }
-  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
-  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
-  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
-  int64_t getNumKeys() override { return inner_->getNumKeys(); }
-  void wait(const std::vector<std::string>& keys) override { waitFor(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    waitFor(keys, timeout);
-  }
-
- private:
-  void waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!inner_->check(keys)) {
-      if (inner_->check({abort_})) throw CommFailure("the generation was aborted while its members met");
-      if (timeout.count() > 0 && std::chrono::steady_clock::now() > deadline)
-        throw CommFailure("a member of the generation did not show up within " +
-                          std::to_string(timeout.count() / 1000) + " s");
-      std::this_thread::sleep_for(kRendezvousPoll);
-    }
-  }
-  c10::intrusive_ptr<StoreClient> inner_;
-  std::string abort_;
 };
 
 // Every member of a new generation receives the state of `source` (the
@@ -641,7 +600,7 @@ WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
   go.should_abort = [store = store_, abort = keys::genAbort(gen_)] { return store->check({abort}); };
   auto peers = std::make_shared<PeerWatch>(store_, members.get<std::vector<int64_t>>(), id_, deadline, hb_timeout_);
   go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
-  const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<GenerationStore>(store_, keys::genAbort(gen_));
+  const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<store::AbortableStore>(store_, keys::genAbort(gen_), kRendezvousPoll);
   const double rdv0 = nowSeconds();
   gen_first_group_ = comms_.size();
   try {

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "cli_util.h"
-#include "control/store_client.h"
-#include "control/store_protocol.h"
+#include "store/client.h"
+#include "store/protocol.h"
 
 namespace {
 

@@ -28,7 +28,7 @@ flags=(-std=c++17 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzz
 
 # Sources of the code under test (besides the target), extra compile flags and libraries, per target.
 declare -A sources=(
-  [store_protocol]="control/store_protocol.cpp"
+  [store_protocol]="store/protocol.cpp"
   [job_file]="core/job_spec.cpp core/npy.cpp"
   [resources]="plan/resources.cpp"
   [profile]="plan/profile.cpp core/job_spec.cpp core/npy.cpp core/parse_number.cpp core/sys.cpp"

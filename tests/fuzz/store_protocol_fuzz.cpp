@@ -1,11 +1,11 @@
-// libFuzzer target: the store protocol's decoders (src/control/store_protocol.h)
+// libFuzzer target: the store protocol's decoders (src/store/protocol.h)
 // on arbitrary bytes. They must throw ProtocolError or return; never crash,
 // read out of bounds or allocate beyond the input. Built and run by
 // tests/fuzz/run_fuzz.sh (clang, -fsanitize=fuzzer,address,undefined).
 #include <cstddef>
 #include <cstdint>
 
-#include "control/store_protocol.h"
+#include "store/protocol.h"
 
 using namespace morph::store;
 

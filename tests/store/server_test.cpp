@@ -11,9 +11,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/communicator.h"
-#include "control/internal.h"
-#include "control/store_client.h"
-#include "control/store_server.h"
+#include "store/client.h"
+#include "store/server.h"
 
 namespace {
 
@@ -135,48 +134,45 @@ TEST_F(StoreTest, MissingWrongOrReplayedProofIsRefused) {
   EXPECT_GE(server_->refusedConnections(), 6);
 }
 
-TEST_F(StoreTest, RolesWriteOnlyTheirKeys) {
-  auto m = manager();
-  m->set("gen/current", bytes("0"));
-  auto w = client("worker");
-  EXPECT_THROW(w->set("workers/0/pid", bytes("1")), StoreError);  // not registered yet
-  EXPECT_EQ(w->add("workers/next_id", 1), 1);                    // worker 0
-  auto w1 = client("worker");
-  EXPECT_EQ(w1->add("workers/next_id", 1), 2);  // worker 1
-  EXPECT_THROW(client("worker/0"), StoreAuthError);  // the token alone does not make one worker 0
-  // A second connection of worker 0, with the key only its registering connection can derive.
-  auto hb = client("worker/0", workerKey("job-token-for-tests", w->sessionNonce()));
-  EXPECT_THROW(client("worker/1", workerKey("job-token-for-tests", w->sessionNonce())), StoreAuthError);
-  hb->set("workers/0/hb", bytes("1"));
-  w->set("workers/0/pid", bytes("123"));
-  w->set("result/0", bytes("{}"));
-  w->set("gen/0/ready/0", bytes("3"));
-  w->set("gen/0/pg/0", bytes("addr"));
-  w->set("metrics/7", bytes("{}"));
-  w->add("events", 1);
-  w->set("job/steps", bytes("10"));  // worker 0 only
-  for (const char* k : {"gen/current", "gen/want", "gen/0/plan", "gen/0/abort", "job/out", "job/text", "job/resume",
-                        "job/finished", "status", "result/1", "workers/1/hb", "gen/0/ready/1", "ctl/resize_target"})
-    EXPECT_THROW(w->set(k, bytes("x")), StoreError) << k;
-  EXPECT_THROW(w1->set("job/steps", bytes("1")), StoreError);
-  // Any worker may create them (the first one wins), none may change them.
-  EXPECT_EQ(text(w1->compareSet("job/steps", {}, bytes("1"))), "10");
-  EXPECT_EQ(text(w1->compareSet("job/start_step", {}, bytes("0"))), "0");
-  EXPECT_EQ(text(w1->get("job/steps")), "10");
-  EXPECT_THROW(w->add("workers/next_id", 1), StoreError);  // registers once
-  EXPECT_THROW(w->deleteKey("gen/current"), StoreError);
-  EXPECT_THROW(w->compareSet("gen/current", bytes("0"), bytes("9")), StoreError);
-  EXPECT_EQ(text(w->get("gen/current")), "0");  // reads are open to every role
-  auto c = client("client");
-  c->set("ctl/resize_target", bytes("3"));
-  c->add("ctl/resize_seq", 1);
-  c->set("ctl/slow/1", bytes("4"));  // morph slow
-  EXPECT_THROW(c->set("gen/current", bytes("5")), StoreError);
-  EXPECT_THROW(c->add("workers/next_id", 1), StoreError);
-  EXPECT_THROW(c->set("ctl/slow/x", bytes("4")), StoreError);
-  EXPECT_THROW(w->set("ctl/slow/0", bytes("4")), StoreError);  // a client's knob, not a worker's
-  EXPECT_EQ(text(m->get("gen/current")), "0");
-  EXPECT_EQ(server_->deniedWrites(), 22);
+// The server knows no key of its own: its KeyPolicy decides every write
+// (the job's: tests/control/key_policy_test.cpp), and its registration key
+// makes a worker connection that worker.
+class OwnKeysPolicy : public KeyPolicy {
+ public:
+  std::string refusal(const Role& role, Op, const std::string& key, int64_t) const override {
+    if (role.kind == Role::kWorker && role.worker < 0) return key == "register" ? "" : "register first";
+    if (role.kind == Role::kWorker && key == "mine/" + std::to_string(role.worker)) return "";
+    return "not yours";
+  }
+  std::string registrationKey() const override { return "register"; }
+  bool wakes(const std::string& key) const override { return key != "mine/0"; }
+};
+
+TEST(StoreServerPolicy, ThePolicyDecidesEveryWriteAndRegistration) {
+  ServerOptions o;
+  o.token = "t";
+  o.manager_key = "m";
+  o.log = false;
+  o.policy = std::make_shared<OwnKeysPolicy>();
+  StoreServer server(o);
+  auto connect = [&](const std::string& role, const std::string& key) {
+    return c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), key, role, std::chrono::seconds(5));
+  };
+  auto w = connect("worker", "t");
+  EXPECT_THROW(w->set("mine/0", bytes("x")), StoreError);  // not registered yet
+  EXPECT_EQ(w->add("register", 1), 1);                    // worker 0
+  const int64_t before = server.table().writes();
+  w->set("mine/0", bytes("x"));                           // its own key; it does not wake anyone
+  EXPECT_EQ(server.table().writes(), before);
+  EXPECT_THROW(w->set("mine/1", bytes("x")), StoreError);
+  auto second = connect("worker/0", workerKey("t", w->sessionNonce()));
+  second->set("mine/0", bytes("y"));
+  EXPECT_THROW(connect("client", "t")->set("mine/0", bytes("z")), StoreError);
+  auto m = connect("manager", "m");
+  m->set("anything", bytes("1"));  // the manager's role writes every key
+  EXPECT_EQ(server.table().writes(), before + 1);
+  EXPECT_EQ(text(m->get("mine/0")), "y");
+  EXPECT_EQ(server.deniedWrites(), 3);
 }
 
 TEST_F(StoreTest, MalformedFramesCloseOnlyTheirConnection) {
@@ -236,17 +232,3 @@ TEST_F(StoreTest, GlooProcessGroupFormsOverIt) {
 
 }  // namespace
 
-// Numbers read from the store (internal.h): the whole value or an error
-// naming the key.
-TEST(StoreValues, WholeNumbersAreParsedStrictly) {
-  using morph::detail::parseStoreInt;
-  EXPECT_EQ(parseStoreInt("gen/current", "12"), 12);
-  EXPECT_EQ(parseStoreInt("gen/current", "-1"), -1);
-  for (const char* bad : {"12abc", "", " 1", "1 ", "-", "+1", "1.5", "99999999999999999999"})
-    EXPECT_THROW(parseStoreInt("gen/current", bad), morph::JobError) << bad;
-  try {
-    parseStoreInt("job/steps", "12abc");
-  } catch (const morph::JobError& e) {
-    EXPECT_NE(std::string(e.what()).find("'12abc' under job/steps"), std::string::npos) << e.what();
-  }
-}

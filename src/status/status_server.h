@@ -101,7 +101,7 @@ std::unique_ptr<StatusServer> startStatusPage(const std::string& spec, StatusOpt
 // Returns the exit code (2 for a missing folder or files, printed).
 int runView(const std::string& dir, const std::string& status);
 
-// The embedded web assets (generated at build time from src/control/web).
+// The embedded web assets (generated at build time from src/status/web).
 struct WebAsset {
   const char* path;  // "/index.html"
   const char* content_type;

@@ -1,4 +1,4 @@
-#include "control/store_protocol.h"
+#include "store/protocol.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>

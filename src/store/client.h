@@ -8,30 +8,14 @@
 
 #include <chrono>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "control/store_protocol.h"
+#include "store/errors.h"
+#include "store/protocol.h"
 
 namespace morph {
-
-// Nothing answered at HOST:PORT within the connect timeout.
-class StoreUnreachable : public std::runtime_error {
- public:
-  explicit StoreUnreachable(const std::string& what) : std::runtime_error(what) {}
-};
-// The server rejected the token (or the server failed to prove it holds it).
-class StoreAuthError : public std::runtime_error {
- public:
-  explicit StoreAuthError(const std::string& what) : std::runtime_error(what) {}
-};
-// A request failed: refused write, timeout, lost connection.
-class StoreError : public std::runtime_error {
- public:
-  explicit StoreError(const std::string& what) : std::runtime_error(what) {}
-};
 
 class StoreClient : public c10d::Store {
  public:

@@ -1,4 +1,4 @@
-#include "control/status_server.h"
+#include "status/status_server.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

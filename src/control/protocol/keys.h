@@ -1,6 +1,7 @@
-// The control-plane store's keys (docs/distributed.md, "Store keys"), built
-// in one place instead of spelled by hand where they are read and written.
-// Who may write each is the store server's policy (store_server.cpp).
+// Every key of the control-plane store (docs/distributed.md, "Store keys"),
+// built in one place instead of spelled by hand where they are read and
+// written. Who may write each is the job's key policy (key_policy.h),
+// written with these names.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +20,18 @@ inline const std::string kJobText = "job/text", kJobOrigin = "job/origin", kJobO
                          kJobQuiet = "job/quiet";
 // Membership.
 inline const std::string kNextWorkerId = "workers/next_id", kEvents = "events", kGenCurrent = "gen/current",
-                         kGenWant = "gen/want", kStatus = "status";
+                         kGenWant = "gen/want";
+// The manager's status record (`morph status`, the status page).
+inline const std::string kStatus = "status";
 // Requests of `morph resize`.
 inline const std::string kResizeTarget = "ctl/resize_target", kResizeSeq = "ctl/resize_seq";
+// `morph slow`: the slowdown factor worker `id` is asked to emulate.
+inline const std::string kSlowPrefix = "ctl/slow/";
+inline std::string slow(int64_t id) { return kSlowPrefix + std::to_string(id); }
 
 // A worker's own keys: workers/<id>/<what>.
-inline std::string worker(int64_t id, const char* what) { return "workers/" + std::to_string(id) + "/" + what; }
+inline const std::string kWorkersPrefix = "workers/";
+inline std::string worker(int64_t id, const char* what) { return kWorkersPrefix + std::to_string(id) + "/" + what; }
 inline std::string workerPid(int64_t id) { return worker(id, "pid"); }
 inline std::string workerAddr(int64_t id) { return worker(id, "addr"); }
 inline std::string workerHeartbeat(int64_t id) { return worker(id, "hb"); }
@@ -35,10 +42,13 @@ inline std::string workerFatal(int64_t id) { return worker(id, "fatal"); }
 inline std::string workerStartError(int64_t id) { return worker(id, "start_error"); }
 // Every key of worker `id` starts with this.
 inline std::string workerPrefix(int64_t id) { return worker(id, ""); }
+// The last part of a heartbeat key (workers/<id>/hb).
+inline const std::string kHeartbeatSuffix = "/hb";
 
 // Generation g: gen/<g>, its plan and abort flag, and each member's reports
-// gen/<g>/<what>/<id> (what: ready, left, line, held, morph).
-inline std::string gen(int64_t g) { return "gen/" + std::to_string(g); }
+// gen/<g>/<what>/<id> (kMemberReports).
+inline const std::string kGenPrefix = "gen/";
+inline std::string gen(int64_t g) { return kGenPrefix + std::to_string(g); }
 // Every key of generation g (its process groups' too) starts with this.
 inline std::string genPrefix(int64_t g) { return gen(g) + "/"; }
 inline std::string genPlan(int64_t g) { return gen(g) + "/plan"; }
@@ -46,10 +56,22 @@ inline std::string genAbort(int64_t g) { return gen(g) + "/abort"; }
 inline std::string genReport(int64_t g, const std::string& what, int64_t id) {
   return gen(g) + "/" + what + "/" + std::to_string(id);
 }
+// What a member reports under gen/<g>/<what>/<id>.
+inline const char* const kMemberReports[] = {"ready", "left", "line", "held", "morph"};
+// The process groups of generation g meet under gen/<g>/<group>/... (Gloo's
+// rendezvous): the world group, a pipeline's stage, tied and pipe groups.
+inline const char* const kGenGroups[] = {"pg", "stage", "tied", "pipe"};
 
-inline std::string metrics(int64_t step) { return "metrics/" + std::to_string(step); }
-inline std::string result(int64_t id) { return "result/" + std::to_string(id); }
-inline std::string trace(int64_t id) { return "trace/" + std::to_string(id); }
+inline const std::string kMetricsPrefix = "metrics/", kResultPrefix = "result/", kTracePrefix = "trace/";
+inline std::string metrics(int64_t step) { return kMetricsPrefix + std::to_string(step); }
+inline std::string result(int64_t id) { return kResultPrefix + std::to_string(id); }
+inline std::string trace(int64_t id) { return kTracePrefix + std::to_string(id); }
+
+// Calibration's own store (`morph calibrate` and its peer process; open
+// policy): the sizes to measure, the job, the peer's store round trip and
+// the probe it times it with; its process group meets under calib/pg.
+inline const std::string kCalibSizes = "calib/sizes", kCalibJob = "calib/job", kCalibStoreRtt = "calib/store_rtt",
+                         kCalibProbe = "calib/probe", kCalibGroup = "calib/pg";
 
 }  // namespace keys
 }  // namespace morph

@@ -1,4 +1,4 @@
-#include "control/store_client.h"
+#include "store/client.h"
 
 #include <errno.h>
 #include <netdb.h>

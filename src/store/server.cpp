@@ -1,4 +1,4 @@
-#include "control/store_server.h"
+#include "store/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,7 +15,6 @@
 #include <mutex>
 #include <map>
 #include <thread>
-#include <unordered_map>
 
 namespace morph {
 namespace store {
@@ -29,18 +28,6 @@ constexpr int kMaxPendingHandshakes = 256;
 
 bool isDigits(const std::string& s) {
   return !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos;
-}
-
-// "a/b/c" -> {"a", "b", "c"}
-std::vector<std::string> splitKey(const std::string& k) {
-  std::vector<std::string> parts;
-  size_t a = 0;
-  while (true) {
-    const size_t b = k.find('/', a);
-    parts.push_back(k.substr(a, b == std::string::npos ? std::string::npos : b - a));
-    if (b == std::string::npos) return parts;
-    a = b + 1;
-  }
 }
 
 std::string describe(const Role& r) {
@@ -86,40 +73,6 @@ class RateLimitedLog {
 
 }  // namespace
 
-std::string jobPolicyRefusal(const Role& role, Op op, const std::string& key, int64_t delta) {
-  if (role.kind == Role::kManager) return "";
-  if (role.kind == Role::kClient) {
-    if ((key == "ctl/resize_target" && op == Op::kSet) || (key == "ctl/resize_seq" && op == Op::kAdd)) return "";
-    const auto p = splitKey(key);  // morph slow
-    if (p.size() == 3 && p[0] == "ctl" && p[1] == "slow" && isDigits(p[2]) && op == Op::kSet) return "";
-    return "a client may write only ctl/resize_target, ctl/resize_seq and ctl/slow/<id>";
-  }
-  if (role.worker < 0) {
-    if (key == "workers/next_id" && op == Op::kAdd && delta == 1) return "";
-    return "a worker must register (add 1 to workers/next_id) before it writes";
-  }
-  const std::string me = std::to_string(role.worker);
-  const auto p = splitKey(key);
-  if (p.size() >= 3 && p[0] == "workers" && p[1] == me) return "";
-  if ((p.size() == 2 && (p[0] == "result" || p[0] == "trace") && p[1] == me)) return "";
-  if (p.size() == 2 && p[0] == "metrics" && isDigits(p[1]) && op == Op::kSet) return "";
-  if (key == "events" && op == Op::kAdd) return "";
-  // The job's first and last step: whichever worker gets there first
-  // creates them (compareSet from empty; a later one changes nothing), so a
-  // job whose worker 0 died still starts. Worker 0 may also set them.
-  if ((key == "job/steps" || key == "job/start_step") &&
-      (op == Op::kCompareSet || (role.worker == 0 && op == Op::kSet)))
-    return "";
-  if (p.size() >= 3 && p[0] == "gen" && isDigits(p[1])) {
-    // Its own reports of a generation, and Gloo's rendezvous of its groups.
-    if (p.size() == 4 && (p[2] == "ready" || p[2] == "left" || p[2] == "line" || p[2] == "held" || p[2] == "morph") &&
-        p[3] == me)
-      return "";
-    if (p.size() >= 4 && (p[2] == "pg" || p[2] == "stage" || p[2] == "tied" || p[2] == "pipe")) return "";
-  }
-  return "worker " + me + " may not write this key (only its own keys: docs/store_protocol.md)";
-}
-
 struct StoreServer::Impl {
   ServerOptions o;
   int listen_fd = -1;
@@ -130,14 +83,10 @@ struct StoreServer::Impl {
   std::atomic<int> pending{0};
   RateLimitedLog log;
 
-  // The keys.
+  // The keys, and the registered workers: per id, the key its further
+  // connections prove (workerKey of the registering connection's nonce).
+  std::unique_ptr<Table> table;
   std::mutex mu;
-  std::condition_variable changed;
-  std::condition_variable wrote;  // writes changed (waitForWrite)
-  int64_t writes = 0;
-  std::unordered_map<std::string, std::vector<uint8_t>> kv;
-  // Per registered worker id: the key its further connections prove
-  // (workerKey of the registering connection's nonce).
   std::map<int64_t, std::string> worker_keys;
 
   struct Conn {
@@ -291,133 +240,28 @@ struct StoreServer::Impl {
     }
   }
 
-  // "workers/<id>/hb": read by the manager on its own clock, so it wakes nobody.
-  static bool isHeartbeat(const std::string& key) {
-    return key.size() > 3 && key.compare(key.size() - 3, 3, "/hb") == 0 && key.rfind("workers/", 0) == 0;
-  }
-
   static bool isWrite(Op op) {
     return op == Op::kSet || op == Op::kAdd || op == Op::kCompareSet || op == Op::kDelete;
   }
 
   Reply apply(Role& role, const Request& req, const Conn& c) {
-    Reply rep;
-    if (isWrite(req.op) && o.policy == KeyPolicy::kJob) {
-      const std::string why = jobPolicyRefusal(role, req.op, req.keys.at(0), req.delta);
+    if (isWrite(req.op) && role.kind != Role::kManager) {
+      const std::string why = o.policy->refusal(role, req.op, req.keys.at(0), req.delta);
       if (!why.empty()) {
         ++denied;
         note("refused a write of '" + req.keys.at(0) + "' by " + c.peer + ": " + why);
+        Reply rep;
         rep.status = Status::kDenied;
         rep.message = "write of '" + req.keys.at(0) + "' refused: " + why;
         return rep;
       }
     }
-    std::unique_lock<std::mutex> l(mu);
-    // add(key, 0) reads a counter (the manager's polls): not a write here.
-    if (isWrite(req.op) && !(req.op == Op::kAdd && req.delta == 0) && !isHeartbeat(req.keys.at(0))) {
-      // Woken after this write applies: the waiter needs `mu` too.
-      ++writes;
-      wrote.notify_all();
-    }
-    auto waitFor = [&](const std::vector<std::string>& keys, uint64_t timeout_ms) {
-      auto all = [&] {
-        if (stopping) return true;
-        for (const auto& k : keys)
-          if (!kv.count(k)) return false;
-        return true;
-      };
-      // timeout 0 = wait as long as it takes (c10d's kNoTimeout)
-      if (timeout_ms == 0) {
-        changed.wait(l, all);
-      } else {
-        changed.wait_for(l, std::chrono::milliseconds(std::min<uint64_t>(timeout_ms, uint64_t{1} << 40)), all);
-      }
-      for (const auto& k : keys)
-        if (!kv.count(k)) return false;
-      return true;
-    };
-    switch (req.op) {
-      case Op::kSet:
-        kv[req.keys[0]] = req.value;
-        changed.notify_all();
-        break;
-      case Op::kGet:
-        if (!waitFor(req.keys, req.timeout_ms)) {
-          rep.status = Status::kTimeout;
-          rep.message = "key '" + req.keys[0] + "' did not appear in time";
-        } else {
-          rep.value = kv[req.keys[0]];
-        }
-        break;
-      case Op::kAdd: {
-        int64_t v = 0;
-        auto it = kv.find(req.keys[0]);
-        if (it != kv.end()) {
-          const std::string s(it->second.begin(), it->second.end());
-          char* end = nullptr;
-          errno = 0;
-          v = std::strtoll(s.c_str(), &end, 10);
-          if (s.empty() || errno != 0 || *end != '\0') {
-            rep.status = Status::kBad;
-            rep.message = "add to '" + req.keys[0] + "', which does not hold a number";
-            return rep;
-          }
-        }
-        v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(req.delta));
-        const std::string s = std::to_string(v);
-        kv[req.keys[0]] = std::vector<uint8_t>(s.begin(), s.end());
-        rep.number = v;
-        if (role.kind == Role::kWorker && role.worker < 0 && req.keys[0] == "workers/next_id") {
-          role.worker = v - 1;  // this connection is that worker from now on
-          worker_keys[role.worker] = workerKey(o.token, c.client_nonce);
-        }
-        changed.notify_all();
-        break;
-      }
-      case Op::kCompareSet: {
-        // c10d's semantics: a missing key is created when `expected` is
-        // empty; the reply is the value the key holds afterwards (or the
-        // expected value, for a missing key that was not created).
-        auto it = kv.find(req.keys[0]);
-        if (it == kv.end()) {
-          if (req.value.empty()) {
-            kv[req.keys[0]] = req.value2;
-            rep.value = req.value2;
-            changed.notify_all();
-          } else {
-            rep.value = req.value;
-          }
-        } else if (it->second == req.value) {
-          it->second = req.value2;
-          rep.value = req.value2;
-          changed.notify_all();
-        } else {
-          rep.value = it->second;
-        }
-        break;
-      }
-      case Op::kCheck: {
-        rep.number = 1;
-        for (const auto& k : req.keys)
-          if (!kv.count(k)) rep.number = 0;
-        break;
-      }
-      case Op::kWait:
-        if (!waitFor(req.keys, req.timeout_ms)) {
-          rep.status = Status::kTimeout;
-          rep.message = "keys did not appear in time";
-        }
-        break;
-      case Op::kDelete:
-        rep.number = kv.erase(req.keys[0]) ? 1 : 0;
-        break;
-      case Op::kNumKeys:
-        rep.number = static_cast<int64_t>(kv.size());
-        break;
-    }
-    if (stopping) {
-      rep.status = Status::kBad;
-      rep.message = "the store is shutting down";
+    Reply rep = table->apply(req);
+    if (rep.status == Status::kOk && req.op == Op::kAdd && role.kind == Role::kWorker && role.worker < 0 &&
+        req.keys[0] == o.policy->registrationKey()) {
+      role.worker = rep.number - 1;  // this connection is that worker from now on
+      std::lock_guard<std::mutex> l(mu);
+      worker_keys[role.worker] = workerKey(o.token, c.client_nonce);
     }
     return rep;
   }
@@ -427,6 +271,8 @@ StoreServer::StoreServer(ServerOptions o) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.o = std::move(o);
   if (s.o.token.empty()) throw std::runtime_error("the store needs a job token");
+  if (!s.o.policy) s.o.policy = std::make_shared<OpenPolicy>();
+  s.table = std::make_unique<Table>([policy = s.o.policy](const std::string& key) { return policy->wakes(key); });
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(s.o.port));
@@ -453,10 +299,7 @@ StoreServer::~StoreServer() {
   ::shutdown(s.listen_fd, SHUT_RDWR);
   s.acceptor.join();
   ::close(s.listen_fd);
-  {
-    std::lock_guard<std::mutex> l(s.mu);
-    s.changed.notify_all();
-  }
+  s.table->stop();
   std::lock_guard<std::mutex> l(s.conns_mu);
   for (auto& c : s.conns) ::shutdown(c->fd, SHUT_RDWR);
   for (auto& c : s.conns) {
@@ -466,42 +309,7 @@ StoreServer::~StoreServer() {
 }
 
 int StoreServer::port() const { return impl_->port; }
-int64_t StoreServer::writes() const {
-  std::lock_guard<std::mutex> l(impl_->mu);
-  return impl_->writes;
-}
-Reply StoreServer::localCall(const Request& r) {
-  Impl::Conn c;
-  c.peer = "the manager (in process)";
-  Role role;
-  role.kind = Role::kManager;
-  return impl_->apply(role, r, c);
-}
-
-int64_t StoreServer::erase(const std::string& key) {
-  std::lock_guard<std::mutex> l(impl_->mu);
-  return static_cast<int64_t>(impl_->kv.erase(key));
-}
-
-int64_t StoreServer::erasePrefix(const std::string& prefix) {
-  std::lock_guard<std::mutex> l(impl_->mu);
-  int64_t n = 0;
-  for (auto it = impl_->kv.begin(); it != impl_->kv.end();) {
-    if (it->first.compare(0, prefix.size(), prefix) == 0) {
-      it = impl_->kv.erase(it);
-      ++n;
-    } else {
-      ++it;
-    }
-  }
-  return n;
-}
-
-int64_t StoreServer::waitForWrite(int64_t seen, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> l(impl_->mu);
-  impl_->wrote.wait_for(l, timeout, [&] { return impl_->writes != seen || impl_->stopping; });
-  return impl_->writes;
-}
+Table& StoreServer::table() { return *impl_->table; }
 int64_t StoreServer::refusedConnections() const { return impl_->refused; }
 int64_t StoreServer::deniedWrites() const { return impl_->denied; }
 
