@@ -26,23 +26,6 @@ namespace morph {
 using json = nlohmann::json;
 using namespace detail;
 
-std::vector<std::pair<int64_t, int64_t>> assignVns(int64_t virtual_nodes, int workers) {
-  if (workers < 1) throw InputError("--workers: expected at least 1 worker");
-  if (workers > virtual_nodes)
-    throw InputError("--workers " + std::to_string(workers) + ": the job has only " +
-                     std::to_string(virtual_nodes) +
-                     " virtual nodes (batch.virtual_nodes), so at most that many workers can hold one");
-  std::vector<std::pair<int64_t, int64_t>> out;
-  const int64_t base = virtual_nodes / workers, extra = virtual_nodes % workers;
-  int64_t begin = 0;
-  for (int w = 0; w < workers; ++w) {
-    int64_t n = base + (w < extra ? 1 : 0);
-    out.emplace_back(begin, begin + n);
-    begin += n;
-  }
-  return out;
-}
-
 namespace detail {
 
 json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t generation) {

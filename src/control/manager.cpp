@@ -18,9 +18,12 @@
 #include <thread>
 
 #include "control/internal.h"
-#include "control/morph_plan.h"
+#include "control/protocol/generation_plan.h"
+#include "control/protocol/member_report.h"
+#include "control/protocol/message.h"
+#include "plan/morph_plan.h"
 #include "control/protocol/keys.h"
-#include "control/protocol/key_policy.h"
+#include "control/protocol/job_key_policy.h"
 #include "store/local_store.h"
 #include "store/server.h"
 #include "control/straggler.h"
@@ -29,6 +32,7 @@
 #include "plan/plan_file.h"
 #include "plan/planner.h"
 #include "plan/resources.h"
+#include "plan/vn_shares.h"
 
 namespace morph {
 
@@ -111,10 +115,10 @@ class Manager {
   // Deletes the keys of past generations and departed workers.
   void forgetPast();
   // A pipeline job's next generation after a membership change: its shape,
-  // placement and the layers that move (control/morph_plan.h). Fills
-  // `plan` and returns the members.
-  std::vector<int64_t> publishMorph(json& plan, const std::vector<int64_t>& survivors,
-                                    const std::map<int64_t, int64_t>& committed, std::vector<int64_t>& released);
+  // placement and the layers that move (plan/morph_plan.h). Sets the
+  // members (by world rank) and the workers released.
+  PipelineMorph publishMorph(std::vector<int64_t>& members, const std::vector<int64_t>& survivors,
+                             const std::map<int64_t, MemberReport>& reports, std::vector<int64_t>& released);
   // How a pipeline job runs on `workers` workers: the planner's best plan
   // when the job has a profile (--plan auto), else the documented rule.
   struct MorphTarget {
@@ -146,8 +150,16 @@ class Manager {
   void markDead(int64_t id, const std::string& why);
   void setUpPipeline();
   json pipelineResults(const std::vector<json>& results);
+  // The pipeline's plan as summary.json names it (docs/planner.md).
+  json planSummary() const {
+    return {{"stages", pipeline_->stages},
+            {"replicas", pipeline_->replicas},
+            {"schedule", pipeline_->schedule},
+            {"recompute", pipeline_->recompute},
+            {"cuts", pipeline_->cuts}};
+  }
   void writeTrace();
-  bool pipelined() const { return !pipeline_.is_null(); }
+  bool pipelined() const { return pipeline_.has_value(); }
   std::string key(int64_t g, const std::string& what, int64_t id) const {
     return keys::genReport(g, what, id);
   }
@@ -187,7 +199,7 @@ class Manager {
   int64_t pending_gen_ = -1;
   double pending_since_ = 0, last_hb_poll_ = 0, last_status_ = 0, last_sps_ = 0;
   // Pipeline jobs (--stages > 1): stages, replicas, cuts, schedule, ...
-  json pipeline_;
+  std::optional<PipelineLayout> pipeline_;
   json fingerprint_;  // what every worker of an exact job must match (runtimeFingerprint)
   int spawned_ = 0;   // local workers started at the beginning (--spawn, default --workers)
   // Workers that could not start before generation 0 (each with why) and
@@ -207,7 +219,7 @@ class Manager {
   std::vector<int64_t> layer_bytes_;      // per layer: parameters, buffers and optimiser state
   std::vector<std::pair<size_t, size_t>> tied_layers_;  // (user, owner) of shared weights
   std::optional<Resources> res_;
-  json vn_shares_ = json::array();  // VNs per member of the current generation
+  std::vector<int64_t> vn_shares_;  // VNs per member of the current generation
   StragglerWatch straggler_;        // data parallelism: seconds per VN per worker (straggler.h)
   PipelineStragglerWatch pstraggler_;  // pipelines: the same per stage
   json straggler_note_;             // the straggler re-plan under way, for its resizes entry
@@ -296,20 +308,11 @@ void Manager::setUpPipeline() {
   if (job_.virtual_nodes < D)
     throw InputError("batch.virtual_nodes = " + std::to_string(job_.virtual_nodes) + " cannot feed " +
                      std::to_string(D) + " pipeline replicas (each needs at least one VN)");
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  if (pf.vn_shares.empty()) {
-    ranges = assignVns(job_.virtual_nodes, D);
-  } else {
-    int64_t b = 0;
-    for (int64_t n : pf.vn_shares) {
-      ranges.push_back({b, b + n});
-      b += n;
-    }
-  }
+  const std::vector<VnRange> ranges = pf.vn_shares.empty() ? evenRanges(job_.virtual_nodes, D) : rangesOf(pf.vn_shares);
   int64_t M = 0;  // the largest replica share
-  for (auto& [b, e] : ranges) {
-    M = std::max(M, e - b);
-    ScheduleOptions so{kind, P, e - b, recompute};
+  for (const VnRange& r : ranges) {
+    M = std::max(M, r.size());
+    ScheduleOptions so{kind, P, r.size(), recompute};
     validateSchedule(makeSchedule(so), so);
   }
   std::printf("morph: pipeline of %d stages x %d replicas, schedule %s%s, cut: %s\n", P, D,
@@ -342,10 +345,7 @@ void Manager::setUpPipeline() {
     }
   }
   if (res_) checkDeviceMemory(cuts, {kind, P, M, recompute}, names);
-  json vr = json::array();
-  for (auto& [b, e] : ranges) vr.push_back({b, e});
-  pipeline_ = {{"stages", P},         {"replicas", D},       {"cuts", cuts},       {"schedule", toString(kind)},
-               {"recompute", recompute}, {"trace", !o_.trace.empty()}, {"replica_ranges", vr}};
+  pipeline_ = PipelineLayout{P, D, cuts, toString(kind), recompute, !o_.trace.empty(), ranges};
   // Morphs re-plan with the profile --plan auto chose by; devices of a
   // resources file use the rule (its slots change meaning as workers go).
   if (!o_.profile.empty() && !res_) profile_ = readProfile(o_.profile);
@@ -377,7 +377,7 @@ void Manager::checkDeviceMemory(const std::vector<size_t>& cuts, const ScheduleO
 // Chrome trace-event JSON (Perfetto, chrome://tracing): one process per
 // replica, one thread per stage, one complete event per action.
 void Manager::writeTrace() {
-  const int P = pipeline_.at("stages").get<int>();
+  const int P = pipeline_->stages;
   json events = json::array();
   std::vector<std::pair<int, json>> ranks;
   double t0 = INFINITY;
@@ -417,15 +417,9 @@ void Manager::writeTrace() {
 // measured bubble fraction over the steady steps, the formula's, the mean
 // step time and each stage's peak memory.
 json Manager::pipelineResults(const std::vector<json>& results) {
-  const int P = pipeline_.at("stages").get<int>(), D = pipeline_.at("replicas").get<int>();
-  json out = {{"stages", P},
-              {"replicas", D},
-              {"schedule", pipeline_.at("schedule")},
-              {"recompute", pipeline_.at("recompute")},
-              {"cuts", pipeline_.at("cuts")}};
-  const auto& r0 = pipeline_.at("replica_ranges").at(0);
-  const int64_t M = r0.at(1).get<int64_t>() - r0.at(0).get<int64_t>();
-  out["bubble_formula"] = static_cast<double>(P - 1) / static_cast<double>(M + P - 1);
+  const int P = pipeline_->stages;
+  json out = planSummary();
+  out["bubble_formula"] = bubbleFraction(P, pipeline_->replica_ranges.at(0).size());
   std::map<int64_t, std::vector<std::array<double, 3>>> per_step;  // step -> (start, end, busy) per rank
   std::vector<int64_t> stage_peak(static_cast<size_t>(P), 0), stage_params(static_cast<size_t>(P), 0),
       stage_peak_params(static_cast<size_t>(P), 0);
@@ -931,11 +925,23 @@ void Manager::noWorkerLeft(const std::string& why) {
                  ", the newest good checkpoint " + ckmsg);
 }
 
+// A member's report leaving generation `g` (ready or left): JobError
+// naming the key when it is not one (control/protocol/member_report.h).
+MemberReport readReport(c10d::Store& store, const std::string& key) {
+  const json j = json::parse(getString(store, key), nullptr, false);
+  try {
+    return MemberReport::fromJson(j);
+  } catch (const MessageError& e) {
+    throw JobError("the job's store holds a malformed report under " + key + " (" + e.what() +
+                   "): a worker wrote a bad value (docs/distributed.md, store keys)");
+  }
+}
+
 void Manager::publish() {
   const int64_t g = gen_ + 1;
   std::vector<int64_t> survivors;
   int64_t best = -1;
-  std::map<int64_t, int64_t> committed;
+  std::map<int64_t, MemberReport> reports;
   bool someone_left = false;
   for (int64_t id : members_) {
     if (store_->check({key(gen_, "left", id)})) {
@@ -943,18 +949,17 @@ void Manager::publish() {
       workers_[id].alive = false;  // it exits on its own
     }
     if (!workers_[id].alive || !store_->check({key(gen_, "ready", id)})) continue;
-    committed[id] = getInt(*store_, key(gen_, "ready", id));
+    const MemberReport& r = reports[id] = readReport(*store_, key(gen_, "ready", id));
     survivors.push_back(id);
-    best = std::max(best, committed[id]);
+    best = std::max(best, r.committed);
   }
   if (gen_ >= 0 && survivors.empty()) noWorkerLeft("no worker is left");
   // Rank 0 may have lagged one step behind the others (its reduction of
   // that step failed, theirs completed): take that step's line from a
   // member that committed it.
   for (int64_t id : survivors) {
-    const std::string lk = key(gen_, "line", id);
-    if (!store_->check({lk})) continue;
-    json line = json::parse(getString(*store_, lk));
+    const json& line = reports.at(id).line;
+    if (line.is_null()) continue;
     const int64_t step = line.at("step").get<int64_t>();
     const std::string mk = keys::metrics(step);
     if (step >= next_ && !store_->check({mk})) setString(*store_, mk, line.dump());  // (older ones were read)
@@ -979,64 +984,47 @@ void Manager::publish() {
       if (std::find(ordered.begin(), ordered.end(), id) == ordered.end()) ordered.push_back(id);
     candidates = ordered;
   }
-  std::vector<int64_t> next(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
-  std::vector<int64_t> released(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
-  json morph_plan;
-  if (pipelined() && gen_ >= 0) next = publishMorph(morph_plan, survivors, committed, released);
-  int source = 0;
+  GenerationPlan plan;
+  plan.generation = g;
+  plan.members.assign(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(size));
+  plan.released.assign(candidates.begin() + static_cast<std::ptrdiff_t>(size), candidates.end());
+  if (pipelined() && gen_ >= 0) plan.morph = publishMorph(plan.members, survivors, reports, plan.released);
+  const std::vector<int64_t>& next = plan.members;
   for (size_t r = 0; r < next.size(); ++r)
-    if (committed.count(next[r]) && committed[next[r]] == best) {
-      source = static_cast<int>(r);
+    if (reports.count(next[r]) && reports.at(next[r]).committed == best) {
+      plan.source = static_cast<int>(r);
       break;
     }
-  json plan = {{"generation", g}, {"members", next}, {"released", released}, {"source", source},
-               {"vn_ranges", json::array()}};
-  if (!morph_plan.is_null()) plan["morph"] = morph_plan;
   if (pipelined()) {
-    plan["pipeline"] = pipeline_;
-    const int P = pipeline_.at("stages").get<int>();
-    for (size_t r = 0; r < next.size(); ++r) plan["vn_ranges"].push_back(pipeline_["replica_ranges"][r / P]);
+    plan.pipeline = pipeline_;
+    for (size_t r = 0; r < next.size(); ++r)
+      plan.vn_ranges.push_back(pipeline_->replica_ranges.at(r / static_cast<size_t>(pipeline_->stages)));
   } else if (auto measured = straggler_.shares(next, job_.virtual_nodes)) {
-    int64_t b = 0;  // shares by measured speed, once a straggler was re-planned around
-    for (int64_t n : *measured) {
-      plan["vn_ranges"].push_back({b, b + n});
-      b += n;
-    }
+    plan.vn_ranges = rangesOf(*measured);  // shares by measured speed, once a straggler was re-planned around
   } else if (dp_shares_.size() == next.size()) {
-    int64_t b = 0;
-    for (int64_t n : dp_shares_) {
-      plan["vn_ranges"].push_back({b, b + n});
-      b += n;
-    }
+    plan.vn_ranges = rangesOf(dp_shares_);
   } else {
-    for (auto& r : assignVns(job_.virtual_nodes, static_cast<int>(next.size())))
-      plan["vn_ranges"].push_back({r.first, r.second});
+    plan.vn_ranges = evenRanges(job_.virtual_nodes, static_cast<int>(next.size()));
   }
-  vn_shares_ = json::array();
-  for (const auto& r : plan["vn_ranges"]) vn_shares_.push_back(r[1].get<int64_t>() - r[0].get<int64_t>());
+  vn_shares_ = plan.shares();
   if (res_) {
     // Emulated devices: each member idles per its device's slowdown.
-    json slow = json::array();
     for (int64_t id : next)
-      slow.push_back(static_cast<size_t>(id) < res_->devices.size() ? res_->typeOf(static_cast<size_t>(id)).slowdown : 1.0);
-    plan["slowdown"] = slow;
+      plan.slowdown.push_back(static_cast<size_t>(id) < res_->devices.size() ? res_->typeOf(static_cast<size_t>(id)).slowdown
+                                                                              : 1.0);
   }
   if (pipelined()) {
-    std::vector<int64_t> replica_shares;
-    for (const auto& r : pipeline_.at("replica_ranges")) replica_shares.push_back(r.at(1).get<int64_t>() - r.at(0).get<int64_t>());
-    pstraggler_.newGeneration(next, pipeline_.at("stages").get<int>(), pipeline_.at("cuts").get<std::vector<size_t>>(),
-                              replica_shares);
+    pstraggler_.newGeneration(next, pipeline_->stages, pipeline_->cuts, pipeline_->replicaShares());
   } else {
-    straggler_.newGeneration(next, vn_shares_.get<std::vector<int64_t>>(),
-                             plan.contains("slowdown") ? plan["slowdown"].get<std::vector<double>>() : std::vector<double>());
+    straggler_.newGeneration(next, vn_shares_, plan.slowdown);
   }
-  setString(*store_, keys::genPlan(g), plan.dump());
+  setString(*store_, keys::genPlan(g), plan.toJson().dump());
   setString(*store_, keys::kGenCurrent, std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
     std::string text;
     for (size_t r = 0; r < next.size(); ++r)
-      text += " w" + std::to_string(next[r]) + "=[" + plan["vn_ranges"][r][0].dump() + "," +
-              plan["vn_ranges"][r][1].dump() + ")";
+      text += " w" + std::to_string(next[r]) + "=[" + std::to_string(plan.vn_ranges[r].begin) + "," +
+              std::to_string(plan.vn_ranges[r].end) + ")";
     std::printf("morph: generation %lld, %zu workers, VN plan:%s\n", static_cast<long long>(g), next.size(),
                 text.c_str());
   }
@@ -1048,14 +1036,16 @@ void Manager::publish() {
                        {"to", static_cast<int>(next.size())},
                        {"cause", cause},
                        {"detected_unix_time", transition_unix_}};
-    if (!morph_plan.is_null()) {
-      pending_resize_["from_shape"] = morph_plan.at("from_shape");
-      pending_resize_["to_shape"] = morph_plan.at("to_shape");
-      pending_resize_["live"] = morph_plan.at("live");
-      pending_resize_["steps_redone"] = morph_plan.value("steps_redone", 0);
-      pending_resize_["planning_seconds"] = morph_plan.at("planning_seconds");
-      pending_resize_["chosen_by"] = morph_plan.at("chosen_by");
-      pending_resize_["to_cuts"] = morph_plan.at("to_cuts");
+    if (plan.morph) {
+      const PipelineMorph& m = *plan.morph;
+      const json mj = m.toJson();
+      pending_resize_["from_shape"] = mj.at("from_shape");
+      pending_resize_["to_shape"] = mj.at("to_shape");
+      pending_resize_["live"] = m.live;
+      pending_resize_["steps_redone"] = m.live ? 0 : m.steps_redone;
+      pending_resize_["planning_seconds"] = m.planning_seconds;
+      pending_resize_["chosen_by"] = m.chosen_by;
+      pending_resize_["to_cuts"] = m.to_cuts;
     }
     if (cause == "straggler") {
       pending_resize_.update(straggler_note_);
@@ -1064,7 +1054,7 @@ void Manager::publish() {
     pending_gen_ = g;
     pending_since_ = transition_start_;
   }
-  for (int64_t id : released) workers_[id].alive = false;  // they exit on reading the plan
+  for (int64_t id : plan.released) workers_[id].alive = false;  // they exit on reading the plan
   std::fflush(stdout);
   members_ = next;
   gen_ = g;
@@ -1107,8 +1097,8 @@ int64_t Manager::morphMemoryCap() const {
 Manager::MorphTarget Manager::morphTarget(int workers) {
   workers = std::min(workers, target_);
   const size_t L = layer_names_.size();
-  const int P = pipeline_.at("stages").get<int>();
-  const auto cur_cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
+  const int P = pipeline_->stages;
+  const std::vector<size_t> cur_cuts = pipeline_->cuts;
   const int64_t cap = morphMemoryCap();
   MorphTarget t;
   if (profile_) {
@@ -1142,8 +1132,8 @@ Manager::MorphTarget Manager::morphTarget(int workers) {
   // estimate (pipeline.h) must fit the cap.
   t.by = "rule";
   auto cutsFor = [&](int p) { return p == P ? cur_cuts : evenCuts(L, p); };
-  const ScheduleKind kind = parseScheduleKind(pipeline_.at("schedule").get<std::string>());
-  const bool recompute = pipeline_.at("recompute").get<bool>();
+  const ScheduleKind kind = parseScheduleKind(pipeline_->schedule);
+  const bool recompute = pipeline_->recompute;
   std::function<bool(int, int)> fits;
   if (cap > 0)
     fits = [&](int p, int d) {
@@ -1177,17 +1167,17 @@ bool Manager::shouldGrow(int size, int joiners) {
   if (joiners == grow_joiners_ && now - grow_checked_ < job_.grow_interval) return false;
   grow_joiners_ = joiners;
   grow_checked_ = now;
-  const MorphShape cur{pipeline_.at("stages").get<int>(), pipeline_.at("replicas").get<int>()};
+  const MorphShape cur = pipeline_->shape();
   const MorphTarget could = morphTarget(size + joiners);
   if (could.shape.workers() == 0) return false;
   if (!profile_) return could.shape.workers() > cur.workers();
   PlanSpec now_plan;
   now_plan.stages = cur.stages;
   now_plan.replicas = cur.replicas;
-  now_plan.cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
-  now_plan.schedule = parseScheduleKind(pipeline_.at("schedule").get<std::string>());
-  now_plan.recompute = pipeline_.at("recompute").get<bool>();
-  for (const auto& r : pipeline_.at("replica_ranges")) now_plan.vn_shares.push_back(r.at(1).get<int64_t>() - r.at(0).get<int64_t>());
+  now_plan.cuts = pipeline_->cuts;
+  now_plan.schedule = parseScheduleKind(pipeline_->schedule);
+  now_plan.recompute = pipeline_->recompute;
+  now_plan.vn_shares = pipeline_->replicaShares();
   const double now_s = simulate(*profile_, now_plan, simOptionsFor(job_, false)).step_seconds;
   const bool faster = could.predicted_s < kGrowGain * now_s;
   char buf[256];
@@ -1201,33 +1191,25 @@ bool Manager::shouldGrow(int size, int joiners) {
   return faster;
 }
 
-std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t>& survivors,
-                                           const std::map<int64_t, int64_t>& committed,
-                                           std::vector<int64_t>& released) {
+PipelineMorph Manager::publishMorph(std::vector<int64_t>& members, const std::vector<int64_t>& survivors,
+                                   const std::map<int64_t, MemberReport>& reports, std::vector<int64_t>& released) {
   const double t0 = nowSeconds();
   MorphInput in;
-  in.stages = pipeline_.at("stages").get<int>();
-  in.cuts = pipeline_.at("cuts").get<std::vector<size_t>>();
+  in.stages = pipeline_->stages;
+  in.cuts = pipeline_->cuts;
   in.target = target_;
   in.virtual_nodes = job_.virtual_nodes;
   in.layer_bytes = layer_bytes_;
   in.tied = tied_layers_;
   for (int64_t id : survivors) {
+    const MemberReport& r = reports.at(id);
     MorphCandidate c;
     c.id = id;
-    c.step = committed.at(id);
-    // The layers it holds at that step ("lo,hi", then ",1" when the next
-    // step is prepared; absent or malformed: none).
-    const std::string hk = key(gen_, "held", id);
-    if (store_->check({hk})) {
-      const std::string v = getString(*store_, hk);
-      size_t lo = 0, hi = 0;
-      int used = 0;
-      if (std::sscanf(v.c_str(), "%zu,%zu%n", &lo, &hi, &used) == 2 && lo <= hi && hi <= layer_names_.size()) {
-        const std::string rest = v.substr(static_cast<size_t>(used));
-        if (rest.empty() || rest == ",1") c.held_lo = lo, c.held_hi = hi, c.prepared = !rest.empty();
-      }
-    }
+    c.step = r.committed;
+    // The layers it holds at that step, and whether the next step is
+    // prepared (none when it reported no layers of this model).
+    if (r.held && r.held->hi <= layer_names_.size())
+      c.held_lo = r.held->lo, c.held_hi = r.held->hi, c.prepared = r.held->prepared;
     in.candidates.push_back(c);
   }
   for (auto& [id, w] : workers_)
@@ -1244,19 +1226,17 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
   released.clear();
   const size_t keep_spares = static_cast<size_t>(std::max(0, target_ - shape.workers()));
   for (size_t i = keep_spares; i < mp.spares.size(); ++i) released.push_back(mp.spares[i]);
-  const MorphShape was{in.stages, pipeline_.at("replicas").get<int>()};
-  plan = {{"live", mp.live},
-          {"step", mp.step},
-          {"from_shape", {was.stages, was.replicas}},
-          {"to_shape", {shape.stages, shape.replicas}}};
+  PipelineMorph m;
+  m.live = mp.live;
+  m.step = mp.step;
+  m.from = pipeline_->shape();
+  m.to = shape;
   std::string how;
   if (mp.live) {
-    json tr = json::array();
-    for (const MorphTransfer& t : mp.transfers) tr.push_back({t.layer, t.src, t.dst});
-    plan["meta_source"] = mp.meta_source;
-    plan["transfers"] = tr;
-    plan["expected_bytes"] = mp.bytes_moved;
-    plan["finishing"] = mp.finishing;
+    m.meta_source = mp.meta_source;
+    m.transfers = mp.transfers;
+    m.expected_bytes = mp.bytes_moved;
+    m.finishing = mp.finishing;
     char buf[160];
     std::snprintf(buf, sizeof buf, "%zu layers move between workers (about %.1f MiB)", mp.transfers.size(),
                   static_cast<double>(mp.bytes_moved) / 1048576.0);
@@ -1276,33 +1256,29 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
     const int64_t ck = job_.checkpoint_every > 0 ? newestGoodCheckpoint(cdir) : -1;
     if (ck < 0)
       noWorkerLeft("pipeline cannot morph: " + mp.why_not_live + ", and there is no checkpoint to restore it from");
-    plan["checkpoint"] = cdir + "/" + checkpointDirName(ck);
-    plan["steps_redone"] = std::max<int64_t>(0, mp.step - ck);
+    m.checkpoint = cdir + "/" + checkpointDirName(ck);
+    m.steps_redone = std::max<int64_t>(0, mp.step - ck);
     how = mp.why_not_live + ": every stage reloads the checkpoint of step " + std::to_string(ck) + " and " +
           std::to_string(std::max<int64_t>(0, mp.step - ck)) + " steps are done again";
   }
-  json vr = json::array();
   // VNs per replica: by measured speed after a straggler re-plan (the
   // placement's replicas), else the planner's, else even.
   std::vector<int64_t> shares = target.vn_shares;
   if (auto measured = pstraggler_.shares(mp.members, shape.stages, job_.virtual_nodes)) shares = *measured;
-  if (shares.size() == static_cast<size_t>(shape.replicas)) {
-    int64_t b = 0;
-    for (int64_t n : shares) vr.push_back({b, b += n});
-  } else {
-    for (auto& [b, e] : assignVns(job_.virtual_nodes, shape.replicas)) vr.push_back({b, e});
-  }
-  const bool schedule_changes = target.schedule != pipeline_.at("schedule").get<std::string>() ||
-                                target.recompute != pipeline_.at("recompute").get<bool>();
-  pipeline_["stages"] = shape.stages;
-  pipeline_["replicas"] = shape.replicas;
-  pipeline_["cuts"] = cuts;
-  pipeline_["replica_ranges"] = vr;
-  pipeline_["schedule"] = target.schedule;
-  pipeline_["recompute"] = target.recompute;
-  plan["planning_seconds"] = nowSeconds() - t0;
-  plan["chosen_by"] = target.by;
-  plan["to_cuts"] = cuts;
+  const std::vector<VnRange> ranges = shares.size() == static_cast<size_t>(shape.replicas)
+                                          ? rangesOf(shares)
+                                          : evenRanges(job_.virtual_nodes, shape.replicas);
+  const bool schedule_changes = target.schedule != pipeline_->schedule || target.recompute != pipeline_->recompute;
+  const MorphShape was = pipeline_->shape();
+  pipeline_->stages = shape.stages;
+  pipeline_->replicas = shape.replicas;
+  pipeline_->cuts = cuts;
+  pipeline_->replica_ranges = ranges;
+  pipeline_->schedule = target.schedule;
+  pipeline_->recompute = target.recompute;
+  m.planning_seconds = nowSeconds() - t0;
+  m.chosen_by = target.by;
+  m.to_cuts = cuts;
   std::string why = target.by == "planner" ? "the planner's choice, predicted " +
                                                  std::to_string(target.predicted_s * 1e3).substr(0, 6) + " ms per step"
                                            : "the rule";
@@ -1310,7 +1286,8 @@ std::vector<int64_t> Manager::publishMorph(json& plan, const std::vector<int64_t
   std::printf("morph: pipeline morphs from %d stages x %d replicas to %d x %d (cut: %s; %s); %s\n", was.stages,
               was.replicas, shape.stages, shape.replicas, describeCuts(layer_names_, cuts).c_str(), why.c_str(),
               how.c_str());
-  return mp.members;
+  members = mp.members;
+  return m;
 }
 
 // `morph run` as this job was started, plus --resume of its checkpoint
@@ -1347,7 +1324,7 @@ std::string Manager::resumeCommand() const {
 // Phase 1: the options and the plan checked before anything starts.
 void Manager::checkOptions() {
   setUpPipeline();
-  if (!pipelined()) assignVns(job_.virtual_nodes, target_);  // validates the worker count
+  if (!pipelined()) evenRanges(job_.virtual_nodes, target_);  // validates the worker count
   spawned_ = o_.spawn < 0 ? o_.workers : o_.spawn;
   if (spawned_ > o_.workers) throw InputError("--spawn: cannot start more local workers than --workers");
   dir_ = outDir(o_, job_);
@@ -1512,7 +1489,7 @@ bool Manager::resultsPosted() {
 // (core/model_hash.h): no worker needs the whole model for it.
 std::string Manager::pipelineHash(const std::map<int, std::string>& stage_hashes) {
   std::vector<std::pair<std::string, std::string>> layers;
-  const int P = pipeline_.at("stages").get<int>();
+  const int P = pipeline_->stages;
   for (int k = 0; k < P; ++k)
     if (!stage_hashes.count(k))
       noWorkerLeft("no worker of pipeline stage " + std::to_string(k) +
@@ -1574,11 +1551,7 @@ int Manager::finish() {
   extra["vn_shares"] = vn_shares_;
   if (!checkpoint_timing.is_null()) extra["checkpoint"] = checkpoint_timing;
   // The plan the job ended on (docs/planner.md).
-  extra["plan"] = pipelined() ? json{{"stages", pipeline_.at("stages")},
-                                     {"replicas", pipeline_.at("replicas")},
-                                     {"schedule", pipeline_.at("schedule")},
-                                     {"recompute", pipeline_.at("recompute")},
-                                     {"cuts", pipeline_.at("cuts")}}
+  extra["plan"] = pipelined() ? planSummary()
                               : json{{"stages", 1}, {"replicas", members_.size()}, {"schedule", "-"}, {"recompute", false}};
   if (res_) {
     json types = json::array();

@@ -4,7 +4,8 @@
 //    computes the VN plan, starts local workers, writes the outputs).
 //  - runWorker(): `morph worker --join HOST:PORT`.
 //  - runResize(), runStatus(): talk to a running manager.
-// Control-plane keys are specified in docs/control_plane.md.
+// The control plane (manager, worker, store keys) is specified in
+// docs/distributed.md and docs/store_protocol.md.
 #pragma once
 
 #include <cstdint>
@@ -114,9 +115,5 @@ struct PlanOptions {
   bool json = false;
 };
 int runPlan(const PlanOptions& opts);
-
-// Contiguous VN ranges for `workers` workers: the first V % W get one more.
-// Throws InputError when a worker would get no VN.
-std::vector<std::pair<int64_t, int64_t>> assignVns(int64_t virtual_nodes, int workers);
 
 }  // namespace morph

@@ -16,6 +16,9 @@
 
 #include "comm/communicator.h"
 #include "control/internal.h"
+#include "control/protocol/generation_plan.h"
+#include "control/protocol/member_report.h"
+#include "control/protocol/message.h"
 #include "control/protocol/keys.h"
 #include "control/straggler.h"
 #include "store/abortable_store.h"
@@ -239,18 +242,18 @@ void syncState(StepCore& tr, Communicator& comm, int source) {
 // Pipeline member `rank` (= replica * stages + stage): forms the stage,
 // tied and pipe process groups of the generation (every rank in the same
 // order: world, stage, tied, pipe) and hands the trainer its place.
-void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range,
+void setUpPipeline(StageExecutor& tr, const PipelineLayout& p, int rank, const VnRange& range,
                    std::vector<std::unique_ptr<Communicator>>& comms,
                    const c10::intrusive_ptr<c10d::Store>& store, const std::string& gkey,
                    const GlooOptions& go) {
   PipelinePlacement pl;
-  pl.stages = p.at("stages").get<int>();
-  pl.replicas = p.at("replicas").get<int>();
+  pl.stages = p.stages;
+  pl.replicas = p.replicas;
   pl.stage = rank % pl.stages;
   pl.replica = rank / pl.stages;
-  pl.cuts = p.at("cuts").get<std::vector<size_t>>();
-  pl.schedule = parseScheduleKind(p.at("schedule").get<std::string>());
-  pl.recompute = p.at("recompute").get<bool>();
+  pl.cuts = p.cuts;
+  pl.schedule = parseScheduleKind(p.schedule);
+  pl.recompute = p.recompute;
   PipelineComms pc;
   pc.world = comms.back().get();
   auto group = [&](const std::string& name, int r, int size) {
@@ -268,15 +271,9 @@ void setUpPipeline(StageExecutor& tr, const json& p, int rank, const json& range
   if (pl.stages > 1 && tr.sharesWeights() && (pl.stage == 0 || pl.stage == pl.stages - 1))
     pc.tied = group("tied", pl.stage == 0 ? pl.replica : pl.replicas + pl.replica, 2 * pl.replicas);
   pc.pipe = group("pipe/" + std::to_string(pl.replica), pl.stage, pl.stages);
-  tr.setTracing(p.value("trace", false));
-  tr.place(pl, range.at(0).get<int64_t>(), range.at(1).get<int64_t>(), pc);
+  tr.setTracing(p.trace);
+  tr.place(pl, range.begin, range.end, pc);
 }
-
-// The layers a pipeline worker holds with the state of its committed step,
-// [lo, hi): what the manager may move from it when the pipeline morphs.
-struct HeldRange {
-  size_t lo = 0, hi = 0;
-};
 
 // Joins a pipeline generation as world rank `rank`: places the stage and
 // gives its layers their state, from the job seed or the resume checkpoint
@@ -285,20 +282,22 @@ struct HeldRange {
 // point to point), or from the checkpoint the manager names. Keeps `held`
 // true at every point (a failure midway reports only what is still good)
 // and returns what it measured for the manager's record of the morph.
-json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std::vector<std::unique_ptr<Communicator>>& comms,
+// `held` counts layers only (HeldLayers::prepared is the core's).
+json enterPipelineGeneration(StageExecutor& ex, const GenerationPlan& plan, int rank,
+                             std::vector<std::unique_ptr<Communicator>>& comms,
                              const c10::intrusive_ptr<c10d::Store>& store, const std::string& gkey,
-                             const GlooOptions& go, HeldRange& held, std::string& resume_ckpt, double rendezvous_s) {
-  const json& p = plan.at("pipeline");
+                             const GlooOptions& go, HeldLayers& held, std::string& resume_ckpt, double rendezvous_s) {
+  const PipelineLayout& p = *plan.pipeline;
   Communicator& world = *comms.back();
-  const json& range = plan.at("vn_ranges").at(rank);
-  const json morph = plan.value("morph", json());
+  const VnRange& range = plan.vn_ranges.at(static_cast<size_t>(rank));
+  const std::optional<PipelineMorph>& morph = plan.morph;
   json out = {{"rendezvous_seconds", rendezvous_s}, {"move_seconds", 0.0}, {"load_seconds", 0.0}, {"bytes_in", 0}};
-  const int P = p.at("stages").get<int>();
-  const std::vector<size_t> cuts = p.at("cuts").get<std::vector<size_t>>();
-  const HeldRange next{cuts[static_cast<size_t>(rank % P)], cuts[static_cast<size_t>(rank % P) + 1]};
+  const int P = p.stages;
+  const std::vector<size_t>& cuts = p.cuts;
+  const HeldLayers next{cuts[static_cast<size_t>(rank % P)], cuts[static_cast<size_t>(rank % P) + 1]};
   auto place = [&] {
     // Layers outside the new range are freed, those inside kept.
-    held = {std::max(held.lo, next.lo), std::min(held.hi, next.hi)};
+    held = {std::max(held.lo, next.lo), std::min(held.hi, next.hi), false};
     if (held.lo >= held.hi) held = {};
     const double t0 = nowSeconds();
     setUpPipeline(ex, p, rank, range, comms, store, gkey, go);
@@ -309,31 +308,30 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
   // member committed it, so every member had its sums), else dropped.
   StepCore& sc = ex.core();
   if (sc.prepared()) {
-    const json finishing = morph.is_null() ? json::array() : morph.value("finishing", json::array());
-    if (std::find(finishing.begin(), finishing.end(), json(rank)) != finishing.end()) {
+    const std::vector<int> finishing = morph ? morph->finishing : std::vector<int>();
+    if (std::find(finishing.begin(), finishing.end(), rank) != finishing.end()) {
       sc.finishPrepared();
     } else {
       sc.discardPrepared();
     }
   }
-  if (morph.is_null()) {  // the first generation: every member starts from the same state
+  if (!morph) {  // the first generation: every member starts from the same state
     place();
     if (!resume_ckpt.empty()) {
       const double t0 = nowSeconds();
       loadHeldLayers(resume_ckpt, ex);
       out["load_seconds"] = nowSeconds() - t0;
     }
-  } else if (morph.at("live").get<bool>()) {
-    const int64_t step = morph.at("step").get<int64_t>();
+  } else if (morph->live) {
+    const int64_t step = morph->step;
     if (ex.core().nextStep() != step) held = {};  // what it holds is of another step
     const double t0 = nowSeconds();
     StepCore& core = ex.core();
     torch::Tensor m = torch::tensor(core.stateMeta(), torch::kInt64);
-    world.broadcast(m, morph.at("meta_source").get<int>());
+    world.broadcast(m, morph->meta_source);
     core.setStateMeta(std::vector<int64_t>(m.data_ptr<int64_t>(), m.data_ptr<int64_t>() + m.numel()));
     std::vector<LayerTransfer> transfers;
-    for (const auto& t : morph.at("transfers"))
-      transfers.push_back({t.at(0).get<size_t>(), t.at(1).get<int>(), t.at(2).get<int>()});
+    for (const MorphTransfer& t : morph->transfers) transfers.push_back({t.layer, t.src, t.dst});
     int64_t bytes = 0;
     std::map<size_t, NamedTensors> got = moveLayers(core, world, transfers, &bytes);
     out["move_seconds"] = nowSeconds() - t0;
@@ -343,7 +341,7 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
   } else {
     held = {};  // every layer goes back to the checkpoint's step
     const double t0 = nowSeconds();
-    const std::string ck = morph.at("checkpoint").get<std::string>();
+    const std::string& ck = morph->checkpoint;
     loadStepFrom(ck, ex);
     place();
     loadHeldLayers(ck, ex);
@@ -352,6 +350,17 @@ json enterPipelineGeneration(StageExecutor& ex, const json& plan, int rank, std:
   resume_ckpt.clear();
   held = next;
   return out;
+}
+
+// Generation g's plan (control/protocol/generation_plan.h): JobError naming
+// the key when it is not one.
+GenerationPlan readPlan(c10d::Store& store, int64_t g) {
+  const std::string key = keys::genPlan(g);
+  try {
+    return GenerationPlan::fromJson(json::parse(getString(store, key), nullptr, false));
+  } catch (const MessageError& e) {
+    throw JobError("the job's store holds a malformed plan under " + key + " (" + e.what() + ")");
+  }
 }
 
 // Phase 1, registration: the worker's id, pid and address posted, and its
@@ -425,10 +434,10 @@ class WorkerJob {
   };
   // Phase 3: waits for a generation newer than ours into `plan`; false
   // when the worker should exit instead (job finished, leave requested).
-  bool waitForGeneration(json& plan);
+  bool waitForGeneration(GenerationPlan& plan);
   // Phase 4a: forms the generation's process groups, receives its state and
   // sets up its checkpoint writer (CommFailure: regroup).
-  Placement joinGeneration(const json& plan, int rank);
+  Placement joinGeneration(const GenerationPlan& plan, int rank);
   // Phase 4b: trains until the last step (false) or a regroup (true).
   bool trainLoop(const Placement& p);
   // Phase 5: posts the result and waits for the job to finish.
@@ -481,7 +490,7 @@ class WorkerJob {
   LeaveGroupsAtExit leave_finished_at_exit_{finished_groups_};
   int64_t gen_ = -1;
   json last_line_;  // metrics of the last step this worker committed
-  HeldRange held_;  // pipeline: the layers this worker holds at its committed step
+  HeldLayers held_;  // pipeline: the layers this worker holds at its committed step
 };
 
 void WorkerJob::startUp() {
@@ -550,16 +559,15 @@ void WorkerJob::startUp() {
 }
 
 void WorkerJob::report(const std::string& what) {
-  if (!last_line_.is_null()) setString(*store_, keys::genReport(gen_, "line", id_), last_line_.dump());
-  // "lo,hi", and ",1" when the step after the committed one is prepared.
-  if (stage_ex_)
-    setString(*store_, keys::genReport(gen_, "held", id_),
-              std::to_string(held_.lo) + "," + std::to_string(held_.hi) + (core_->prepared() ? ",1" : ""));
-  setString(*store_, keys::genReport(gen_, what, id_), std::to_string(core_->nextStep()));
+  MemberReport r;
+  r.committed = core_->nextStep();
+  r.line = last_line_;
+  if (stage_ex_) r.held = HeldLayers{held_.lo, held_.hi, core_->prepared()};
+  setString(*store_, keys::genReport(gen_, what, id_), r.toJson().dump());
   store_->add(keys::kEvents, 1);  // wakes the manager's membership check
 }
 
-bool WorkerJob::waitForGeneration(json& plan) {
+bool WorkerJob::waitForGeneration(GenerationPlan& plan) {
   while (true) {
     if (store_->check({keys::kJobFinished})) return false;
     // gen/current is read once: the wait below is for the plan after the
@@ -568,7 +576,7 @@ bool WorkerJob::waitForGeneration(json& plan) {
     // lost in about half of the morphs measured by bench/morph_latency.py.)
     const int64_t cur = store_->check({keys::kGenCurrent}) ? getInt(*store_, keys::kGenCurrent) : -1;
     if (cur > gen_) {
-      plan = json::parse(getString(*store_, keys::genPlan(cur)));
+      plan = readPlan(*store_, cur);
       gen_ = cur;
       return true;
     }
@@ -584,11 +592,10 @@ bool WorkerJob::waitForGeneration(json& plan) {
   }
 }
 
-WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
+WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int rank) {
   Placement pl;
   pl.rank = rank;
-  const auto& members = plan.at("members");
-  pl.world = static_cast<int>(members.size());
+  pl.world = static_cast<int>(plan.members.size());
   const std::string gkey = keys::gen(gen_);
   GlooOptions go;
   go.interface_addr = reg_.iface;
@@ -598,9 +605,10 @@ WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
   go.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(1000 * std::max(kGlooCeilingS, kGlooCeilingFactor * deadline)));
   go.should_abort = [store = store_, abort = keys::genAbort(gen_)] { return store->check({abort}); };
-  auto peers = std::make_shared<PeerWatch>(store_, members.get<std::vector<int64_t>>(), id_, deadline, hb_timeout_);
+  auto peers = std::make_shared<PeerWatch>(store_, plan.members, id_, deadline, hb_timeout_);
   go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
-  const c10::intrusive_ptr<c10d::Store> gstore = c10::make_intrusive<store::AbortableStore>(store_, keys::genAbort(gen_), kRendezvousPoll);
+  const c10::intrusive_ptr<c10d::Store> gstore =
+      c10::make_intrusive<store::AbortableStore>(store_, keys::genAbort(gen_), kRendezvousPoll);
   const double rdv0 = nowSeconds();
   gen_first_group_ = comms_.size();
   try {
@@ -610,18 +618,18 @@ WorkerJob::Placement WorkerJob::joinGeneration(const json& plan, int rank) {
     throw CommFailure(std::string("cannot form generation ") + std::to_string(gen_) + ": " + e.what());
   }
   pl.comm = comms_.back().get();
-  auto range = plan.at("vn_ranges").at(rank);
-  pl.slowdown = plan.contains("slowdown") ? plan.at("slowdown").at(rank).get<double>() : 1.0;
+  const VnRange& range = plan.vn_ranges.at(static_cast<size_t>(rank));
+  pl.slowdown = plan.slowdownOf(rank);
   knob_.apply(*core_, pl.slowdown);
-  if (plan.contains("pipeline")) {
+  if (plan.pipeline) {
     const json m = enterPipelineGeneration(*stage_ex_, plan, rank, comms_, gstore, gkey, go, held_, resume_ckpt_,
                                            nowSeconds() - rdv0);
-    setString(*store_, gkey + "/morph/" + reg_.me, m.dump());
+    setString(*store_, keys::genReport(gen_, "morph", id_), m.dump());
   } else {
     vn_ex_->setCommunicator(pl.comm);
     finished_groups_.clear();  // no longer referenced; no work of theirs pending
-    syncState(*core_, *pl.comm, plan.at("source").get<int>());
-    vn_ex_->setVnRange(range.at(0).get<int64_t>(), range.at(1).get<int64_t>());
+    syncState(*core_, *pl.comm, plan.source);
+    vn_ex_->setVnRange(range.begin, range.end);
   }
   tr_->setSpeedSlot(2 + rank);  // after the two control values of trainLoop (straggler.h)
   if (stage_ex_ && stage_ex_->placement().replica != 0) {
@@ -716,16 +724,12 @@ void WorkerJob::finish(const Placement& p) {
 
 int WorkerJob::run() {
   while (true) {
-    json plan;
+    GenerationPlan plan;
     if (!waitForGeneration(plan)) return 0;
-    const auto& members = plan.at("members");
-    int rank = -1;
-    for (size_t r = 0; r < members.size(); ++r)
-      if (members[r].get<int64_t>() == id_) rank = static_cast<int>(r);
+    const int rank = plan.rankOf(id_);
     if (rank < 0) {
-      for (const auto& r : plan.at("released"))
-        if (r.get<int64_t>() == id_) return 0;  // asked to leave (resize down)
-      continue;                                 // not placed yet: wait for the next one
+      if (plan.releases(id_)) return 0;  // asked to leave (resize down)
+      continue;                          // not placed yet: wait for the next one
     }
     try {
       const Placement p = joinGeneration(plan, rank);

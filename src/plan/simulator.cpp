@@ -234,31 +234,6 @@ const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
   return lists_[key] = makeSchedule(so);
 }
 
-std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds, int64_t min_each) {
-  const int64_t n = static_cast<int64_t>(seconds.size());
-  if (min_each < 0 || min_each * n > vns) throw InputError("weightedShares: cannot give every worker " +
-                                                           std::to_string(min_each) + " of " + std::to_string(vns) + " VNs");
-  std::vector<int64_t> out(seconds.size(), min_each);
-  // Min-heap of (finish time of one more VN, worker): the smallest time,
-  // then the lowest index, takes the next VN.
-  using Slot = std::pair<double, size_t>;
-  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> next;
-  for (size_t w = 0; w < seconds.size(); ++w) next.push({static_cast<double>(min_each + 1) * seconds[w], w});
-  for (int64_t v = min_each * n; v < vns && !next.empty(); ++v) {
-    const size_t w = next.top().second;
-    next.pop();
-    ++out[w];
-    next.push({static_cast<double>(out[w] + 1) * seconds[w], w});
-  }
-  return out;
-}
-
-std::vector<int64_t> evenShares(int64_t vns, int parts) {
-  std::vector<int64_t> out;
-  for (int d = 0; d < parts; ++d) out.push_back(vns / parts + (d < vns % parts ? 1 : 0));
-  return out;
-}
-
 double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool recompute) {
   const bool rc = recompute && end < p.layers.size();
   double s = 0;

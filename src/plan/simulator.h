@@ -33,6 +33,7 @@
 
 #include "exec/schedule.h"
 #include "plan/profile.h"
+#include "plan/vn_shares.h"  // weightedShares, evenShares: the plans' VN shares
 
 namespace morph {
 
@@ -116,16 +117,5 @@ int64_t stageBytes(const Profile& profile, size_t first, size_t end, int64_t liv
 // Seconds of one VN's compute on stage [first, end) (forward, backward and,
 // with recomputation on a stage that is not the last, the recompute).
 double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute);
-
-// Shares of `vns` for workers whose VN takes `seconds[w]`, minimising the
-// slowest worker's time max_w share_w * seconds[w]: each VN goes to the
-// worker that would finish it first (exact for equal-sized tasks on workers
-// of different speeds; ties to the lower index). A worker may get 0; with
-// min_each, every worker gets at least that many (the rest as above).
-std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds, int64_t min_each = 0);
-
-// Even contiguous shares of `vns` over `parts` (the first vns % parts get
-// one more), as assignVns() in the control plane.
-std::vector<int64_t> evenShares(int64_t vns, int parts);
 
 }  // namespace morph

@@ -1,7 +1,7 @@
 // Who may write which key of a store (docs/store_protocol.md, "Roles"). The
 // server authenticates a connection's role and asks its KeyPolicy about
 // every write; it knows no key of its own. Morph's job policy is
-// control/protocol/key_policy.h; calibration's two processes use
+// control/protocol/job_key_policy.h; calibration's two processes use
 // OpenPolicy.
 #pragma once
 

@@ -4,7 +4,7 @@
 // listening socket and one thread per connection. Every connection must
 // prove it holds the token (or the manager's key) before it reads or
 // writes; then its role and the server's KeyPolicy decide which keys it may
-// write (the job's: control/protocol/key_policy.h). A malformed, oversized,
+// write (the job's: control/protocol/job_key_policy.h). A malformed, oversized,
 // unauthenticated or refused request closes or answers that one
 // connection, is logged to stderr, and never stops the server. It must
 // never parse a value: values are bytes.

@@ -13,8 +13,10 @@ bool isWrite(Op op) { return op == Op::kSet || op == Op::kAdd || op == Op::kComp
 Reply Table::apply(const Request& req) {
   Reply rep;
   std::unique_lock<std::mutex> l(mu_);
-  // add(key, 0) reads a counter (the manager's polls): not a write here.
-  if (isWrite(req.op) && !(req.op == Op::kAdd && req.delta == 0) && (!wakes_ || wakes_(req.keys.at(0)))) {
+  // add(key, 0) reads a counter (the manager's polls): not a write here;
+  // nor is a delete (nobody waits for a key to vanish).
+  if (isWrite(req.op) && req.op != Op::kDelete && !(req.op == Op::kAdd && req.delta == 0) &&
+      (!wakes_ || wakes_(req.keys.at(0)))) {
     // Woken after this write applies: the waiter needs `mu_` too.
     ++writes_;
     wrote_.notify_all();

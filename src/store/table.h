@@ -31,8 +31,9 @@ class Table {
   // Applies one request. get and wait block until their keys exist or
   // their timeout_ms passes (0: as long as it takes) or stop() is called.
   Reply apply(const Request& r);
-  // Writes applied so far, those of keys `wakes` refuses and add(key, 0)
-  // (a read of a counter) left out.
+  // Writes applied so far, those of keys `wakes` refuses, add(key, 0) (a
+  // read of a counter) and deletes (nobody waits for a key to vanish) left
+  // out.
   int64_t writes() const;
   // Blocks until writes() differs from `seen` or `timeout` passes (or
   // stop()); returns writes().

@@ -5,9 +5,9 @@
 
 #include <filesystem>
 
-#include "control/runner.h"
 #include "core/error.h"
 #include "data/dataset.h"
+#include "plan/vn_shares.h"
 
 namespace morph {
 namespace {
@@ -53,24 +53,14 @@ TEST(GlobalSampler, WorkersCoverEpochExactlyOnce) {
   const int64_t n = 96, batch = 24, vns = 12;
   GlobalSampler s(3, n, batch, vns);
   for (int workers = 1; workers <= 5; ++workers) {
-    auto plan = assignVns(vns, workers);
+    auto plan = evenRanges(vns, workers);
     std::vector<int> seen(n, 0);
     for (int64_t step = 0; step < n / batch; ++step)
-      for (auto [b, e] : plan)
-        for (int64_t v = b; v < e; ++v)
+      for (const VnRange& r : plan)
+        for (int64_t v = r.begin; v < r.end; ++v)
           for (int64_t idx : s.vnIndices(step, v)) seen[idx]++;
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << workers << " workers, sample " << i;
   }
-}
-
-TEST(AssignVns, ContiguousUnevenAndRejectsTooManyWorkers) {
-  auto p = assignVns(12, 5);
-  ASSERT_EQ(p.size(), 5u);
-  EXPECT_EQ(p[0], std::make_pair(int64_t{0}, int64_t{3}));
-  EXPECT_EQ(p[1], std::make_pair(int64_t{3}, int64_t{6}));
-  EXPECT_EQ(p[4], std::make_pair(int64_t{10}, int64_t{12}));
-  EXPECT_THROW(assignVns(4, 5), InputError);
-  EXPECT_THROW(assignVns(4, 0), InputError);
 }
 
 class IdxFiles : public ::testing::Test {

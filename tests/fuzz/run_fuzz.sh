@@ -16,7 +16,7 @@ seconds=${1:-5}
 out=${2:-$(mktemp -d)}
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol job_file resources profile plan_file checkpoint idx npy)
+[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol generation_plan member_report job_file resources profile plan_file checkpoint idx npy)
 mkdir -p "$out/obj"
 command -v clang++ > /dev/null || { echo "run_fuzz: clang++ is not installed (bash scripts/install-deps.sh installs it)"; exit 1; }
 torch_inc="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI=1"
@@ -29,6 +29,8 @@ flags=(-std=c++17 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzz
 # Sources of the code under test (besides the target), extra compile flags and libraries, per target.
 declare -A sources=(
   [store_protocol]="store/protocol.cpp"
+  [generation_plan]="control/protocol/generation_plan.cpp control/protocol/message.cpp exec/schedule.cpp"
+  [member_report]="control/protocol/member_report.cpp control/protocol/message.cpp"
   [job_file]="core/job_spec.cpp core/npy.cpp"
   [resources]="plan/resources.cpp"
   [profile]="plan/profile.cpp core/job_spec.cpp core/npy.cpp core/parse_number.cpp core/sys.cpp"
@@ -39,6 +41,8 @@ declare -A sources=(
 )
 declare -A libs=(
   [store_protocol]="-lcrypto"
+  [generation_plan]=""
+  [member_report]=""
   [job_file]="-ltomlplusplus -lxxhash"
   [resources]="-ltomlplusplus"
   [profile]="-ltomlplusplus -ltorch_cpu -lc10 -lxxhash"

@@ -135,7 +135,7 @@ TEST_F(StoreTest, MissingWrongOrReplayedProofIsRefused) {
 }
 
 // The server knows no key of its own: its KeyPolicy decides every write
-// (the job's: tests/control/key_policy_test.cpp), and its registration key
+// (the job's: tests/control/job_key_policy_test.cpp), and its registration key
 // makes a worker connection that worker.
 class OwnKeysPolicy : public KeyPolicy {
  public:

@@ -56,8 +56,10 @@ inline std::string genAbort(int64_t g) { return gen(g) + "/abort"; }
 inline std::string genReport(int64_t g, const std::string& what, int64_t id) {
   return gen(g) + "/" + what + "/" + std::to_string(id);
 }
-// What a member reports under gen/<g>/<what>/<id>.
-inline const char* const kMemberReports[] = {"ready", "left", "line", "held", "morph"};
+// What a member reports under gen/<g>/<what>/<id>: leaving the generation
+// (ready: to regroup; left: to exit; a MemberReport), and what entering it
+// took (morph).
+inline const char* const kMemberReports[] = {"ready", "left", "morph"};
 // The process groups of generation g meet under gen/<g>/<group>/... (Gloo's
 // rendezvous): the world group, a pipeline's stage, tied and pipe groups.
 inline const char* const kGenGroups[] = {"pg", "stage", "tied", "pipe"};

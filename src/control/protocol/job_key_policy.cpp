@@ -1,4 +1,4 @@
-#include "control/protocol/key_policy.h"
+#include "control/protocol/job_key_policy.h"
 
 #include <algorithm>
 #include <iterator>

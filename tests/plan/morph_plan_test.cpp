@@ -1,7 +1,7 @@
 // The pipeline morph planner: shapes by the documented rule, placements that
 // keep layers where they are, transfers only from holders of the newest
 // step, and the checkpoint fallback when a layer has no such holder.
-#include "control/morph_plan.h"
+#include "plan/morph_plan.h"
 
 #include <gtest/gtest.h>
 

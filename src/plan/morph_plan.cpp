@@ -1,4 +1,4 @@
-#include "control/morph_plan.h"
+#include "plan/morph_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -1,0 +1,172 @@
+// The typed messages between the manager and its workers
+// (control/protocol/): their wire form (docs/distributed.md, "Store
+// keys"), round trips, and decoders that name what is wrong.
+#include <gtest/gtest.h>
+
+#include "control/protocol/generation_plan.h"
+#include "control/protocol/member_report.h"
+#include "control/protocol/message.h"
+
+namespace morph {
+namespace {
+
+using json = nlohmann::json;
+
+GenerationPlan pipelinePlan() {
+  GenerationPlan p;
+  p.generation = 3;
+  p.members = {4, 1, 0, 2};
+  p.source = 1;
+  p.vn_ranges = {{0, 6}, {0, 6}, {6, 12}, {6, 12}};
+  PipelineLayout l;
+  l.stages = 2;
+  l.replicas = 2;
+  l.cuts = {0, 3, 6};
+  l.schedule = "1f1b";
+  l.replica_ranges = {{0, 6}, {6, 12}};
+  p.pipeline = l;
+  PipelineMorph m;
+  m.step = 40;
+  m.from = {3, 1};
+  m.to = {2, 2};
+  m.to_cuts = {0, 3, 6};
+  m.chosen_by = "rule";
+  m.planning_seconds = 0.25;
+  m.meta_source = 1;
+  m.transfers = {{0, 1, 0}, {3, 2, 3}};
+  m.expected_bytes = 4096;
+  m.finishing = {2};
+  p.morph = m;
+  return p;
+}
+
+TEST(GenerationPlan, WireFormIsTheDocumentedOne) {
+  GenerationPlan p;
+  p.generation = 1;
+  p.members = {0, 2};
+  p.released = {3};
+  p.source = 1;
+  p.vn_ranges = {{0, 3}, {3, 4}};
+  p.slowdown = {1.0, 2.0};
+  EXPECT_EQ(p.toJson(), json::parse(R"({"generation": 1, "members": [0, 2], "released": [3], "source": 1,
+                                        "vn_ranges": [[0, 3], [3, 4]], "slowdown": [1.0, 2.0]})"));
+  const json j = pipelinePlan().toJson();
+  EXPECT_EQ(j.at("pipeline"), json::parse(R"({"stages": 2, "replicas": 2, "cuts": [0, 3, 6], "schedule": "1f1b",
+      "recompute": false, "trace": false, "replica_ranges": [[0, 6], [6, 12]]})"));
+  EXPECT_EQ(j.at("morph"), json::parse(R"({"live": true, "step": 40, "from_shape": [3, 1], "to_shape": [2, 2],
+      "to_cuts": [0, 3, 6], "chosen_by": "rule", "planning_seconds": 0.25, "meta_source": 1,
+      "transfers": [[0, 1, 0], [3, 2, 3]], "expected_bytes": 4096, "finishing": [2]})"));
+  PipelineMorph ck = *pipelinePlan().morph;
+  ck.live = false;
+  ck.checkpoint = "/ck/step-000000000032";
+  ck.steps_redone = 8;
+  const json cj = ck.toJson();
+  EXPECT_EQ(cj.at("checkpoint"), "/ck/step-000000000032");
+  EXPECT_EQ(cj.at("steps_redone"), 8);
+  EXPECT_FALSE(cj.contains("transfers"));
+}
+
+TEST(GenerationPlan, RoundTripsAndAnswersByRank) {
+  const GenerationPlan p = pipelinePlan();
+  const GenerationPlan q = GenerationPlan::fromJson(json::parse(p.toJson().dump()));
+  EXPECT_EQ(q.toJson(), p.toJson());
+  EXPECT_EQ(q.rankOf(0), 2);
+  EXPECT_EQ(q.rankOf(9), -1);
+  EXPECT_FALSE(q.releases(0));
+  EXPECT_EQ(q.shares(), (std::vector<int64_t>{6, 6, 6, 6}));
+  EXPECT_EQ(q.pipeline->replicaShares(), (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(q.morph->transfers[1].dst, 3);
+  EXPECT_EQ(q.slowdownOf(3), 1.0);
+}
+
+// A decoder error names the message and the field.
+void expectRefused(const json& j, const std::string& says) {
+  try {
+    GenerationPlan::fromJson(j);
+    ADD_FAILURE() << "accepted " << j.dump();
+  } catch (const MessageError& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
+TEST(GenerationPlan, RefusesWhatTheManagerCouldNotHaveWritten) {
+  const json good = pipelinePlan().toJson();
+  expectRefused(json::array(), "generation plan: expected a JSON object");
+  json j = good;
+  j.erase("source");
+  expectRefused(j, "missing 'source'");
+  j = good;
+  j["source"] = 4;
+  expectRefused(j, "'source': 4 is outside [0, 3]");
+  j = good;
+  j["members"] = {4, 1, 0, 4};
+  expectRefused(j, "listed twice");
+  j = good;
+  j["vn_ranges"] = {{0, 6}, {0, 6}, {6, 12}};
+  expectRefused(j, "3 VN ranges for 4 members");
+  j = good;
+  j["vn_ranges"][0] = {6, 6};
+  expectRefused(j, "empty range");
+  j = good;
+  j["pipeline"]["stages"] = 3;
+  expectRefused(j, "3 cuts for 3 stages");
+  j = good;
+  j["pipeline"]["schedule"] = "zigzag";
+  expectRefused(j, "unknown pipeline schedule 'zigzag'");
+  j = good;
+  j["pipeline"]["cuts"] = {0, 3, 3};
+  expectRefused(j, "not strictly increasing");
+  j = good;
+  j["morph"]["transfers"][0] = {0, 1, 7};
+  expectRefused(j, "'transfers': 7 is outside [0, 3]");
+  j = good;
+  j["morph"]["finishing"] = {-1};
+  expectRefused(j, "'finishing': -1 is outside");
+  j = good;
+  j["morph"]["live"] = false;
+  expectRefused(j, "missing 'checkpoint'");
+  j = good;
+  j["slowdown"] = {1.0, 1.0};
+  expectRefused(j, "one factor per member");
+  j = good;
+  j["slowdown"] = {1.0, 1.0, 0.5, 1.0};
+  expectRefused(j, "not a factor >= 1");
+  j = good;
+  j.erase("pipeline");
+  expectRefused(j, "'morph' without 'pipeline'");
+  j = good;
+  j["generation"] = "3";
+  expectRefused(j, "expected a whole number");
+}
+
+TEST(MemberReport, RoundTripsWithAndWithoutLayers) {
+  MemberReport r;
+  r.committed = 12;
+  r.line = {{"step", 11}, {"loss", 0.5}};
+  EXPECT_EQ(r.toJson(), json::parse(R"({"committed": 12, "line": {"step": 11, "loss": 0.5}})"));
+  MemberReport back = MemberReport::fromJson(r.toJson());
+  EXPECT_EQ(back.committed, 12);
+  EXPECT_EQ(back.line, r.line);
+  EXPECT_FALSE(back.held);
+
+  MemberReport p;
+  p.committed = 7;
+  p.held = HeldLayers{2, 5, true};
+  EXPECT_EQ(p.toJson(), json::parse(R"({"committed": 7, "held": [2, 5], "prepared": true})"));
+  back = MemberReport::fromJson(p.toJson());
+  ASSERT_TRUE(back.held);
+  EXPECT_EQ(back.held->lo, 2u);
+  EXPECT_EQ(back.held->hi, 5u);
+  EXPECT_TRUE(back.held->prepared);
+  EXPECT_TRUE(back.line.is_null());
+}
+
+TEST(MemberReport, RefusesMalformedReports) {
+  for (const char* bad : {R"("7")", R"({})", R"({"committed": -1})", R"({"committed": 7, "held": [5, 2], "prepared": false})",
+                          R"({"committed": 7, "held": [2, 5]})", R"({"committed": 7, "held": [2]})",
+                          R"({"committed": 7, "line": {"loss": 1}})", R"({"committed": 7, "line": 3})"})
+    EXPECT_THROW(MemberReport::fromJson(json::parse(bad)), MessageError) << bad;
+}
+
+}  // namespace
+}  // namespace morph
