@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -32,6 +33,14 @@ class GlooCommunicator : public Communicator {
                                 : c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_addr));
     opts->threads = 1;
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  }
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> l(watch_mu_);
+      stop_watch_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watch_.joinable()) watch_.join();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -75,7 +84,11 @@ class GlooCommunicator : public Communicator {
     bool p2p = false;
     torch::Tensor keep;
     void wait() override {
-      if ((!comm->should_abort_ && !comm->keep_waiting_) || p2p) {
+      if (p2p && (comm->should_abort_ || comm->keep_waiting_)) {
+        const_cast<GlooCommunicator*>(comm)->waitWatched(*work);
+        return;
+      }
+      if (!comm->should_abort_ && !comm->keep_waiting_) {
         waitOrThrow(std::chrono::milliseconds(0));
         return;
       }
@@ -84,40 +97,9 @@ class GlooCommunicator : public Communicator {
         if (comm->should_abort_ && comm->should_abort_())
           throw CommFailure("collective abandoned: the generation was aborted");
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (comm->keep_waiting_ && !comm->keep_waiting_(waited))
+        if (comm->keep_waiting_ && !const_cast<GlooCommunicator*>(comm)->keepWaiting(waited))
           throw CommFailure("collective given up after " + std::to_string(static_cast<int64_t>(waited)) +
                             " s: a member it waits for stopped heart-beating");
-      }
-    }
-    void waitAbortable() override {
-      if (!p2p || !comm->should_abort_) return wait();
-      // A send or receive completes only inside wait() (which cannot be
-      // given a timeout without poisoning the context): a thread of its own
-      // waits, and this one polls the abort flag. Given up, the thread ends
-      // with Gloo's own timeout; the work and its group stay alive till then.
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      c10::intrusive_ptr<c10d::Work> w = work;
-      std::thread([w, done] {
-        try {
-          w->wait();
-        } catch (const std::exception&) {
-        }
-        done->store(true);
-      }).detach();
-      auto next_check = std::chrono::steady_clock::now();
-      while (!done->load()) {
-        if (std::chrono::steady_clock::now() >= next_check) {
-          if (comm->should_abort_()) throw CommFailure("transfer abandoned: the generation was aborted");
-          next_check = std::chrono::steady_clock::now() + comm->poll_;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      if (std::exception_ptr ex = work->exception()) {
-        try {
-          std::rethrow_exception(ex);
-        } catch (const std::exception& e) {
-          throw CommFailure(std::string("transfer failed: ") + e.what());
-        }
       }
     }
     // True once complete; throws CommFailure if the collective failed. A
@@ -179,10 +161,104 @@ class GlooCommunicator : public Communicator {
     return w;
   }
 
+  // keep_waiting_ may keep state of its own (the control plane's watch of
+  // heartbeats): asked by one thread at a time.
+  bool keepWaiting(double waited) {
+    std::lock_guard<std::mutex> l(keep_mu_);
+    return keep_waiting_(waited);
+  }
+
+  // A send or receive completes only inside a blocking wait(): Gloo's
+  // wait(timeout) would poison the whole context when it times out. So the
+  // waiting thread blocks, and the group's watchdog thread looks at every
+  // wait blocked for longer than poll_: once the generation is aborted
+  // (should_abort_) or keep_waiting_ gives up, it aborts them all
+  // (Work::abort: the blocked wait returns false), and every later wait of
+  // this group fails at once. Without it, a member whose ring neighbour
+  // gave up a sharded sum (and so never sends) would wait for Gloo's own
+  // timeout although the control plane had long abandoned the generation.
+  void waitWatched(c10d::Work& work) {
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> l(watch_mu_);
+      if (!given_up_.empty()) throw CommFailure(given_up_);
+      id = next_blocked_++;
+      blocked_[id] = {&work, std::chrono::steady_clock::now()};
+      if (!watch_.joinable()) {
+        watch_ = std::thread([this] { watch(); });
+      } else if (watch_idle_) {
+        watch_cv_.notify_one();
+      }
+    }
+    bool done = false;
+    std::exception_ptr error;
+    try {
+      done = work.wait();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::string why;
+    {
+      std::lock_guard<std::mutex> l(watch_mu_);
+      blocked_.erase(id);
+      why = given_up_;
+    }
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        throw CommFailure(std::string("transfer failed: ") + e.what());
+      }
+    }
+    if (!done) throw CommFailure(why.empty() ? std::string("transfer aborted") : why);
+  }
+  void watch() {
+    std::unique_lock<std::mutex> l(watch_mu_);
+    while (!stop_watch_) {
+      if (blocked_.empty()) {  // idle until a wait blocks (waitWatched notifies)
+        watch_idle_ = true;
+        watch_cv_.wait(l, [&] { return stop_watch_ || !blocked_.empty(); });
+        watch_idle_ = false;
+        continue;
+      }
+      watch_cv_.wait_for(l, poll_, [&] { return stop_watch_; });
+      if (stop_watch_ || blocked_.empty() || !given_up_.empty()) continue;
+      const auto now = std::chrono::steady_clock::now();
+      auto oldest = now;
+      for (const auto& [id, b] : blocked_) oldest = std::min(oldest, b.since);
+      if (now - oldest < poll_) continue;
+      const double waited = std::chrono::duration<double>(now - oldest).count();
+      l.unlock();
+      std::string why;
+      if (should_abort_ && should_abort_()) {
+        why = "transfer abandoned: the generation was aborted";
+      } else if (keep_waiting_ && !keepWaiting(waited)) {
+        why = "transfer given up after " + std::to_string(static_cast<int64_t>(waited)) +
+              " s: a member it waits for stopped heart-beating";
+      }
+      l.lock();
+      if (why.empty()) continue;
+      given_up_ = why;
+      for (auto& [id, b] : blocked_) b.work->abort();
+    }
+  }
+
   int rank_, size_;
   std::function<bool()> should_abort_;
   std::function<bool(double)> keep_waiting_;
   std::chrono::milliseconds poll_;
+  std::mutex keep_mu_;
+  struct Blocked {
+    c10d::Work* work;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::map<uint64_t, Blocked> blocked_;  // the sends and receives blocked in waitWatched
+  uint64_t next_blocked_ = 0;
+  std::string given_up_;  // set once: every wait of this group fails with it
+  bool watch_idle_ = false, stop_watch_ = false;
+  std::thread watch_;  // started by the first watched wait
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };
 
@@ -197,8 +273,9 @@ class GlooCommunicator : public Communicator {
 // every rank to every rank at once, was slower on shaped links). Each
 // chunk travels in pieces, and a piece goes on as soon as it has arrived
 // (and been added), so the link stays busy between steps. The transfers
-// are waited on as the pipeline's in-step ones are (plain wait(): the
-// group is formed, and a dead peer's closed connection fails them).
+// are waited on as the pipeline's in-step ones are: a dead peer's closed
+// connection fails them, and the group's watchdog aborts them once the
+// generation is (a live neighbour that gave the sum up never sends).
 class ShardedSum : public PendingWork {
  public:
   // Tags of the sum's transfers: two per sum (reduce-scatter, all-gather)

@@ -32,13 +32,11 @@ class CommFailure : public std::runtime_error {
 class PendingWork {
  public:
   virtual ~PendingWork() = default;
+  // Blocks until done. On a group with GlooOptions::should_abort or
+  // keep_waiting set, gives up with CommFailure once the generation is
+  // aborted or keep_waiting says so (for sends and receives too: the
+  // group's watchdog aborts them), however the peer behaves.
   virtual void wait() = 0;
-  // wait(), but a send or receive also gives up (CommFailure) once the
-  // generation is aborted (GlooOptions::should_abort), by polling for
-  // completion: for transfers outside the training step, where a peer that
-  // died before connecting may leave a point-to-point operation pending
-  // until Gloo's own timeout.
-  virtual void waitAbortable() { wait(); }
   // A collective of several phases (a sharded exact sum): wait for all but
   // its last phase and start that one, so that the caller can advance every
   // work in flight before it waits for any. wait() advances too.
@@ -72,8 +70,9 @@ class Communicator {
   // Point to point (pipeline stages): start sending `t` (contiguous) to rank
   // `peer`, or receiving into `t` from it; the work keeps `t` alive.
   // Messages with the same tag between two ranks match in order. wait()
-  // blocks until the transfer is done (a dead peer: CommFailure; Gloo's
-  // timeout bounds the wait). One-rank communicators have no peer.
+  // blocks until the transfer is done (a dead peer: CommFailure; an
+  // aborted generation: CommFailure within a poll interval or two; Gloo's
+  // timeout bounds the rest). One-rank communicators have no peer.
   virtual std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag);
   virtual std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag);
   // Payload bytes this worker has handed to collectives (for benchmarks):

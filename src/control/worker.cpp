@@ -445,9 +445,19 @@ class WorkerJob {
   // Reports the committed step when leaving a generation (ready or left).
   void report(const std::string& what);
 
+  // The test build's faults at a step's points: "compute@12", "reduce@12",
+  // "reduced@12", "last-sum@12" (ExecutorProbe::atPoint).
+  struct FaultProbe : ExecutorProbe {
+    int64_t id = -1;
+    void atPoint(const char* point, int64_t step) override {
+      faultPoint(std::string(point) + "@" + std::to_string(step), id);
+    }
+  };
+
   Registration& reg_;
   c10::intrusive_ptr<StoreClient> store_;
   const int64_t id_;
+  FaultProbe fault_probe_;
   // Declaration order is destruction order (reversed): as the locals of the
   // one function this class was split from.
   JobSpec job_;
@@ -529,10 +539,12 @@ void WorkerJob::startUp() {
 
   if (stage_local) stage_ex_ = std::make_unique<StageExecutor>(job_, steps_, *data_.train);
   else vn_ex_ = std::make_unique<VnExecutor>(job_, steps_, *data_.train, none_);
-  if (stage_ex_ && faultHookSet())  // "last-sum@STEP": after the step's last world collective
-    stage_ex_->setAfterLastSum([id = id_](int64_t step) { faultPoint("last-sum@" + std::to_string(step), id); });
   tr_ = stage_local ? static_cast<Executor*>(stage_ex_.get()) : vn_ex_.get();
   core_ = &tr_->core();
+  if (faultHookSet()) {  // the test build: "POINT@STEP" at the step's points (ExecutorProbe::atPoint)
+    fault_probe_.id = id_;
+    core_->setProbe(&fault_probe_);
+  }
   const std::string resume = getString(*store_, keys::kJobResume);
   if (!resume.empty()) {
     if (stage_local) resume_ckpt_ = resumeStepFrom(resume, *tr_, id_ == 0, progress);
@@ -672,7 +684,10 @@ bool WorkerJob::trainLoop(const Placement& p) {
     const bool eval_due = st.step + 1 == steps_ || (job_.eval_every > 0 && (st.step + 1) % job_.eval_every == 0);
     const bool ckpt_due = job_.checkpoint_every > 0 && (st.step + 1) % job_.checkpoint_every == 0;
     std::string ckerr;
-    if (keeper_ && ckpt_due) ckerr = keeper_->submit(tr_->exportState());  // copied before it returns
+    if (keeper_ && ckpt_due) {
+      faultPoint("checkpoint@" + std::to_string(st.step), id_);
+      ckerr = keeper_->submit(tr_->exportState());  // copied before it returns
+    }
     // A pipeline evaluates on every rank: the test set flows through the stages.
     std::optional<EvalStats> eval;
     if (stage_ex_ && eval_due) eval = tr_->evaluate(*data_.test, job_.eval_batch);

@@ -358,7 +358,7 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
     const size_t k = static_cast<size_t>(pl.stage);
     if (k > 0) {
       torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
-      pcomm_.pipe->recv(msg, pl.stage - 1, kShapeTag)->waitAbortable();
+      pcomm_.pipe->recv(msg, pl.stage - 1, kShapeTag)->wait();
       auto* m = msg.data_ptr<int64_t>();
       cut_shapes_[k - 1].assign(m + 1, m + 1 + m[0]);
       x = torch::zeros(cut_shapes_[k - 1], torch::kFloat32);
@@ -371,7 +371,7 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       torch::Tensor msg = torch::zeros({kMaxDims + 1}, torch::kInt64);
       msg[0] = x.dim();
       for (int64_t d = 0; d < x.dim(); ++d) msg[d + 1] = x.size(d);
-      pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->waitAbortable();
+      pcomm_.pipe->send(msg, pl.stage + 1, kShapeTag)->wait();
     }
   }
   core_.notePeak();
@@ -417,17 +417,17 @@ std::map<size_t, NamedTensors> moveLayers(const StepCore& core, Communicator& wo
     const LayerTransfer& t = transfers[i];
     if (t.dst != world.rank()) continue;
     torch::Tensor len = torch::zeros({1}, torch::kInt64);
-    world.recv(len, t.src, kMoveTagBase + 2 * static_cast<int>(i))->waitAbortable();
+    world.recv(len, t.src, kMoveTagBase + 2 * static_cast<int>(i))->wait();
     const int64_t n = len.item<int64_t>();
     MORPH_CHECK(n > 0 && n < (int64_t{1} << 40), "layer message of " + std::to_string(n) + " bytes");
     torch::Tensor body = torch::empty({n}, torch::kUInt8);
-    world.recv(body, t.src, kMoveTagBase + 2 * static_cast<int>(i) + 1)->waitAbortable();
+    world.recv(body, t.src, kMoveTagBase + 2 * static_cast<int>(i) + 1)->wait();
     got[t.layer] = decodeTensorFile(std::string(reinterpret_cast<const char*>(body.data_ptr<uint8_t>()),
                                                 static_cast<size_t>(n)),
                                     "layer " + std::to_string(t.layer) + " from world rank " + std::to_string(t.src));
     if (bytes_in) *bytes_in += n;
   }
-  for (auto& w : sends) w->waitAbortable();
+  for (auto& w : sends) w->wait();
   return got;
 }
 
@@ -456,11 +456,11 @@ EvalStats StageExecutor::evaluate(const Dataset& test, int64_t batch) {
       std::vector<int64_t> shape = cut_shapes_[static_cast<size_t>(k) - 1];
       shape[0] = e - i;
       x = torch::empty(shape, torch::kFloat32);
-      pcomm_.pipe->recv(x, k - 1, kEvalTag)->waitAbortable();
+      pcomm_.pipe->recv(x, k - 1, kEvalTag)->wait();
     }
     x = core_.model_->forwardRange(x, lo, hi);
     if (k + 1 < P) {
-      pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->waitAbortable();
+      pcomm_.pipe->send(x.contiguous(), k + 1, kEvalTag)->wait();
       continue;
     }
     core_.scoreBatch(x, b.y, loss, correct);
@@ -530,7 +530,7 @@ void StageExecutor::reduce(std::vector<double>& flags) {
   core_.markPrepared(flags);
   launch(pcomm_.world, core_.stats_seg_, core_.stats_seg_ + 1);  // zeros but on the last stage
   finish();
-  if (after_last_sum_) after_last_sum_(core_.step_);
+  if (core_.probe_ && core_.attempt_ == 1) core_.probe_->atPoint("last-sum", core_.step_);
 }
 
 void StageExecutor::runSchedule() {

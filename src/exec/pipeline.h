@@ -88,9 +88,6 @@ class StageExecutor : public Executor {
   // workers; each must be one this placement holds, in whole or in part
   // (a stage's copy of a tied weight takes only that tensor).
   void importLayers(const std::map<size_t, NamedTensors>& layers);
-  // The tests' fault seam: called with the step once its last world
-  // collective has ended here (it may throw, as a lost collective would).
-  void setAfterLastSum(std::function<void(int64_t step)> f) { after_last_sum_ = std::move(f); }
   // Per-action trace and per-step timing.
   void setTracing(bool on) { tracing_ = on; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
@@ -111,7 +108,6 @@ class StageExecutor : public Executor {
   // control values (MAX) over every rank, then loss statistics (SUM) over
   // every rank (pipeline.cpp says why in that order).
   void reduce(std::vector<double>& flags);
-  std::function<void(int64_t step)> after_last_sum_;
 
   PipelinePlacement pipe_;
   PipelineComms pcomm_;

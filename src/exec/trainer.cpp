@@ -685,7 +685,8 @@ StepStats VnExecutor::step() {
   // collective fewer per step.
   core_.acc_->setTail(static_cast<int64_t>(slotValues()) * comm_->size());
   run_vns_ = static_cast<int64_t>(order.size());
-  auto run = [&](int) {
+  auto run = [&](int attempt) {
+    if (core_.probe_ && attempt == 1) core_.probe_->atPoint("compute", core_.step_);
     run_start_ = nowSeconds();
     next_bucket_ = 0;
     for (size_t k = 0; k < order.size(); ++k) {
@@ -696,9 +697,12 @@ StepStats VnExecutor::step() {
   // The buffer's buckets are in flight (started during the last VN's
   // backward). The flags and maxima decide whether their sum is usable.
   auto reduce = [&](std::vector<double>& flags) {
+    const bool first = core_.attempt_ == 1;
+    if (core_.probe_ && first) core_.probe_->atPoint("reduce", core_.step_);
     for (auto& w : inflight_) w->advance();
     for (auto& w : inflight_) w->wait();
     inflight_.clear();
+    if (core_.probe_ && first) core_.probe_->atPoint("reduced", core_.step_);
     std::vector<double> g = readSlots();
     const size_t nflags = g.size() - core_.control_.size();
     core_.reduced_control_.assign(g.begin() + static_cast<std::ptrdiff_t>(nflags), g.end());

@@ -87,6 +87,14 @@ class ExecutorProbe {
   // The order in which a data-parallel worker runs its VNs each step: a
   // permutation of `vns`.
   virtual std::vector<int64_t> vnOrder(std::vector<int64_t> vns) { return vns; }
+  // Named points of a step (the test build's faults strike there; it may
+  // throw, as a lost collective would). A data-parallel step: "compute"
+  // before this worker's first VN (no sum started), "reduce" once its last
+  // VN has started every sum, before it waits for them, "reduced" once
+  // they all ended here, before the optimiser step. A pipeline step:
+  // "last-sum" once its last world collective ended here. The first
+  // attempt of a step only.
+  virtual void atPoint(const char* /*point*/, int64_t /*step*/) {}
 };
 
 // The state and the step logic both executors share.

@@ -17,7 +17,9 @@
 // CommFailure of a collective lost on this worker alone. E.g.
 // "registered:0:exit", "evaluate:0:sleep=6", "last-sum@150:1:lose" (a
 // pipeline step's last world collective, ended everywhere, taken as lost
-// by worker 1).
+// by worker 1). The points of a step are ExecutorProbe::atPoint's with the
+// step ("compute@25", "reduce@25", "reduced@25", "last-sum@150"), and
+// "checkpoint@29" just before a worker snapshots step 29 for its checkpoint.
 //
 // MORPH_TEST_PIPE_DELAY_MS = MEAN or MEAN:JITTER (ms, >= 0) emulates a slow,
 // jittery link for pipeline sends (exec/pipeline.h, LinkEmulation): each

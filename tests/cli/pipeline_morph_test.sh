@@ -7,7 +7,7 @@
 #  B. 3 stages x 1: SIGKILL the middle stage (no replica holds its layers) ->
 #     2 stages from the newest checkpoint, the steps since redone;
 #  C. a joiner killed as the morph that sends it its layers starts: the
-#     reference model, or exit 3 naming a checkpoint; never another model;
+#     survivors leave that morph and regroup; the reference model;
 #  D. a job started with --plan auto morphs to the planner's choice for the
 #     workers left (another depth and cut than the rule's), state moved live;
 #  E. a step's last collective lost on the only survivor of a stage while
@@ -133,11 +133,8 @@ rc=$?
 set -e
 got=$(tail -n 1 "$work/c.log")
 echo "joiner killed in a morph: exit $rc, $got"
-if (( rc == 0 )); then
-  [[ "$got" == "$ref" ]] || { echo "FAIL: finished with another model"; cat "$work/c.log"; exit 1; }
-else
-  (( rc == 3 )) && grep -q "checkpoints/step-" "$work/c.log" || { echo "FAIL: exit $rc without a checkpoint named"; cat "$work/c.log"; exit 1; }
-fi
+(( rc == 0 )) || { echo "FAIL: exit $rc"; cat "$work/c.log"; exit 1; }
+[[ "$got" == "$ref" ]] || { echo "FAIL: finished with another model"; cat "$work/c.log"; exit 1; }
 
 # D. The planner re-plans. The measured profile is edited so that its choice
 # differs from the rule's whatever this machine measured: every layer takes
