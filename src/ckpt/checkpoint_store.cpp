@@ -99,7 +99,6 @@ class ByteReader {
   uint8_t u8(const char* field) { return static_cast<uint8_t>(getLe(take(1, field), 1)); }
   uint32_t u32(const char* field) { return static_cast<uint32_t>(getLe(take(4, field), 4)); }
   uint64_t u64(const char* field) { return getLe(take(8, field), 8); }
-  size_t pos() const { return pos_; }
   size_t left() const { return end_ - pos_; }
 
  private:

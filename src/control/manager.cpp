@@ -1076,6 +1076,7 @@ void Manager::forgetPast() {
     if (w.alive || forgotten_.count(id)) continue;
     if (gone_before_.count(id)) {
       server_->table().erasePrefix(keys::workerPrefix(id));
+      store_->deleteKey(keys::slow(id));  // `morph slow`'s knob of a departed worker
       forgotten_.insert(id);
     } else {
       gone.insert(id);

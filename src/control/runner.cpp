@@ -112,6 +112,8 @@ int runJob(const RunOptions& given) {
   // inherit them and would each fail later).
   bucketBytes();
   exactWire();
+  if (!o.schedule.empty() && o.stages <= 1 && o.plan.empty())
+    throw InputError("--schedule " + o.schedule + " needs a pipeline (--stages P > 1 or --plan FILE|auto)");
   if (o.plan == "auto") {
     if (o.workers == 0) {
       o.plan.clear();  // one process: there is nothing to choose

@@ -49,8 +49,6 @@ class GlobalSampler {
 
   // Dataset indices of VN `vn` of step `step`, in order. Thread-safe.
   std::vector<int64_t> vnIndices(int64_t step, int64_t vn) const;
-  // Epoch that the first sample of `step` belongs to.
-  int64_t epochOf(int64_t step) const { return step * global_batch_ / size_; }
   int64_t vnSize() const { return global_batch_ / virtual_nodes_; }
 
   // Epoch permutation (exposed for tests).

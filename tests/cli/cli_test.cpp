@@ -248,11 +248,7 @@ TEST_F(Cli, CorruptDataFileExitsTwo) {
     const auto at = r.out.find("manager on port ");
     ASSERT_NE(at, std::string::npos) << r.out;
     const std::string port = std::to_string(std::stoi(r.out.substr(at + 16)));
-    FILE* p = popen(("pgrep -f 'morph worke[r] --join 127.0.0.1:" + port + "$' | wc -l").c_str(), "r");
-    char buf[64] = {0};
-    EXPECT_GT(fread(buf, 1, sizeof buf - 1, p), 0u);
-    pclose(p);
-    EXPECT_EQ(std::atoi(buf), 0) << "orphan worker processes remain";
+    EXPECT_EQ(workersOfPort(port), 0) << "orphan worker processes remain";
   }
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,12 +34,31 @@ inline Result run(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
 }
 
+// The hash on the output's last line, "model_hash: <16 hex digits>". Any
+// other ending fails the calling test (two runs that print no hash must
+// never compare equal).
 inline std::string lastLineHash(const std::string& out) {
-  auto pos = out.rfind("model_hash: ");
-  if (pos == std::string::npos) return "";
-  std::string rest = out.substr(pos + 12);
-  EXPECT_EQ(rest.size(), 17u) << "model_hash must be the last line:\n" << out;
+  const auto pos = out.rfind("model_hash: ");
+  const std::string rest = pos == std::string::npos ? std::string() : out.substr(pos + 12);
+  const bool hex16 = rest.size() == 17 && rest.back() == '\n' &&
+                     rest.find_first_not_of("0123456789abcdef") == 16;
+  if (!hex16) {
+    ADD_FAILURE() << "the output does not end with 'model_hash: <16 hex digits>':\n" << out;
+    return "no hash (" + std::to_string(out.size()) + " bytes of output)";
+  }
   return rest.substr(0, 16);
+}
+
+// Worker processes of the job whose manager listens on `port` (they join
+// it: "morph worker --join 127.0.0.1:PORT --token-file ...").
+inline int workersOfPort(const std::string& port) {
+  const std::string cmd = "pgrep -f 'morph worke[r] --join 127[.]0[.]0[.]1:" + port + "( |$)' | wc -l";
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[64] = {0};
+  const size_t n = fread(buf, 1, sizeof buf - 1, p);
+  pclose(p);
+  EXPECT_GT(n, 0u) << cmd;
+  return std::atoi(buf);
 }
 
 // A file's bytes ("" when it cannot be read).

@@ -1,5 +1,6 @@
 // Pipeline parallelism end to end: real worker processes exchanging
 // activations and gradients over Gloo, compared with the single-process run.
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -127,12 +128,25 @@ TEST_F(Pipeline, TraceCoversEveryActionOfEveryRank) {
   nlohmann::json t = nlohmann::json::parse(std::ifstream(trace));
   std::map<int, std::set<std::pair<int64_t, std::string>>> seen;  // stage -> (step, "forward vn 3")
   std::map<std::string, int> kinds;
+  std::map<int, std::vector<std::pair<double, double>>> compute;  // stage -> (start, end) of its compute, in us
   for (const auto& e : t.at("traceEvents")) {
     if (e.at("ph") != "X") continue;
-    EXPECT_GE(e.at("dur").get<double>(), 0.0);
     const std::string name = e.at("name").get<std::string>();
     seen[e.at("tid").get<int>()].insert({e.at("args").at("step").get<int64_t>(), name});
-    ++kinds[name.substr(0, name.find(" vn"))];
+    const std::string kind = name.substr(0, name.find(" vn"));
+    ++kinds[kind];
+    if (kind == "forward" || kind == "backward" || kind == "recompute") {
+      const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+      EXPECT_GT(dur, 0.0) << name;
+      compute[e.at("tid").get<int>()].push_back({ts, ts + dur});
+    }
+  }
+  // A stage computes on one thread: its forwards, backwards and recomputes
+  // never overlap (1 us of rounding in the trace's times).
+  for (auto& [stage, spans] : compute) {
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      EXPECT_GE(spans[i].first, spans[i - 1].second - 1.0) << "stage " << stage << ": overlapping compute";
   }
   ASSERT_EQ(seen.size(), 3u);
   for (auto& [stage, actions] : seen)
@@ -151,8 +165,14 @@ TEST_F(Pipeline, TraceCoversEveryActionOfEveryRank) {
   EXPECT_EQ(kinds["recv grad"], kinds["send activation"]);
   EXPECT_EQ(kinds["forward"], kinds["send activation"] / 2 * 3);  // every stage, every VN
   EXPECT_EQ(kinds["recompute"], kinds["backward"] / 3 * 2);  // every stage but the last
+  // No schedule of 6 VNs over 3 stages idles less than a balanced GPipe's
+  // (P - 1) / (M + P - 1) = 0.25: every stage waits while the first VN
+  // goes down the pipeline and the last one's gradient comes back (the
+  // measured figure is usually higher: stages are not balanced and
+  // messages take time; 0.8 x allows for the clock's rounding).
   nlohmann::json s = nlohmann::json::parse(std::ifstream(out("t") + "/summary.json"));
-  EXPECT_GE(s["bubble_fraction"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(s["bubble_formula"].get<double>(), 0.25);
+  EXPECT_GE(s["bubble_fraction"].get<double>(), 0.8 * 0.25);
   EXPECT_LT(s["bubble_fraction"].get<double>(), 1.0);
 }
 
@@ -292,6 +312,8 @@ TEST_F(Pipeline, BadPipelineInputExitsTwoNamingTheProblem) {
            {"--recompute", "--recompute needs a pipeline"},
            {"--trace t.json --workers 2", "--trace needs a pipeline"},
            {"--memory-cap 100", "--memory-cap needs a pipeline"},
+           {"--schedule varuna", "--schedule varuna needs a pipeline"},
+           {"--schedule gpipe --workers 2", "--schedule gpipe needs a pipeline"},
            {"--stages 2 --workers 14", "batch.virtual_nodes = 6 cannot feed 7 pipeline replicas"},
            {"--stages 2 --schedule zigzag", "zigzag"},
            {"--plan " + gap + " --workers 2", "gap.json: key 'stages[1]': stage 1 starts at 'flatten', expected 'conv2'"},

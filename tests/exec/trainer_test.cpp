@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "core/error.h"
 #include "core/job_spec.h"
 #include "data/dataset.h"
@@ -205,6 +210,87 @@ TEST(Trainer, StateRoundTripsWithScales) {
   CheckpointData none = saved;
   none.extra.clear();
   EXPECT_THROW(c.importState(none), InputError);  // no scale state at all
+}
+
+// The inputs of a worker's next VN are gathered on the prefetcher's
+// thread while its current VN computes. A data set that records each
+// gather (its samples and thread) and a probe that, in the backward pass of
+// VN k, waits until VN k + 1's samples were gathered on another thread: a
+// prefetcher that gathered synchronously (in take(), on the training
+// thread) would never get there while the training thread waits.
+class RecordingDataset : public Dataset {
+ public:
+  explicit RecordingDataset(const Dataset& inner) : inner_(inner) {}
+  int64_t size() const override { return inner_.size(); }
+  Batch gather(const int64_t* idx, int64_t n) const override {
+    Batch b = inner_.gather(idx, n);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      gathered_.push_back({std::vector<int64_t>(idx, idx + n), std::this_thread::get_id()});
+    }
+    cv_.notify_all();
+    return b;
+  }
+  // Whether `idx` is gathered, by a thread other than `not_on`, within `wait`.
+  bool gatheredElsewhere(const std::vector<int64_t>& idx, std::thread::id not_on, std::chrono::seconds wait) const {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, wait, [&] {
+      for (const auto& [got, on] : gathered_)
+        if (got == idx && on != not_on) return true;
+      return false;
+    });
+  }
+
+ private:
+  const Dataset& inner_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable std::vector<std::pair<std::vector<int64_t>, std::thread::id>> gathered_;
+};
+
+class AheadProbe : public ExecutorProbe {
+ public:
+  AheadProbe(const RecordingDataset& data, const GlobalSampler& sampler, int64_t vns)
+      : data_(data), sampler_(sampler), vns_(vns) {}
+  // In VN k's backward (the first of its gradients): VN k + 1 of the step.
+  void onGradient(int64_t step, int64_t vn, int, torch::Tensor&) override {
+    if (std::make_pair(step, vn) == last_ || vn + 1 == vns_) return;
+    last_ = {step, vn};
+    expectAhead(step, vn + 1);
+  }
+  // Before a step's first VN: its VN 0, requested once the previous
+  // step's sums were in flight.
+  void atPoint(const char* point, int64_t step) override {
+    if (std::string(point) == "compute" && step > 0) expectAhead(step, 0);
+  }
+  void expectAhead(int64_t step, int64_t vn) {
+    ++checked_;
+    if (!data_.gatheredElsewhere(sampler_.vnIndices(step, vn), std::this_thread::get_id(), std::chrono::seconds(5)))
+      missed_.push_back({step, vn});
+  }
+  int checked_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> missed_;  // (step, VN) not gathered ahead
+
+ private:
+  const RecordingDataset& data_;
+  const GlobalSampler& sampler_;
+  int64_t vns_;
+  std::pair<int64_t, int64_t> last_{-1, -1};
+};
+
+TEST(Trainer, PrefetcherGathersTheNextVnWhileThisOneComputes) {
+  JobSpec job = smallJob("mlp", {"model.hidden=[16]", "job.steps=2"});
+  DataPair data = loadDatasets(job.data, job.seed);
+  RecordingDataset recording(*data.train);
+  const GlobalSampler sampler(job.seed, recording.size(), job.global_batch, job.virtual_nodes);
+  LocalCommunicator comm;
+  VnExecutor tr(job, job.steps, recording, comm);
+  AheadProbe probe(recording, sampler, job.virtual_nodes);
+  tr.core().setProbe(&probe);
+  tr.step();
+  tr.step();
+  EXPECT_EQ(probe.checked_, 2 * 5 + 1);  // VNs 1-5 of both steps, and step 1's VN 0
+  EXPECT_EQ(probe.missed_, (std::vector<std::pair<int64_t, int64_t>>{})) << "(step, VN) not gathered ahead";
 }
 
 }  // namespace

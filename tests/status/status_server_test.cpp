@@ -78,10 +78,25 @@ TEST(StatusServer, TokenGuardsEveryPath) {
   o.token = "secret";
   StatusServer s(o);
   httplib::Client c("127.0.0.1", s.port());
-  EXPECT_EQ(c.Get("/metrics")->status, 401);
-  EXPECT_EQ(c.Get("/metrics?token=secret")->status, 200);
-  EXPECT_EQ(c.Get("/api/status", {{"Authorization", "Bearer secret"}})->status, 200);
-  EXPECT_EQ(c.Get("/api/status", {{"Authorization", "Bearer wrong"}})->status, 401);
+  // Every route the server has (the page, its assets, the APIs, Prometheus)
+  // and one it has not: without the token or with a wrong one, 401 and
+  // none of the content; with it (header or query), what the route serves.
+  const std::vector<std::pair<std::string, int>> paths = {
+      {"/", 200},           {"/index.html", 200}, {"/uPlot.iife.min.js", 200}, {"/uPlot.min.css", 200},
+      {"/uPlot.LICENSE", 200}, {"/api/status", 200}, {"/api/series", 200},     {"/api/series?since=3", 200},
+      {"/metrics", 200},    {"/no-such-page", 404}};
+  for (const auto& [path, served] : paths) {
+    const std::string q = path.find('?') == std::string::npos ? "?" : "&";
+    for (const auto& denied : {c.Get(path), c.Get(path, {{"Authorization", "Bearer wrong"}}),
+                               c.Get(path, {{"Authorization", "secret"}}), c.Get(path + q + "token=secreT"),
+                               c.Get(path + q + "token=")}) {
+      ASSERT_TRUE(denied) << path;
+      EXPECT_EQ(denied->status, 401) << path;
+      EXPECT_EQ(denied->body.find("morph"), std::string::npos) << path << ": " << denied->body;
+    }
+    EXPECT_EQ(c.Get(path, {{"Authorization", "Bearer secret"}})->status, served) << path;
+    EXPECT_EQ(c.Get(path + q + "token=secret")->status, served) << path;
+  }
 }
 
 TEST(StatusServer, ParsesAddresses) {
