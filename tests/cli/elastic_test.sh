@@ -81,6 +81,17 @@ echo "resizes: $causes"
 # Every step's metrics line is there exactly once.
 (( $(wc -l < "$work/el/metrics.jsonl") == 2500 )) || { echo "FAIL: metrics lines"; exit 1; }
 
+# pace TOKEN FACTOR ID...: the workers ID of the job at $port emulate
+# devices FACTOR times slower (`morph slow`; timing only, never the model).
+pace() {
+  local token=$1 f=$2 id
+  shift 2
+  for id in "$@"; do
+    "$MORPH" slow --join "127.0.0.1:$port" --worker "$id" --factor "$f" --token-file "$token" > /dev/null ||
+      echo "note: morph slow --worker $id --factor $f failed (the worker left?)"
+  done
+}
+
 # A live join of a model with batch norm (the CNN, dropout too): the
 # joiner receives the running statistics with the parameters (syncState),
 # so its model and the final one are the single process's.
@@ -108,20 +119,29 @@ momentum = 0.9
 straggler_replan = false
 TOML
 cnn_ref=$("$MORPH" run "$work/cnn.toml" --quiet --out "$work/cnn-ref" | tail -n 1)
-"$MORPH" run "$work/cnn.toml" --quiet --workers 2 --out "$work/cnn" > "$work/cnn.log" 2>&1 &
+"$MORPH" run "$work/cnn.toml" --quiet --workers 3 --out "$work/cnn" > "$work/cnn.log" 2>&1 &
 mpid=$!
 cnn_lines() { [[ -f "$work/cnn/metrics.jsonl" ]] && (( $(wc -l < "$work/cnn/metrics.jsonl") >= $1 )); }
+cnn_generation() { grep -q "\"generation\":$1[,}]" "$work/cnn/metrics.jsonl"; }
 wait_for "the CNN job's manager" grep -q "manager on port" "$work/cnn.log"
 port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/cnn.log")
-wait_for "the CNN job to train" cnn_lines 50
+wait_for "the CNN job to train" cnn_lines 1
+# Until the joiner is in, the workers emulate devices 40x slower (timing
+# only): the job must not end while the joiner loads.
+pace "$work/cnn/token" 40 0 1 2
+mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
+(( ${#pids[@]} == 3 )) || { echo "expected 3 CNN workers, found ${#pids[@]}"; exit 1; }
+kill -9 "${pids[2]}"
+wait_for "the CNN job to survive the failure" cnn_generation 1
 "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/cnn/token" > "$work/cnn-joiner.log" 2>&1 &
-wait_for "the CNN joiner to be placed" grep -q '"generation":1[,}]' "$work/cnn/metrics.jsonl"
+wait_for "the CNN joiner to be placed" cnn_generation 2
 (( $(wc -l < "$work/cnn/metrics.jsonl") < 600 )) || { echo "FAIL: the CNN job ended before the join"; exit 1; }
+pace "$work/cnn/token" 1 0 1 2
 wait "$mpid"
 mpid=""
 got=$(tail -n 1 "$work/cnn.log")
 echo "CNN single process:          $cnn_ref"
-echo "CNN 2 workers + a join:      $got"
+echo "CNN 3 workers, kill, join:   $got"
 [[ "$got" == "$cnn_ref" ]] || { echo "FAIL: CNN hashes differ"; cat "$work/cnn.log"; exit 1; }
 grep -q '"workers":3' "$work/cnn/metrics.jsonl" || { echo "FAIL: the joiner never trained"; exit 1; }
 
@@ -134,12 +154,14 @@ rs_workers() { tail -n 1 "$work/rs/metrics.jsonl" 2>/dev/null | grep -q "\"worke
 rs_lines() { [[ -f "$work/rs/metrics.jsonl" ]] && (( $(wc -l < "$work/rs/metrics.jsonl") >= $1 )); }
 wait_for "the resize job to train" grep -q "manager on port" "$work/rs.log"
 port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/rs.log")
-wait_for "the resize job to train" rs_lines 50
+wait_for "the resize job to train" rs_lines 1
+pace "$work/rs/token" 40 0 1  # the job must outlast the new worker's start (the resize below)
 "$MORPH" resize --join "127.0.0.1:$port" --workers 3 --token-file "$work/rs/token"
 wait_for "the job to grow to 3 workers" rs_workers 3
 "$MORPH" resize --join "127.0.0.1:$port" --workers 2 --token-file "$work/rs/token"
 wait_for "the job to shrink to 2 workers" rs_workers 2
 (( $(wc -l < "$work/rs/metrics.jsonl") < 2500 )) || { echo "FAIL: the job ended before the shrink"; exit 1; }
+pace "$work/rs/token" 1 0 1
 wait "$mpid"
 mpid=""
 got=$(tail -n 1 "$work/rs.log")

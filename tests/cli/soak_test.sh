@@ -40,10 +40,10 @@ ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 mpid=$!
 port=$(manager_port "$work/manager.log")
 workers() { pgrep -f "^$MORPH worker --join 127.0.0.1:$port" || true; }
-# The job's pace: while the cycles run, every member emulates a device 5x
-# slower (`morph slow`; timing only, never the model), so that the job
-# outlasts the cycles without running thousands of steps after them; the
-# members run at full speed again once the cycles are done.
+# The job's pace: while the cycles run, every member emulates a device 30x
+# slower (`morph slow`; timing only, never the model: steps of some 20 ms),
+# so that the job outlasts the cycles without running thousands of steps
+# after them; the members run at full speed again once the cycles are done.
 pace() {  # pace FACTOR ID...
   local f=$1 id
   shift
@@ -61,9 +61,11 @@ store_keys() {
 }
 # The key count with no step's metrics line waiting to be read: the least
 # of five status records (the manager writes one every 0.5 s; a step's
-# `metrics/<step>` lives from the worker's write to the manager's read).
+# `metrics/<step>` lives from the worker's write to the manager's read),
+# all written after what came before (the record may be 0.5 s old).
 settled_keys() {
   local k least=""
+  sleep 0.6
   for _ in 1 2 3 4 5; do
     k=$(store_keys)
     [[ -n "$k" ]] || fail "morph status has no store_keys" "$work/manager.log"
@@ -91,14 +93,14 @@ next_gen() {
   fail "no generation after $1 started" "$work/manager.log" >&2
 }
 g=$(next_gen -1)
-pace 5 0 1 2
+pace 30 0 1 2
 for cycle in 1 2 3 4; do
   victim=$(workers | tail -n 1)
   kill -9 "$victim"
   g=$(next_gen "$g")
   "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/soak/token" > "$work/joiner$cycle.log" 2>&1 &
   g=$(next_gen "$g")
-  pace 5 $((2 + cycle))  # the joiner (ids are given in order: 3, 4, 5, 6)
+  pace 30 $((2 + cycle))  # the joiner (ids are given in order: 3, 4, 5, 6)
   keys=$(settled_keys)
   echo "after cycle $cycle (generation $g, $(workers | wc -l) workers): $keys store keys"
   [[ $cycle -eq 1 ]] && first=$keys
