@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (AddressSanitizer, UBSan) and runs
-# each for SECONDS (default 5) from its seed corpus in tests/fuzz/corpus/.
+# each for SECONDS (default 2, as ctest runs it) from its seed corpus in
+# tests/fuzz/corpus/.
 # A crash fails the run; libFuzzer leaves the input as crash-* in the
 # working folder: add it to the corpus and fix the code.
 #   tests/fuzz/run_fuzz.sh [SECONDS] [BUILD_DIR] [TARGET...]
@@ -12,7 +13,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)/src
-seconds=${1:-5}
+seconds=${1:-2}
 out=${2:-$(mktemp -d)}
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
