@@ -1,0 +1,204 @@
+// Cluster policies (sched/policy.h) on hand-made situations with known
+// answers, and the invariants every policy keeps on random ones.
+#include "sched/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+
+namespace morph::sched {
+namespace {
+
+JobState job(int64_t id, int priority, int demand, double arrival, double remaining = 100, int allocated = 0,
+             const Speed* speed = nullptr) {
+  JobState j;
+  j.id = id;
+  j.priority = priority;
+  j.demand = demand;
+  j.arrival = arrival;
+  j.remaining_steps = remaining;
+  j.allocated = allocated;
+  j.speed = speed;
+  return j;
+}
+
+std::vector<int> run(const std::string& policy, const ClusterView& v, PolicyOptions o = {}) {
+  return makePolicy(policy, o)->allocate(v);
+}
+
+// VirtualFlow's example: A demands 2, B demands 8, 8 slots.
+TEST(ClusterPolicy, VirtualFlowExampleFifoIdlesElasticRunsBoth) {
+  ClusterView v;
+  v.slots = 8;
+  v.jobs = {job(0, 1, 2, 0.0), job(1, 1, 8, 1.0)};
+  EXPECT_EQ(run("fifo", v), (std::vector<int>{2, 0}));   // 6 slots idle
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{2, 4}));    // shares 2 and 6; 6 rounds to 4
+  EXPECT_EQ(run("morph", v), (std::vector<int>{2, 6}));  // any integer: nothing idle
+  // The same once A runs: fifo still leaves B waiting.
+  v.jobs[0].allocated = 2;
+  EXPECT_EQ(run("fifo", v), (std::vector<int>{2, 0}));
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{2, 4}));
+  EXPECT_EQ(run("morph", v), (std::vector<int>{2, 6}));
+}
+
+TEST(ClusterPolicy, FifoBlocksBehindAJobThatDoesNotFit) {
+  ClusterView v;
+  v.slots = 8;
+  v.jobs = {job(0, 1, 6, 0.0, 100, 6), job(1, 10, 4, 2.0), job(2, 1, 1, 1.0)};
+  // The priority-10 job waits for 4 slots; the small one may not overtake it.
+  EXPECT_EQ(run("fifo", v), (std::vector<int>{6, 0, 0}));
+  v.jobs[0].allocated = 0;  // once the big one is gone (queued again here): priority order
+  v.jobs[0].demand = 3;
+  EXPECT_EQ(run("fifo", v), (std::vector<int>{3, 4, 1}));
+}
+
+TEST(ClusterPolicy, WfsWaterFillsByPriorityThenPowersOfTwoThenLeftoverByPriority) {
+  ClusterView v;
+  v.slots = 8;
+  v.jobs = {job(0, 10, 8, 0.0), job(1, 5, 8, 1.0), job(2, 1, 8, 2.0)};
+  const std::vector<double> share = waterFill(v);
+  ASSERT_EQ(share.size(), 3u);
+  EXPECT_DOUBLE_EQ(share[0], 5.0);
+  EXPECT_DOUBLE_EQ(share[1], 2.5);
+  EXPECT_DOUBLE_EQ(share[2], 0.5);
+  // 5 -> 4, 2.5 -> 2, 0.5 -> 0; the 2 left over cannot double the first
+  // job (4 more) but double the second.
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{4, 4, 0}));
+
+  // A demand below the share caps it and the rest is filled again.
+  v.jobs = {job(0, 10, 1, 0.0), job(1, 1, 8, 1.0), job(2, 1, 8, 2.0)};
+  EXPECT_EQ(waterFill(v), (std::vector<double>{1.0, 3.5, 3.5}));
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{1, 4, 2}));  // 3.5 -> 2 each; 3 left: the earlier grows to 4
+}
+
+TEST(ClusterPolicy, ElasticPoliciesNeverSuspendARunningJob) {
+  ClusterView v;
+  v.slots = 4;
+  for (int i = 0; i < 4; ++i) v.jobs.push_back(job(i, 1, 4, i, 100, 1));
+  v.jobs.push_back(job(9, 10, 4, 10.0));  // a high-priority arrival finds every slot taken
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{1, 1, 1, 1, 0}));
+  EXPECT_EQ(run("morph", v), (std::vector<int>{1, 1, 1, 1, 0}));
+  const std::vector<double> share = waterFill(v);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(share[i], 1.0);
+}
+
+TEST(ClusterPolicy, MorphGivesSlotsWhereTheySpeedUpMost) {
+  // Same priority and work left; S scales poorly, L linearly.
+  const Speed s({{1, 1.0}, {2, 0.6}, {4, 0.45}});
+  const Speed l({{1, 1.0}, {2, 0.5}, {4, 0.25}});
+  ClusterView v;
+  v.slots = 4;
+  v.jobs = {job(0, 1, 4, 0.0, 100, 0, &s), job(1, 1, 4, 1.0, 100, 0, &l)};
+  EXPECT_EQ(run("morph", v), (std::vector<int>{1, 3}));
+  EXPECT_EQ(run("wfs", v), (std::vector<int>{2, 2}));  // wfs assumes both linear
+}
+
+TEST(ClusterPolicy, MorphWeighsPriorityAndWorkLeft) {
+  ClusterView v;
+  v.slots = 4;
+  v.jobs = {job(0, 1, 4, 0.0), job(1, 10, 4, 1.0)};
+  EXPECT_EQ(run("morph", v), (std::vector<int>{0, 4}));
+  // Ten times less work left balances ten times lower priority; the tie
+  // goes to priority order.
+  v.jobs[0].remaining_steps = 10;
+  EXPECT_EQ(run("morph", v), (std::vector<int>{0, 4}));
+  v.jobs[0].remaining_steps = 5;  // now the low-priority job is nearer its end
+  EXPECT_EQ(run("morph", v), (std::vector<int>{4, 0}));
+}
+
+TEST(ClusterPolicy, MorphGrowsOnlyWhenTheGainPaysForTheResize) {
+  ClusterView v;
+  v.slots = 4;
+  // A runs on 2 of 4 slots with 1000 steps left at 2 steps/s (500 s to go).
+  v.jobs = {job(0, 1, 4, 0.0, 1000, 2)};
+  EXPECT_EQ(run("morph", v, PolicyOptions{0.6}), (std::vector<int>{4}));
+  // A resize that costs more than half the horizon: 4 * (500 - 400) < 2 * 500.
+  EXPECT_EQ(run("morph", v, PolicyOptions{400}), (std::vector<int>{2}));
+  // Starting a queued job costs no resize: it is started whatever the cost.
+  v.jobs.push_back(job(1, 1, 2, 1.0, 10));
+  EXPECT_EQ(run("morph", v, PolicyOptions{400}), (std::vector<int>{2, 2}));
+}
+
+TEST(ClusterPolicy, SpeedInterpolatesTheRateAndRejectsBadTables) {
+  const Speed s({{1, 2.0}, {4, 0.5}});
+  EXPECT_DOUBLE_EQ(s.stepsPerSecond(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.stepsPerSecond(1), 0.5);
+  EXPECT_DOUBLE_EQ(s.stepsPerSecond(2), 1.0);
+  EXPECT_DOUBLE_EQ(s.stepsPerSecond(4), 2.0);
+  EXPECT_DOUBLE_EQ(s.stepsPerSecond(8), 2.0);  // nothing measured above 4: no gain assumed
+  const Speed only2({{2, 1.0}});
+  EXPECT_DOUBLE_EQ(only2.stepsPerSecond(1), 0.5);
+  EXPECT_THROW(Speed(std::map<int, double>{}), InputError);
+  EXPECT_THROW(Speed({{0, 1.0}}), InputError);
+  EXPECT_THROW(Speed({{1, -1.0}}), InputError);
+  EXPECT_THROW(Speed({{1, std::nan("")}}), InputError);
+}
+
+TEST(ClusterPolicy, UnknownPolicyNamesTheChoices) {
+  try {
+    makePolicy("lifo");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'lifo'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("fifo, wfs or morph"), std::string::npos);
+  }
+}
+
+// Random situations: every policy stays within the slots and demands, never
+// suspends a running job; fifo never resizes; wfs's shares below a demand
+// are powers of two.
+TEST(ClusterPolicy, InvariantsOnRandomSituations) {
+  std::mt19937_64 rng(29);
+  const int prios[] = {1, 5, 10};
+  std::vector<Speed> speeds;
+  for (int i = 0; i < 16; ++i) {
+    std::map<int, double> t;
+    const double f = std::uniform_real_distribution<double>(0, 0.3)(rng);
+    for (int k = 1; k <= 16; ++k) t[k] = f + (1 - f) / k;
+    speeds.emplace_back(t);
+  }
+  for (int round = 0; round < 500; ++round) {
+    ClusterView v;
+    v.slots = std::uniform_int_distribution<int>(1, 16)(rng);
+    int free = v.slots;
+    const int n = std::uniform_int_distribution<int>(1, 10)(rng);
+    for (int i = 0; i < n; ++i) {
+      JobState j = job(i, prios[rng() % 3], std::uniform_int_distribution<int>(1, v.slots)(rng), double(rng() % 100),
+                       1 + double(rng() % 1000), 0, &speeds[rng() % speeds.size()]);
+      if (free > 0 && rng() % 2) {
+        j.allocated = std::uniform_int_distribution<int>(1, std::min(free, j.demand))(rng);
+        free -= j.allocated;
+      }
+      v.jobs.push_back(j);
+    }
+    for (const auto& name : policyNames()) {
+      const std::vector<int> a = run(name, v);
+      ASSERT_EQ(a.size(), v.jobs.size());
+      int sum = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        sum += a[i];
+        EXPECT_GE(a[i], 0);
+        EXPECT_LE(a[i], v.jobs[i].demand) << name;
+        if (v.jobs[i].allocated > 0) {
+          EXPECT_GT(a[i], 0) << name << " suspended job " << i;
+        }
+        if (name == "fifo") {
+          if (v.jobs[i].allocated > 0) {
+            EXPECT_EQ(a[i], v.jobs[i].allocated);
+          } else {
+            EXPECT_TRUE(a[i] == 0 || a[i] == v.jobs[i].demand);
+          }
+        }
+        if (name == "wfs" && a[i] < v.jobs[i].demand) {
+          EXPECT_EQ(a[i] & (a[i] - 1), 0) << a[i];
+        }
+      }
+      EXPECT_LE(sum, v.slots) << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace morph::sched
