@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "control/runner.h"
+#include "sched/cluster_command.h"
 #include "status/status_server.h"
 #include "core/error.h"
 #include "core/sys.h"
@@ -148,6 +149,36 @@ int morph::morphMain(int argc, char** argv) {
   view_cmd->add_option("DIR", view_dir, "the run's output folder, e.g. runs/NAME")->required();
   view_cmd->add_option("--status", view_status, "ADDR:PORT to serve on (default 127.0.0.1:0, printed)");
 
+  // Many jobs on one pool of slots (docs/cluster.md).
+  morph::sched::ClusterSimulateOptions csim;
+  morph::sched::ClusterGenerateOptions cgen;
+  auto* cluster_cmd = app.add_subcommand("cluster", "schedule many jobs on a pool of worker slots (docs/cluster.md)");
+  cluster_cmd->require_subcommand(1);
+  auto* csim_cmd = cluster_cmd->add_subcommand("simulate", "run a trace of jobs under a policy in simulated time");
+  csim_cmd->add_option("trace", csim.trace, "trace (JSON; morph cluster generate writes one)")->required();
+  csim_cmd->add_option("--slots", csim.slots, "worker slots")->required()->check(CLI::Range(1, 1 << 20));
+  csim_cmd->add_option("--policy", csim.policy, "fifo, wfs or morph (default morph)");
+  csim_cmd->add_option("--resize-seconds", csim.resize_seconds,
+                       "seconds a resized job makes no progress (default 0.6)")->check(CLI::Range(0.0, 1e6));
+  csim_cmd->add_option("--table-rows", csim.table_rows, "rows of the allocation table (default 40)")
+      ->check(CLI::Range(0, 1 << 30));
+  csim_cmd->add_flag("--json", csim.json, "one JSON object");
+  auto* cgen_cmd = cluster_cmd->add_subcommand("generate", "write a seeded synthetic trace (Poisson arrivals)");
+  cgen_cmd->add_option("--jobs", cgen.gen.jobs, "jobs (default 20)")->check(CLI::Range(1, 1 << 20));
+  cgen_cmd->add_option("--per-hour", cgen.gen.per_hour, "mean arrivals per hour (default 12)")
+      ->check(CLI::Range(1e-6, 1e9));
+  cgen_cmd->add_option("--seed", cgen.gen.seed, "random seed (default 1)");
+  cgen_cmd->add_option("--max-demand", cgen.gen.max_demand, "largest demand drawn from 1, 2, 4, 8 (default 8)")
+      ->check(CLI::Range(1, 8));
+  cgen_cmd->add_option("--min-minutes", cgen.gen.min_minutes, "shortest run time at full demand (default 20)")
+      ->check(CLI::Range(1e-3, 1e6));
+  cgen_cmd->add_option("--max-minutes", cgen.gen.max_minutes, "longest run time at full demand (default 180)")
+      ->check(CLI::Range(1e-3, 1e6));
+  cgen_cmd->add_option("--max-serial", cgen.gen.max_serial, "largest serial fraction of a step (default 0.1)")
+      ->check(CLI::Range(0.0, 1.0));
+  cgen_cmd->add_option("--out", cgen.out, "trace file (default: standard output)");
+  csim.resolve = morph::plannedStepSeconds;
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -179,6 +210,8 @@ int morph::morphMain(int argc, char** argv) {
     if (*status_cmd) return morph::runStatus(ctl_join, ctl_token_file);
     if (*slow_cmd) return morph::runSlow(ctl_join, slow_worker, slow_factor, ctl_token_file);
     if (*view_cmd) return morph::runView(view_dir, view_status);
+    if (*csim_cmd) return morph::sched::runClusterSimulate(csim);
+    if (*cgen_cmd) return morph::sched::runClusterGenerate(cgen);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

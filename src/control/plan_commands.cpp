@@ -481,4 +481,20 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   return r;
 }
 
+std::map<int, double> plannedStepSeconds(const std::string& job_path, const std::string& profile_path,
+                                         int max_workers) {
+  const JobSpec job = loadJobFile(job_path);
+  const Profile prof = loadProfileFor(profile_path, job);
+  std::map<int, double> table;
+  for (int k = 1; k <= max_workers && k <= job.virtual_nodes; ++k) {
+    PlanRequest rq;
+    rq.workers = k;
+    rq.virtual_nodes = job.virtual_nodes;
+    rq.top_k = 1;
+    rq.sim = simOptionsFor(job, false);
+    table[k] = planJob(prof, rq).plans.front().sim.step_seconds;
+  }
+  return table;
+}
+
 }  // namespace morph

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -115,5 +116,12 @@ struct PlanOptions {
   bool json = false;
 };
 int runPlan(const PlanOptions& opts);
+
+// Seconds per step of a job on 1..max_workers workers (at most its VNs):
+// the planner's best plan for each count, from the job's calibration
+// profile (checked against the job). A cluster trace job given as a job
+// file and a profile (docs/cluster.md).
+std::map<int, double> plannedStepSeconds(const std::string& job_path, const std::string& profile_path,
+                                         int max_workers);
 
 }  // namespace morph
