@@ -10,7 +10,9 @@
 #include <filesystem>
 
 #include "control/runner.h"
+#include "core/job_spec.h"
 #include "sched/cluster_command.h"
+#include "sched/cluster_live.h"
 #include "status/status_server.h"
 #include "core/error.h"
 #include "core/sys.h"
@@ -152,8 +154,19 @@ int morph::morphMain(int argc, char** argv) {
   // Many jobs on one pool of slots (docs/cluster.md).
   morph::sched::ClusterSimulateOptions csim;
   morph::sched::ClusterGenerateOptions cgen;
+  morph::sched::LiveClusterOptions live;
+  live.self_exe = run.self_exe;
+  live.slots = 0;  // required unless a subcommand runs
   auto* cluster_cmd = app.add_subcommand("cluster", "schedule many jobs on a pool of worker slots (docs/cluster.md)");
-  cluster_cmd->require_subcommand(1);
+  cluster_cmd->require_subcommand(0, 1);
+  cluster_cmd->add_option("--slots", live.slots, "worker slots on this machine")->check(CLI::Range(1, 4096));
+  cluster_cmd->add_option("--policy", live.policy, "fifo, wfs or morph (default morph)");
+  cluster_cmd->add_option("--port", live.port, "port of the scheduler (default: a free one, printed)")
+      ->check(CLI::Range(0, 65535));
+  cluster_cmd->add_option("--host", live.host, "address to listen on (default 127.0.0.1)");
+  cluster_cmd->add_option("--out", live.out, "output folder: token, address, queue.json, jobs/<id>/ (default runs/cluster)");
+  cluster_cmd->add_option("--resize-seconds", live.resize_seconds, "resize cost the morph policy weighs (default 0.6)")
+      ->check(CLI::Range(0.0, 1e6));
   auto* csim_cmd = cluster_cmd->add_subcommand("simulate", "run a trace of jobs under a policy in simulated time");
   csim_cmd->add_option("trace", csim.trace, "trace (JSON; morph cluster generate writes one)")->required();
   csim_cmd->add_option("--slots", csim.slots, "worker slots")->required()->check(CLI::Range(1, 1 << 20));
@@ -178,6 +191,34 @@ int morph::morphMain(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   cgen_cmd->add_option("--out", cgen.out, "trace file (default: standard output)");
   csim.resolve = morph::plannedStepSeconds;
+  const morph::sched::JobValidator validate = [](const std::string& path, const std::vector<std::string>& ov) {
+    const morph::JobSpec job = morph::loadJobFile(path, ov);
+    return morph::sched::JobFacts{job.name, job.steps, job.virtual_nodes};
+  };
+  live.validate = validate;
+  morph::sched::ClusterClientOptions client;
+  std::string submit_job;
+  int submit_priority = 1, submit_demand = 0;
+  std::vector<std::string> submit_overrides;
+  bool queue_json = false;
+  int64_t cancel_id = -1;
+  auto* submit_cmd = app.add_subcommand("submit", "queue a job on a running `morph cluster` (prints its id)");
+  submit_cmd->add_option("job", submit_job, "job file (TOML; validated before it is queued)")->required();
+  submit_cmd->add_option("--cluster", client.cluster, "HOST:PORT of `morph cluster`")->required();
+  submit_cmd->add_option("--priority", submit_priority, "priority (default 1; VirtualFlow uses 1, 5, 10)")
+      ->check(CLI::Range(1, 1000000));
+  submit_cmd->add_option("--demand", submit_demand, "most workers it may use (default: min(VNs, slots))")
+      ->check(CLI::Range(1, 4096));
+  submit_cmd->add_option("--set", submit_overrides, "override a job key");
+  submit_cmd->add_option("--token-file", client.token_file, "the cluster's token (OUT/token; default: $MORPH_TOKEN)");
+  auto* queue_cmd = app.add_subcommand("queue", "the jobs of a running `morph cluster`");
+  queue_cmd->add_option("--cluster", client.cluster, "HOST:PORT of `morph cluster`")->required();
+  queue_cmd->add_option("--token-file", client.token_file, "the cluster's token (OUT/token; default: $MORPH_TOKEN)");
+  queue_cmd->add_flag("--json", queue_json, "one JSON object");
+  auto* cancel_cmd = app.add_subcommand("cancel", "cancel a queued or running job of `morph cluster`");
+  cancel_cmd->add_option("id", cancel_id, "the job's id (morph submit printed it)")->required();
+  cancel_cmd->add_option("--cluster", client.cluster, "HOST:PORT of `morph cluster`")->required();
+  cancel_cmd->add_option("--token-file", client.token_file, "the cluster's token (OUT/token; default: $MORPH_TOKEN)");
 
   try {
     app.parse(argc, argv);
@@ -212,6 +253,14 @@ int morph::morphMain(int argc, char** argv) {
     if (*view_cmd) return morph::runView(view_dir, view_status);
     if (*csim_cmd) return morph::sched::runClusterSimulate(csim);
     if (*cgen_cmd) return morph::sched::runClusterGenerate(cgen);
+    if (*cluster_cmd) {
+      if (live.slots < 1) throw morph::InputError("morph cluster needs --slots N (or a subcommand: simulate, generate)");
+      return morph::sched::runCluster(live);
+    }
+    if (*submit_cmd)
+      return morph::sched::runSubmit(client, submit_job, submit_priority, submit_demand, submit_overrides, validate);
+    if (*queue_cmd) return morph::sched::runQueue(client, queue_json);
+    if (*cancel_cmd) return morph::sched::runCancel(client, cancel_id);
     return morph::runWorker(worker);
   } catch (const morph::InputError& e) {
     std::fflush(stdout);

@@ -1,0 +1,564 @@
+// The live cluster scheduler and its clients (cluster_live.h).
+#include "sched/cluster_live.h"
+
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <httplib.h>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "sched/policy.h"
+
+namespace morph::sched {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void onStopSignal(int) { g_stop = true; }
+
+double unixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last complete line of a file that only grows (metrics.jsonl); ""
+// when there is none yet.
+std::string lastLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 16384);
+  in.seekg(from);
+  std::string tail(static_cast<size_t>(size - from), '\0');
+  in.read(tail.data(), size - from);
+  const size_t end = tail.rfind('\n');
+  if (end == std::string::npos) return "";
+  const size_t prev = end == 0 ? std::string::npos : tail.rfind('\n', end - 1);
+  if (prev == std::string::npos && from > 0) return "";  // longer than the tail read
+  const size_t begin = prev == std::string::npos ? 0 : prev + 1;
+  return tail.substr(begin, end - begin);
+}
+
+// Processes of the process group `pgid` other than its leader (a job's
+// manager): the job's worker processes, read from /proc.
+int workersInGroup(pid_t pgid) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    const std::string stat = readFile(e.path().string() + "/stat");
+    const size_t paren = stat.rfind(')');  // the command name may hold spaces
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(stat.substr(paren + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    fields >> state >> ppid >> pgrp;
+    if (pgrp == pgid && std::stol(name) != pgid && state != "Z") ++n;
+  }
+  return n;
+}
+
+std::string newToken() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("no random bytes for the cluster token");
+  static const char* hex = "0123456789abcdef";
+  std::string t;
+  for (unsigned char b : bytes) t += hex[b >> 4], t += hex[b & 15];
+  return t;
+}
+
+void writeFileAtomic(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
+  if (fd < 0) throw InputError(path + ": cannot write (" + std::strerror(errno) + ")");
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) throw InputError(path + ": cannot write");
+}
+
+// Starts argv in a process group of its own, stdout and stderr to `log`.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: no race with a kill of the group
+  return pid;
+}
+
+struct LiveJob {
+  int64_t id = 0;
+  std::string name, path, dir, log;
+  std::vector<std::string> overrides;
+  int priority = 1, demand = 1;
+  int64_t steps = 0, step_done = 0;
+  std::string state = "queued";  // queued | running | done | failed | cancelled
+  int target = 0;    // the worker count last asked of the job
+  int held = 0;      // slots it holds: its target, or more while a shrink is under way
+  int desired = 0;   // the policy's latest target, applied when it can be
+  int observed = 0;  // workers of its newest committed step
+  int resizes = 0;
+  int port = 0;
+  pid_t pid = -1;
+  bool cancel = false;
+  double submitted = 0, started = 0, ended = 0;
+  std::string model_hash, error;
+};
+
+json toJson(const LiveJob& j) {
+  auto time = [](double t) { return t > 0 ? json(t) : json(nullptr); };
+  json o = {{"id", j.id},         {"name", j.name},         {"state", j.state},         {"workers", j.held},
+            {"priority", j.priority}, {"demand", j.demand}, {"submitted", time(j.submitted)},
+            {"started", time(j.started)}, {"ended", time(j.ended)}, {"resizes", j.resizes},
+            {"steps", j.steps},   {"step", j.step_done},    {"dir", j.dir}};
+  if (!j.model_hash.empty()) o["model_hash"] = j.model_hash;
+  if (!j.error.empty()) o["error"] = j.error;
+  return o;
+}
+
+class LiveCluster {
+ public:
+  explicit LiveCluster(const LiveClusterOptions& o) : o_(o) {
+    PolicyOptions po;
+    po.resize_seconds = o.resize_seconds;
+    policy_ = makePolicy(o.policy, po);
+  }
+
+  int run() {
+    fs::create_directories(o_.out + "/jobs");
+    token_ = newToken();
+    writeFileAtomic(o_.out + "/token", token_ + "\n", 0600);
+    http_.Post("/submit", [&](const httplib::Request& rq, httplib::Response& rs) { guarded(rq, rs, [&] { submit(rq, rs); }); });
+    http_.Get("/queue", [&](const httplib::Request& rq, httplib::Response& rs) {
+      guarded(rq, rs, [&] {
+        std::lock_guard<std::mutex> l(mu_);
+        rs.set_content(queueJson().dump(), "application/json");
+      });
+    });
+    http_.Post("/cancel", [&](const httplib::Request& rq, httplib::Response& rs) { guarded(rq, rs, [&] { cancel(rq, rs); }); });
+    const int port = o_.port == 0 ? http_.bind_to_any_port(o_.host) : (http_.bind_to_port(o_.host, o_.port) ? o_.port : -1);
+    if (port <= 0)
+      throw InputError("--host " + o_.host + " --port " + std::to_string(o_.port) + ": cannot listen there");
+    const std::string address = o_.host + ":" + std::to_string(port);
+    writeFileAtomic(o_.out + "/address", address + "\n", 0644);
+    std::thread server([&] { http_.listen_after_bind(); });
+    std::printf("morph: cluster on %s, %d slots, policy %s, token %s/token\n", address.c_str(), o_.slots,
+                policy_->name(), o_.out.c_str());
+    std::fflush(stdout);
+
+    struct sigaction sa {};
+    sa.sa_handler = onStopSignal;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+    while (!g_stop) {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(50), [&] { return dirty_ || g_stop.load(); });
+      tick();
+    }
+    shutdown();
+    http_.stop();
+    server.join();
+    return 0;
+  }
+
+ private:
+  template <typename F>
+  void guarded(const httplib::Request& rq, httplib::Response& rs, F&& f) {
+    const std::string want = "Bearer " + token_;
+    const std::string got = rq.get_header_value("Authorization");
+    if (got.size() != want.size() || CRYPTO_memcmp(got.data(), want.data(), want.size()) != 0) {
+      rs.status = 401;
+      rs.set_content(json{{"error", "wrong or missing cluster token"}}.dump(), "application/json");
+      return;
+    }
+    try {
+      f();
+    } catch (const std::exception& e) {
+      rs.status = 400;
+      rs.set_content(json{{"error", e.what()}}.dump(), "application/json");
+    }
+  }
+
+  void submit(const httplib::Request& rq, httplib::Response& rs) {
+    const json body = json::parse(rq.body);
+    LiveJob j;
+    j.path = body.at("job").get<std::string>();
+    j.overrides = body.value("overrides", std::vector<std::string>{});
+    j.priority = body.value("priority", 1);
+    j.demand = body.value("demand", 0);
+    // Validated here too: the scheduler reads the file, maybe after the
+    // client did, and never queues what `morph run` would refuse.
+    const JobFacts facts = o_.validate(j.path, j.overrides);
+    if (j.priority < 1) throw InputError("--priority " + std::to_string(j.priority) + ": expected an integer >= 1");
+    if (j.demand == 0) j.demand = int(std::min<int64_t>(facts.virtual_nodes, o_.slots));
+    if (j.demand < 1 || j.demand > o_.slots)
+      throw InputError("--demand " + std::to_string(j.demand) + ": the cluster has " + std::to_string(o_.slots) +
+                       " slots (expected 1.." + std::to_string(o_.slots) + ")");
+    if (j.demand > facts.virtual_nodes)
+      throw InputError("--demand " + std::to_string(j.demand) + ": " + j.path + " has " +
+                       std::to_string(facts.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
+                       std::to_string(facts.virtual_nodes) + " workers");
+    j.name = facts.name;
+    j.steps = facts.steps;
+    std::lock_guard<std::mutex> l(mu_);
+    j.id = int64_t(jobs_.size());
+    j.dir = o_.out + "/jobs/" + std::to_string(j.id);
+    j.log = j.dir + "/log";
+    j.submitted = unixNow();
+    jobs_.push_back(j);
+    std::printf("morph: job %lld submitted: %s, priority %d, demand %d\n", static_cast<long long>(j.id),
+                j.name.c_str(), j.priority, j.demand);
+    std::fflush(stdout);
+    dirty_ = true;
+    cv_.notify_all();
+    rs.set_content(json{{"id", j.id}}.dump(), "application/json");
+  }
+
+  void cancel(const httplib::Request& rq, httplib::Response& rs) {
+    const int64_t id = json::parse(rq.body).at("id").get<int64_t>();
+    std::lock_guard<std::mutex> l(mu_);
+    if (id < 0 || id >= int64_t(jobs_.size())) {
+      rs.status = 404;
+      rs.set_content(json{{"error", "no job " + std::to_string(id)}}.dump(), "application/json");
+      return;
+    }
+    LiveJob& j = jobs_[size_t(id)];
+    if (j.state == "queued") {
+      j.state = "cancelled";
+      j.ended = unixNow();
+    } else if (j.state == "running") {
+      j.cancel = true;
+      ::kill(-j.pid, SIGTERM);
+    } else {
+      rs.status = 409;
+      rs.set_content(json{{"error", "job " + std::to_string(id) + " is already " + j.state}}.dump(), "application/json");
+      return;
+    }
+    std::printf("morph: job %lld cancelled\n", static_cast<long long>(id));
+    dirty_ = true;
+    cv_.notify_all();
+    rs.set_content(json{{"id", id}, {"state", j.state}}.dump(), "application/json");
+  }
+
+  json queueJson() const {
+    json jobs = json::array();
+    for (const LiveJob& j : jobs_) jobs.push_back(toJson(j));
+    return json{{"slots", o_.slots}, {"policy", policy_->name()}, {"jobs", jobs}};
+  }
+
+  // One round: observe the jobs, decide on events, apply what can be.
+  void tick() {
+    bool changed = false;
+    for (LiveJob& j : jobs_) {
+      if (j.state != "running") continue;
+      int status = 0;
+      if (::waitpid(j.pid, &status, WNOHANG) == j.pid) {
+        ::kill(-j.pid, SIGKILL);  // whatever the job left behind in its group
+        finish(j, status);
+        dirty_ = changed = true;
+        continue;
+      }
+      if (j.port == 0) {
+        static const std::regex re("manager on port ([0-9]+)");
+        std::smatch m;
+        const std::string text = readFile(j.log);
+        if (std::regex_search(text, m, re)) j.port = std::stoi(m[1]);
+      }
+      const std::string line = lastLine(j.dir + "/metrics.jsonl");
+      if (!line.empty()) {
+        try {
+          const json m = json::parse(line);
+          j.step_done = m.value("step", int64_t{0}) + 1;
+          j.observed = m.value("workers", 0);
+        } catch (const json::exception&) {
+        }
+      }
+      // A shrink has taken effect once a step committed on the new count and
+      // the workers that left have exited.
+      if (j.held > j.target && j.observed == j.target && workersInGroup(j.pid) <= j.target) {
+        j.held = j.target;
+        changed = true;
+      }
+    }
+    if (dirty_) decide();
+    changed |= apply();
+    dirty_ = false;
+    if (changed) writeFileAtomic(o_.out + "/queue.json", queueJson().dump(1) + "\n", 0644);
+  }
+
+  void finish(LiveJob& j, int status) {
+    j.ended = unixNow();
+    j.held = j.target = j.desired = 0;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (j.cancel) {
+      j.state = "cancelled";
+    } else if (code == 0) {
+      j.state = "done";
+      try {
+        j.model_hash = json::parse(readFile(j.dir + "/summary.json")).value("model_hash", "");
+      } catch (const json::exception&) {
+      }
+    } else {
+      j.state = "failed";
+      j.error = "exit code " + std::to_string(code) + " (log: " + j.log + ")";
+    }
+    std::printf("morph: job %lld %s%s%s\n", static_cast<long long>(j.id), j.state.c_str(),
+                j.model_hash.empty() ? "" : ", model_hash ", j.model_hash.c_str());
+    std::fflush(stdout);
+  }
+
+  void decide() {
+    ClusterView v;
+    v.now = unixNow();
+    v.slots = o_.slots;
+    std::vector<LiveJob*> active;
+    for (LiveJob& j : jobs_) {
+      if (j.state != "queued" && j.state != "running") continue;
+      if (j.cancel) continue;
+      JobState s;
+      s.id = j.id;
+      s.priority = j.priority;
+      s.demand = j.demand;
+      s.arrival = j.submitted;
+      s.remaining_steps = double(std::max<int64_t>(1, j.steps - j.step_done));
+      s.allocated = j.target;
+      v.jobs.push_back(s);
+      active.push_back(&j);
+    }
+    const std::vector<int> t = policy_->allocate(v);
+    for (size_t k = 0; k < active.size(); ++k) active[k]->desired = t[k];
+  }
+
+  // Shrinks first; starts and grows only within the slots no job holds.
+  bool apply() {
+    bool changed = false;
+    for (LiveJob& j : jobs_)
+      if (j.state == "running" && !j.cancel && j.desired > 0 && j.desired < j.target && j.port > 0)
+        changed |= resize(j, j.desired);
+    int free = o_.slots;
+    for (const LiveJob& j : jobs_) free -= j.held;
+    std::vector<LiveJob*> order;
+    for (LiveJob& j : jobs_)
+      if ((j.state == "queued" || j.state == "running") && !j.cancel) order.push_back(&j);
+    std::stable_sort(order.begin(), order.end(), [](const LiveJob* a, const LiveJob* b) {
+      return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
+    });
+    for (LiveJob* j : order) {
+      if (j->state == "queued" && j->desired > 0 && j->desired <= free) {
+        start(*j, j->desired);
+        free -= j->desired;
+        changed = true;
+      } else if (j->state == "running" && j->desired > j->target && j->port > 0 && j->desired - j->held <= free) {
+        free -= j->desired - j->held;
+        changed |= resize(*j, j->desired);
+      }
+    }
+    return changed;
+  }
+
+  void start(LiveJob& j, int workers) {
+    fs::create_directories(j.dir);
+    std::vector<std::string> args{o_.self_exe, "run",   j.path,  "--workers", std::to_string(workers),
+                                  "--out",     j.dir,   "--port", "0",        "--status",
+                                  "off",       "--quiet"};
+    for (const auto& s : j.overrides) args.insert(args.end(), {"--set", s});
+    j.pid = spawn(args, j.log);
+    j.state = "running";
+    j.started = unixNow();
+    j.target = j.held = workers;
+    std::printf("morph: job %lld started on %d workers (pid %d, %s)\n", static_cast<long long>(j.id), workers,
+                int(j.pid), j.dir.c_str());
+    std::fflush(stdout);
+  }
+
+  // `morph resize` against the job's manager. A shrink keeps the slots held
+  // until the job's metrics show the new count; a grow holds them at once.
+  bool resize(LiveJob& j, int workers) {
+    const pid_t pid = spawn({o_.self_exe, "resize", "--join", "127.0.0.1:" + std::to_string(j.port), "--workers",
+                             std::to_string(workers), "--token-file", j.dir + "/token"},
+                            o_.out + "/resize.log");
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::printf("morph: job %lld: resize to %d failed (%s/resize.log); retried at the next event\n",
+                  static_cast<long long>(j.id), workers, o_.out.c_str());
+      j.desired = j.target;
+      return false;
+    }
+    std::printf("morph: job %lld resized %d -> %d workers\n", static_cast<long long>(j.id), j.target, workers);
+    std::fflush(stdout);
+    j.held = std::max(j.held, workers);
+    j.target = workers;
+    ++j.resizes;
+    return true;
+  }
+
+  void shutdown() {
+    std::lock_guard<std::mutex> l(mu_);
+    for (LiveJob& j : jobs_)
+      if (j.state == "running") {
+        j.cancel = true;
+        ::kill(-j.pid, SIGTERM);
+      }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (LiveJob& j : jobs_) {
+      if (j.state != "running") continue;
+      int status = 0;
+      while (::waitpid(j.pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ::kill(-j.pid, SIGKILL);
+      if (::waitpid(j.pid, &status, WNOHANG) == 0) ::waitpid(j.pid, &status, 0);
+      finish(j, status);
+    }
+    writeFileAtomic(o_.out + "/queue.json", queueJson().dump(1) + "\n", 0644);
+    std::printf("morph: cluster stopped\n");
+  }
+
+  LiveClusterOptions o_;
+  std::unique_ptr<Policy> policy_;
+  std::string token_;
+  httplib::Server http_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool dirty_ = false;
+  std::vector<LiveJob> jobs_;
+};
+
+// --- clients ---------------------------------------------------------------
+
+std::string clientToken(const std::string& token_file) {
+  std::string token, from;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) throw InputError("--token-file " + token_file + ": cannot read it (the cluster's token is OUT/token of `morph cluster`)");
+    std::getline(in, token);
+    from = "--token-file " + token_file;
+  } else if (const char* env = std::getenv("MORPH_TOKEN")) {
+    token = env;
+    from = "MORPH_TOKEN";
+  } else {
+    throw InputError("missing cluster token: pass --token-file FILE (OUT/token of `morph cluster`) or set MORPH_TOKEN");
+  }
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) throw InputError("missing cluster token: " + from + " is empty");
+  return token;
+}
+
+json call(const ClusterClientOptions& c, const std::string& method, const std::string& path, const json& body) {
+  const size_t colon = c.cluster.rfind(':');
+  int port = 0;
+  try {
+    if (colon != std::string::npos) port = std::stoi(c.cluster.substr(colon + 1));
+  } catch (const std::exception&) {
+  }
+  if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
+    throw InputError("--cluster '" + c.cluster + "': expected HOST:PORT of `morph cluster` (PORT 1..65535)");
+  const std::string token = clientToken(c.token_file);
+  httplib::Client cli(c.cluster.substr(0, colon), port);
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(30);
+  const httplib::Headers h{{"Authorization", "Bearer " + token}};
+  auto res = method == "GET" ? cli.Get(path, h) : cli.Post(path, h, body.dump(), "application/json");
+  if (!res)
+    throw InputError("cannot reach the cluster at " + c.cluster + " (" + httplib::to_string(res.error()) +
+                     "); is `morph cluster` running there?");
+  json answer;
+  try {
+    answer = json::parse(res->body);
+  } catch (const json::exception&) {
+    throw InputError(c.cluster + " answered something that is not JSON (HTTP " + std::to_string(res->status) + ")");
+  }
+  if (res->status == 401)
+    throw InputError("the cluster at " + c.cluster + " refused the token (wrong token; it is OUT/token of `morph cluster`)");
+  if (res->status != 200) throw InputError(answer.value("error", "HTTP " + std::to_string(res->status)));
+  return answer;
+}
+
+}  // namespace
+
+int runCluster(const LiveClusterOptions& o) {
+  if (o.slots < 1) throw InputError("--slots: expected at least 1");
+  if (!o.validate) throw std::logic_error("runCluster: no job validator");
+  LiveCluster c(o);  // an unknown policy is refused before anything starts
+  return c.run();
+}
+
+int runSubmit(const ClusterClientOptions& c, const std::string& job_path, int priority, int demand,
+              const std::vector<std::string>& overrides, const JobValidator& validate) {
+  const std::string path = fs::absolute(job_path).lexically_normal().string();
+  validate(path, overrides);  // exit 2 here, before the job is sent
+  json body = {{"job", path}, {"priority", priority}, {"overrides", overrides}};
+  if (demand > 0) body["demand"] = demand;
+  const json a = call(c, "POST", "/submit", body);
+  std::printf("%lld\n", static_cast<long long>(a.at("id").get<int64_t>()));
+  return 0;
+}
+
+int runQueue(const ClusterClientOptions& c, bool as_json) {
+  const json q = call(c, "GET", "/queue", json());
+  if (as_json) {
+    std::printf("%s\n", q.dump().c_str());
+    return 0;
+  }
+  std::printf("%d slots, policy %s\n%-4s %-20s %-10s %7s %4s %6s %8s %s\n", q.at("slots").get<int>(),
+              q.at("policy").get<std::string>().c_str(), "id", "name", "state", "workers", "prio", "demand", "resizes",
+              "step / steps, model_hash");
+  for (const json& j : q.at("jobs"))
+    std::printf("%-4lld %-20s %-10s %7d %4d %6d %8d %lld / %lld %s\n", static_cast<long long>(j.at("id").get<int64_t>()),
+                j.at("name").get<std::string>().c_str(), j.at("state").get<std::string>().c_str(),
+                j.at("workers").get<int>(), j.at("priority").get<int>(), j.at("demand").get<int>(),
+                j.at("resizes").get<int>(), static_cast<long long>(j.at("step").get<int64_t>()),
+                static_cast<long long>(j.at("steps").get<int64_t>()), j.value("model_hash", "").c_str());
+  return 0;
+}
+
+int runCancel(const ClusterClientOptions& c, int64_t id) {
+  const json a = call(c, "POST", "/cancel", json{{"id", id}});
+  std::printf("job %lld: %s\n", static_cast<long long>(id), a.value("state", "").c_str());
+  return 0;
+}
+
+}  // namespace morph::sched

@@ -1,0 +1,59 @@
+// The live cluster scheduler, `morph cluster --slots N`, and its clients
+// `morph submit`, `morph queue`, `morph cancel` (docs/cluster.md).
+//
+// The scheduler owns N worker slots on this machine. Each job runs as an
+// ordinary Morph job (`morph run JOB --workers K`, its outputs under
+// OUT/jobs/<id>/), and the scheduler changes its worker count through the
+// job's own resize path (`morph resize`), so scheduling never changes a
+// job's result. On every submission, completion and cancellation it asks
+// the policy (policy.h, the same code the simulator runs) for targets and
+// applies them: shrinks first; a start or a grow only once the slots are
+// free (a shrinking job holds its slots until its metrics show it on its
+// new worker count), so jobs never hold more slots than exist.
+//
+// Requests are JSON over HTTP on --host:--port (loopback by default), each
+// carrying the cluster's token (OUT/token) as `Authorization: Bearer`.
+// No libtorch: the job file's validation comes in as a callback.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace morph::sched {
+
+// What the scheduler needs of a job file (validated: InputError otherwise).
+struct JobFacts {
+  std::string name;
+  int64_t steps = 0;  // 0: unknown until the data is loaded (epochs)
+  int64_t virtual_nodes = 1;
+};
+using JobValidator = std::function<JobFacts(const std::string& path, const std::vector<std::string>& overrides)>;
+
+struct LiveClusterOptions {
+  int slots = 1;
+  std::string policy = "morph";
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: a free one (printed, and written to OUT/address)
+  std::string out = "runs/cluster";
+  std::string self_exe;  // the morph binary that runs the jobs
+  double resize_seconds = 0.6;
+  JobValidator validate;
+};
+// Serves until SIGINT or SIGTERM; then ends its running jobs (SIGTERM to
+// each job's process group, SIGKILL after 10 s) and returns 0.
+int runCluster(const LiveClusterOptions& options);
+
+struct ClusterClientOptions {
+  std::string cluster;     // HOST:PORT
+  std::string token_file;  // empty: $MORPH_TOKEN
+};
+// Prints the new job's id. The job file is validated here first (exit 2
+// before anything is queued), and again by the scheduler.
+int runSubmit(const ClusterClientOptions& c, const std::string& job_path, int priority, int demand,
+              const std::vector<std::string>& overrides, const JobValidator& validate);
+int runQueue(const ClusterClientOptions& c, bool json);
+int runCancel(const ClusterClientOptions& c, int64_t id);
+
+}  // namespace morph::sched
