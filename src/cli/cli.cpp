@@ -167,6 +167,8 @@ int morph::morphMain(int argc, char** argv) {
   cluster_cmd->add_option("--out", live.out, "output folder: token, address, queue.json, jobs/<id>/ (default runs/cluster)");
   cluster_cmd->add_option("--resize-seconds", live.resize_seconds, "resize cost the morph policy weighs (default 0.6)")
       ->check(CLI::Range(0.0, 1e6));
+  cluster_cmd->add_flag("--slurm", live.slurm,
+                        "inside a Slurm allocation: managers and workers as job steps (slots: SLURM_NTASKS)");
   auto* csim_cmd = cluster_cmd->add_subcommand("simulate", "run a trace of jobs under a policy in simulated time");
   csim_cmd->add_option("trace", csim.trace, "trace (JSON; morph cluster generate writes one)")->required();
   csim_cmd->add_option("--slots", csim.slots, "worker slots")->required()->check(CLI::Range(1, 1 << 20));
@@ -254,6 +256,7 @@ int morph::morphMain(int argc, char** argv) {
     if (*csim_cmd) return morph::sched::runClusterSimulate(csim);
     if (*cgen_cmd) return morph::sched::runClusterGenerate(cgen);
     if (*cluster_cmd) {
+      if (live.slurm && live.slots < 1 && std::getenv("SLURM_NTASKS")) live.slots = std::atoi(std::getenv("SLURM_NTASKS"));
       if (live.slots < 1) throw morph::InputError("morph cluster needs --slots N (or a subcommand: simulate, generate)");
       return morph::sched::runCluster(live);
     }

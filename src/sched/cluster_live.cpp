@@ -21,6 +21,7 @@
 #include <httplib.h>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -121,11 +122,45 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
       ::dup2(fd, 2);
       ::close(fd);
     }
-    ::execv(argv[0], argv.data());
+    ::execvp(argv[0], argv.data());
     _exit(127);
   }
   ::setpgid(pid, pid);  // also here: no race with a kill of the group
   return pid;
+}
+
+// Runs argv to completion; its standard output, or nullopt when it fails.
+std::optional<std::string> capture(const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return std::nullopt;
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, 2);
+    ::execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, size_t(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return out;
 }
 
 struct LiveJob {
@@ -143,6 +178,13 @@ struct LiveJob {
   int port = 0;
   pid_t pid = -1;
   bool cancel = false;
+  // Slurm: the worker steps (their srun processes), the manager's address,
+  // workers still to start once the port is known, and a grow waiting for
+  // its new workers to register before the resize is asked.
+  std::vector<pid_t> worker_steps;
+  std::string host = "127.0.0.1";
+  int to_launch = 0, grow_to = 0;
+  double status_polled = 0;
   double submitted = 0, started = 0, ended = 0;
   std::string model_hash, error;
 };
@@ -164,6 +206,7 @@ class LiveCluster {
     PolicyOptions po;
     po.resize_seconds = o.resize_seconds;
     policy_ = makePolicy(o.policy, po);
+    if (o_.slurm) slurmSetup();
   }
 
   int run() {
@@ -306,6 +349,7 @@ class LiveCluster {
         const std::string text = readFile(j.log);
         if (std::regex_search(text, m, re)) j.port = std::stoi(m[1]);
       }
+      if (o_.slurm) slurmTick(j);
       const std::string line = lastLine(j.dir + "/metrics.jsonl");
       if (!line.empty()) {
         try {
@@ -317,7 +361,8 @@ class LiveCluster {
       }
       // A shrink has taken effect once a step committed on the new count and
       // the workers that left have exited.
-      if (j.held > j.target && j.observed == j.target && workersInGroup(j.pid) <= j.target) {
+      const int live_workers = o_.slurm ? int(j.worker_steps.size()) : workersInGroup(j.pid);
+      if (j.held > j.target && j.observed == j.target && live_workers <= j.target) {
         j.held = j.target;
         changed = true;
       }
@@ -329,6 +374,22 @@ class LiveCluster {
   }
 
   void finish(LiveJob& j, int status) {
+    // Worker steps: they end with the job (3 s at most), then SIGTERM
+    // (a failed or cancelled job's), then SIGKILL.
+    for (int round = 0; round < 3 && !j.worker_steps.empty(); ++round) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(round == 0 ? 3 : 5);
+      for (pid_t p : j.worker_steps)
+        if (round > 0) ::kill(-p, round == 1 ? SIGTERM : SIGKILL);
+      for (auto it = j.worker_steps.begin(); it != j.worker_steps.end();) {
+        int st = 0;
+        pid_t r = 0;
+        while ((r = ::waitpid(*it, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (r == *it || (r < 0 && errno == ECHILD)) it = j.worker_steps.erase(it);
+        else ++it;
+      }
+    }
+    j.worker_steps.clear();
     j.ended = unixNow();
     j.held = j.target = j.desired = 0;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -390,9 +451,23 @@ class LiveCluster {
         start(*j, j->desired);
         free -= j->desired;
         changed = true;
-      } else if (j->state == "running" && j->desired > j->target && j->port > 0 && j->desired - j->held <= free) {
+      } else if (j->state == "running" && j->desired > j->target && j->port > 0 && j->grow_to == 0 &&
+                 j->desired - j->held <= free) {
         free -= j->desired - j->held;
-        changed |= resize(*j, j->desired);
+        if (o_.slurm) {
+          // Worker steps first; the resize once they have registered
+          // (asked earlier, the manager would start local workers).
+          j->grow_to = j->desired;
+          j->to_launch += j->desired - int(j->worker_steps.size());
+          std::printf("morph: job %lld: starting %d worker step(s) to grow to %d\n", static_cast<long long>(j->id),
+                      j->to_launch, j->desired);
+          std::fflush(stdout);
+          j->held = j->desired;
+          slurmTick(*j);
+          changed = true;
+        } else {
+          changed |= resize(*j, j->desired);
+        }
       }
     }
     return changed;
@@ -403,6 +478,13 @@ class LiveCluster {
     std::vector<std::string> args{o_.self_exe, "run",   j.path,  "--workers", std::to_string(workers),
                                   "--out",     j.dir,   "--port", "0",        "--status",
                                   "off",       "--quiet"};
+    if (o_.slurm) {
+      j.host = manager_addr_;
+      args.insert(args.end(), {"--spawn", "0", "--host", j.host});
+      args.insert(args.begin(), {"srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=" + manager_node_,
+                                 "--job-name=morph-" + std::to_string(j.id) + "-manager"});
+      j.to_launch = workers;
+    }
     for (const auto& s : j.overrides) args.insert(args.end(), {"--set", s});
     j.pid = spawn(args, j.log);
     j.state = "running";
@@ -416,7 +498,7 @@ class LiveCluster {
   // `morph resize` against the job's manager. A shrink keeps the slots held
   // until the job's metrics show the new count; a grow holds them at once.
   bool resize(LiveJob& j, int workers) {
-    const pid_t pid = spawn({o_.self_exe, "resize", "--join", "127.0.0.1:" + std::to_string(j.port), "--workers",
+    const pid_t pid = spawn({o_.self_exe, "resize", "--join", j.host + ":" + std::to_string(j.port), "--workers",
                              std::to_string(workers), "--token-file", j.dir + "/token"},
                             o_.out + "/resize.log");
     int status = 0;
@@ -457,6 +539,58 @@ class LiveCluster {
     std::printf("morph: cluster stopped\n");
   }
 
+  // The allocation's first node runs the managers; its address is the one
+  // the workers join.
+  void slurmSetup() {
+    if (!std::getenv("SLURM_JOB_ID") || !std::getenv("SLURM_JOB_NODELIST"))
+      throw InputError("morph cluster --slurm runs inside a Slurm allocation (salloc or sbatch): SLURM_JOB_ID is not set");
+    const auto nodes = capture({"scontrol", "show", "hostnames", std::getenv("SLURM_JOB_NODELIST")});
+    if (!nodes || nodes->empty()) throw InputError("--slurm: `scontrol show hostnames $SLURM_JOB_NODELIST` failed");
+    manager_node_ = nodes->substr(0, nodes->find('\n'));
+    const auto node = capture({"scontrol", "-o", "show", "node", manager_node_});
+    std::smatch m;
+    static const std::regex addr_re("NodeAddr=([^ ]+)");
+    if (!node || !std::regex_search(*node, m, addr_re))
+      throw InputError("--slurm: cannot read node " + manager_node_ + "'s address (scontrol show node)");
+    manager_addr_ = m[1];
+  }
+
+  // Starts pending worker steps, reaps ended ones, and asks a grow's resize
+  // once its new workers have registered (`morph status`: alive).
+  void slurmTick(LiveJob& j) {
+    for (auto it = j.worker_steps.begin(); it != j.worker_steps.end();) {
+      int st = 0;
+      if (::waitpid(*it, &st, WNOHANG) == *it) it = j.worker_steps.erase(it);
+      else ++it;
+    }
+    if (j.port == 0) return;
+    for (; j.to_launch > 0; --j.to_launch) {
+      const std::string log = j.dir + "/worker-" + std::to_string(j.worker_steps.size()) + "-" +
+                              std::to_string(int64_t(unixNow() * 1000)) + ".log";
+      j.worker_steps.push_back(spawn({"srun", "--nodes=1", "--ntasks=1", "--exclusive",
+                               "--job-name=morph-" + std::to_string(j.id) + "-worker", o_.self_exe, "worker", "--join",
+                               j.host + ":" + std::to_string(j.port), "--token-file", j.dir + "/token",
+                               "--connect-timeout", "120"},
+                              log));
+    }
+    if (j.grow_to > 0 && unixNow() - j.status_polled > 0.5) {
+      j.status_polled = unixNow();
+      const auto out = capture({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
+                                j.dir + "/token"});
+      int alive = 0;
+      try {
+        if (out) alive = json::parse(*out).value("alive", 0);
+      } catch (const json::exception&) {
+      }
+      if (alive >= j.grow_to) {
+        const int to = j.grow_to;
+        j.grow_to = 0;
+        if (!resize(j, to)) j.held = j.target;
+      }
+    }
+  }
+
+  std::string manager_node_, manager_addr_;
   LiveClusterOptions o_;
   std::unique_ptr<Policy> policy_;
   std::string token_;

@@ -40,6 +40,13 @@ struct LiveClusterOptions {
   std::string self_exe;  // the morph binary that runs the jobs
   double resize_seconds = 0.6;
   JobValidator validate;
+  // Inside a Slurm allocation (salloc/sbatch): each job's manager is a job
+  // step (`srun --nodes=1 --ntasks=1 --overlap`, on the allocation's first
+  // node) and each of its workers a step of its own (`srun --nodes=1
+  // --ntasks=1 --exclusive morph worker --join`); a grow starts worker
+  // steps, a shrink lets the released workers' steps end. Slots default to
+  // the allocation's tasks (SLURM_NTASKS).
+  bool slurm = false;
 };
 // Serves until SIGINT or SIGTERM; then ends its running jobs (SIGTERM to
 // each job's process group, SIGKILL after 10 s) and returns 0.
