@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Gloo SUM all-reduce time by element type, the wire formats an exact
-reduction could use (docs/performance.md, "What the exact reduction costs").
+reduction could use (bench/results/HISTORY.md, "What the exact reduction
+costs").
 
 N processes on loopback (PyTorch's ProcessGroupGloo, the same Gloo as
 libtorch's), one all-reduce of `--elements` values per call, dtypes

@@ -1,5 +1,5 @@
-// The exact reduction's wires on their own (docs/performance.md, "Faster
-// exact reduction"): W processes on loopback, each with Morph's Gloo
+// The exact reduction's wires on their own (docs/performance.md, "What the
+// exact reduction costs"): W processes on loopback, each with Morph's Gloo
 // communicator, sum n values per call and end with the mean gradient as
 // floats, as a step does:
 //   exact all-reduce  Gloo's int64 SUM all-reduce, then every rank
