@@ -239,7 +239,8 @@ TEST_F(Cli, CorruptDataFileExitsTwo) {
                   fs::file_size(dir_ / "fm" / "train-images-idx3-ubyte.gz") / 2);
   std::string j = job(fashionJob((dir_ / "fm").string()));
   for (std::string workers : {"", " --workers 3"}) {
-    Result r = run("run " + j + workers + " --out " + out("c"));
+    const std::string args = "run " + j + workers + " --out " + out("c");
+    Result r = workers.empty() ? run(args) : runToFile(args, (dir_ / "c.log").string());
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.out;
     // Failing workers take the job down cleanly: no orphans left behind

@@ -69,6 +69,14 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// As run(), with the output written to the file `log`: it returns when the
+// command ends, not when the last process that inherited its output ends
+// (run()'s pipe would wait for orphaned workers, hiding them).
+inline Result runToFile(const std::string& args, const std::string& log) {
+  const int status = std::system((std::string(MORPH_BINARY) + " " + args + " > '" + log + "' 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(log)};
+}
+
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
