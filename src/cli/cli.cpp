@@ -175,6 +175,8 @@ int morph::morphMain(int argc, char** argv) {
   csim_cmd->add_option("--policy", csim.policy, "fifo, wfs or morph (default morph)");
   csim_cmd->add_option("--resize-seconds", csim.resize_seconds,
                        "seconds a resized job makes no progress (default 0.6)")->check(CLI::Range(0.0, 1e6));
+  csim_cmd->add_option("--start-seconds", csim.start_seconds,
+                       "seconds a started job takes before its first step (default 0)")->check(CLI::Range(0.0, 1e6));
   csim_cmd->add_option("--table-rows", csim.table_rows, "rows of the allocation table (default 40)")
       ->check(CLI::Range(0, 1 << 30));
   csim_cmd->add_flag("--json", csim.json, "one JSON object");
@@ -193,15 +195,20 @@ int morph::morphMain(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   cgen_cmd->add_option("--out", cgen.out, "trace file (default: standard output)");
   csim.resolve = morph::plannedStepSeconds;
-  const morph::sched::JobValidator validate = [](const std::string& path, const std::vector<std::string>& ov) {
+  const morph::sched::JobValidator validate = [](const std::string& path, const std::vector<std::string>& ov,
+                                                 const std::string& profile) {
     const morph::JobSpec job = morph::loadJobFile(path, ov);
-    return morph::sched::JobFacts{job.name, job.steps, job.virtual_nodes};
+    morph::sched::JobFacts f{job.name, job.steps, job.virtual_nodes, {}};
+    if (!profile.empty())
+      f.step_seconds = morph::plannedStepSeconds(path, profile, static_cast<int>(std::min<int64_t>(job.virtual_nodes, 32)));
+    return f;
   };
   live.validate = validate;
   morph::sched::ClusterClientOptions client;
   std::string submit_job;
   int submit_priority = 1, submit_demand = 0;
   std::vector<std::string> submit_overrides;
+  std::string submit_profile;
   bool queue_json = false;
   int64_t cancel_id = -1;
   auto* submit_cmd = app.add_subcommand("submit", "queue a job on a running `morph cluster` (prints its id)");
@@ -212,6 +219,8 @@ int morph::morphMain(int argc, char** argv) {
   submit_cmd->add_option("--demand", submit_demand, "most workers it may use (default: min(VNs, slots))")
       ->check(CLI::Range(1, 4096));
   submit_cmd->add_option("--set", submit_overrides, "override a job key");
+  submit_cmd->add_option("--profile", submit_profile,
+                         "the job's calibration profile: the morph policy's speed by worker count (default: linear)");
   submit_cmd->add_option("--token-file", client.token_file, "the cluster's token (OUT/token; default: $MORPH_TOKEN)");
   auto* queue_cmd = app.add_subcommand("queue", "the jobs of a running `morph cluster`");
   queue_cmd->add_option("--cluster", client.cluster, "HOST:PORT of `morph cluster`")->required();
@@ -261,7 +270,8 @@ int morph::morphMain(int argc, char** argv) {
       return morph::sched::runCluster(live);
     }
     if (*submit_cmd)
-      return morph::sched::runSubmit(client, submit_job, submit_priority, submit_demand, submit_overrides, validate);
+      return morph::sched::runSubmit(client, submit_job, submit_priority, submit_demand, submit_overrides, submit_profile,
+                                     validate);
     if (*queue_cmd) return morph::sched::runQueue(client, queue_json);
     if (*cancel_cmd) return morph::sched::runCancel(client, cancel_id);
     return morph::runWorker(worker);

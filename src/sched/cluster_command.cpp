@@ -20,6 +20,7 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
   SimConfig cfg;
   cfg.slots = o.slots;
   cfg.policy = po;
+  cfg.start_seconds = o.start_seconds;
   const ClusterSimResult r = simulateCluster(trace, *policy, cfg);
   if (o.json) {
     json jobs = json::array();
@@ -42,6 +43,7 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
                 {"decision_mean_ms", r.decision_mean_s * 1e3},
                 {"decision_max_ms", r.decision_max_s * 1e3},
                 {"resize_seconds", o.resize_seconds},
+                {"start_seconds", o.start_seconds},
                 {"jobs", jobs},
                 {"allocations", rows}};
     std::printf("%s\n", doc.dump().c_str());

@@ -15,6 +15,7 @@ struct ClusterSimulateOptions {
   int slots = 0;
   std::string policy = "morph";
   double resize_seconds = 0.6;
+  double start_seconds = 0;
   bool json = false;
   int table_rows = 40;  // rows of the allocation table in the text output
   ProfileResolver resolve;

@@ -178,6 +178,8 @@ struct LiveJob {
   int port = 0;
   pid_t pid = -1;
   bool cancel = false;
+  Speed speed;  // from the job's profile (morph submit --profile)
+  bool has_speed = false;
   // Slurm: the worker steps (their srun processes), the manager's address,
   // workers still to start once the port is known, and a grow waiting for
   // its new workers to register before the resize is asked.
@@ -273,7 +275,12 @@ class LiveCluster {
     j.demand = body.value("demand", 0);
     // Validated here too: the scheduler reads the file, maybe after the
     // client did, and never queues what `morph run` would refuse.
-    const JobFacts facts = o_.validate(j.path, j.overrides);
+    const std::string profile = body.value("profile", std::string());
+    const JobFacts facts = o_.validate(j.path, j.overrides, profile);
+    if (!facts.step_seconds.empty()) {
+      j.speed = Speed(facts.step_seconds);
+      j.has_speed = true;
+    }
     if (j.priority < 1) throw InputError("--priority " + std::to_string(j.priority) + ": expected an integer >= 1");
     if (j.demand == 0) j.demand = int(std::min<int64_t>(facts.virtual_nodes, o_.slots));
     if (j.demand < 1 || j.demand > o_.slots)
@@ -425,6 +432,7 @@ class LiveCluster {
       s.arrival = j.submitted;
       s.remaining_steps = double(std::max<int64_t>(1, j.steps - j.step_done));
       s.allocated = j.target;
+      s.speed = j.has_speed ? &j.speed : nullptr;
       v.jobs.push_back(s);
       active.push_back(&j);
     }
@@ -661,10 +669,12 @@ int runCluster(const LiveClusterOptions& o) {
 }
 
 int runSubmit(const ClusterClientOptions& c, const std::string& job_path, int priority, int demand,
-              const std::vector<std::string>& overrides, const JobValidator& validate) {
+              const std::vector<std::string>& overrides, const std::string& profile, const JobValidator& validate) {
   const std::string path = fs::absolute(job_path).lexically_normal().string();
-  validate(path, overrides);  // exit 2 here, before the job is sent
+  const std::string prof = profile.empty() ? "" : fs::absolute(profile).lexically_normal().string();
+  validate(path, overrides, prof);  // exit 2 here, before the job is sent
   json body = {{"job", path}, {"priority", priority}, {"overrides", overrides}};
+  if (!prof.empty()) body["profile"] = prof;
   if (demand > 0) body["demand"] = demand;
   const json a = call(c, "POST", "/submit", body);
   std::printf("%lld\n", static_cast<long long>(a.at("id").get<int64_t>()));

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,13 @@ struct JobFacts {
   std::string name;
   int64_t steps = 0;  // 0: unknown until the data is loaded (epochs)
   int64_t virtual_nodes = 1;
+  // With a calibration profile: seconds per step by worker count (the
+  // planner's best plan on each), the morph policy's speed for the job;
+  // empty: taken as linear.
+  std::map<int, double> step_seconds;
 };
-using JobValidator = std::function<JobFacts(const std::string& path, const std::vector<std::string>& overrides)>;
+using JobValidator = std::function<JobFacts(const std::string& path, const std::vector<std::string>& overrides,
+                                            const std::string& profile)>;
 
 struct LiveClusterOptions {
   int slots = 1;
@@ -59,7 +65,7 @@ struct ClusterClientOptions {
 // Prints the new job's id. The job file is validated here first (exit 2
 // before anything is queued), and again by the scheduler.
 int runSubmit(const ClusterClientOptions& c, const std::string& job_path, int priority, int demand,
-              const std::vector<std::string>& overrides, const JobValidator& validate);
+              const std::vector<std::string>& overrides, const std::string& profile, const JobValidator& validate);
 int runQueue(const ClusterClientOptions& c, bool json);
 int runCancel(const ClusterClientOptions& c, int64_t id);
 

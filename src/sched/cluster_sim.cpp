@@ -280,13 +280,15 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
         if (to == live[i].workers) continue;
         if (live[i].workers > 0) {
           // A resize: no progress while the job regroups (a pause still
-          // running from an earlier resize starts again).
-          live[i].paused_until = now + cfg.policy.resize_seconds;
+          // running from an earlier resize starts again; a longer start-up
+          // pause is kept).
+          live[i].paused_until = std::max(live[i].paused_until, now + cfg.policy.resize_seconds);
           ++r.jobs[i].resizes;
           ++r.resizes;
         } else if (!live[i].started) {
           live[i].started = true;
           r.jobs[i].start = now;
+          live[i].paused_until = now + cfg.start_seconds;
         }
         live[i].workers = to;
         r.jobs[i].max_workers = std::max(r.jobs[i].max_workers, to);

@@ -62,6 +62,7 @@ Trace generateTrace(const TraceGenOptions& options);
 struct SimConfig {
   int slots = 8;
   PolicyOptions policy;  // resize_seconds: the pause of a resized job
+  double start_seconds = 0;  // a started job's start-up (processes, data) before its first step
 };
 
 struct JobOutcome {

@@ -71,6 +71,16 @@ TEST(ClusterSim, VirtualFlowExampleByHand) {
   EXPECT_EQ(m.rows[2].workers, (std::vector<int>{0, 0}));
 }
 
+TEST(ClusterSim, StartUpDelaysTheFirstStep) {
+  SimConfig c;
+  c.slots = 8;
+  c.start_seconds = 5;
+  const ClusterSimResult f = simulateCluster(example(), *makePolicy("fifo"), c);
+  EXPECT_DOUBLE_EQ(f.jobs[0].end, 105);   // 5 s start-up, then 100 s
+  EXPECT_DOUBLE_EQ(f.jobs[1].start, 105);
+  EXPECT_DOUBLE_EQ(f.jobs[1].end, 910);
+}
+
 // Re-integrates each job's steps from the allocation table (its rate on
 // each row's workers over the row's span, less the pause after a resize)
 // and checks it equals the job's steps: the simulator's bookkeeping of

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Live cluster against the simulator (docs/cluster.md): the same 6-job
+trace run by `morph cluster` (real Morph jobs, submitted at their arrival
+times) and by `morph cluster simulate`, under fifo and morph, on 2 slots.
+
+  python3 bench/cluster_live_vs_sim.py [--morph build/morph] [--policies fifo,morph] [--scale 1]
+
+The trace's speed tables are measured first, in the same run: each job
+file alone on 1 and 2 workers (`morph run --workers k`), its steady step
+time (median wall clock between step commits) and its start-up (launch to
+the first commit), which the simulator gets as --start-seconds. The live
+jobs are submitted with a calibration profile (`morph calibrate`), so the
+live morph policy works from the planner's predicted speeds, not linear
+ones. Durations
+are scaled to 8-16 s a job at its demand (--scale multiplies them). Prints
+each job's JCT live and simulated and their ratio. Only the processes the
+script starts are ended (by pid).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = """[job]
+name = "{name}"
+seed = {seed}
+steps = {steps}
+[data]
+dataset = "synthetic"
+train_size = 200
+test_size = 20
+[model]
+name = "mlp"
+hidden = [32]
+[batch]
+global = 20
+virtual_nodes = 4
+[optim]
+lr = 0.05
+"""
+ARRIVALS = [0, 3, 6, 9, 12, 15]
+PRIORITIES = [1, 5, 10, 5, 1, 10]
+DEMANDS = [2, 1, 2, 2, 1, 2]
+SECONDS = [12, 8, 10, 16, 9, 11]  # at demand, before --scale
+
+
+def measure(morph, d, k):
+    job = os.path.join(d, f"m{k}.toml")
+    open(job, "w").write(JOB.format(name=f"m{k}", seed=1, steps=3000))
+    t0 = time.time()
+    subprocess.run([morph, "run", job, "--workers", str(k), "--out", os.path.join(d, f"m{k}"), "--quiet",
+                    "--status", "off"], check=True, capture_output=True)
+    t = [json.loads(l)["unix_time"] for l in open(os.path.join(d, f"m{k}", "metrics.jsonl"))]
+    gaps = [b - a for a, b in zip(t[500:], t[501:])]
+    return statistics.median(gaps), t[0] - t0
+
+
+def live(morph, d, policy, jobs, profile):
+    out = os.path.join(d, "live-" + policy)
+    cluster = subprocess.Popen([morph, "cluster", "--slots", "2", "--policy", policy, "--out", out],
+                               stdout=open(out + ".log", "w"), stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):
+            if os.path.exists(os.path.join(out, "address")):
+                break
+            time.sleep(0.05)
+        addr = open(os.path.join(out, "address")).read().strip()
+        token = open(os.path.join(out, "token")).read().strip()
+        hdr = {"Authorization": "Bearer " + token}
+
+        def post(path, body):
+            rq = urllib.request.Request(f"http://{addr}{path}", data=json.dumps(body).encode(), headers=hdr)
+            return json.load(urllib.request.urlopen(rq, timeout=30))
+
+        t0 = time.time()
+        for j in jobs:
+            time.sleep(max(0.0, t0 + j["arrival"] - time.time()))
+            post("/submit", {"job": j["file"], "priority": j["priority"], "demand": j["demand"], "profile": profile})
+        while True:
+            q = json.load(urllib.request.urlopen(urllib.request.Request(f"http://{addr}/queue", headers=hdr)))
+            if all(x["state"] in ("done", "failed", "cancelled") for x in q["jobs"]):
+                break
+            time.sleep(0.2)
+        bad = [x for x in q["jobs"] if x["state"] != "done"]
+        if bad:
+            sys.exit(f"live {policy}: jobs not done: {bad}")
+        return [x["ended"] - x["submitted"] for x in q["jobs"]]
+    finally:
+        cluster.terminate()
+        cluster.wait(timeout=30)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
+    ap.add_argument("--policies", default="fifo,morph")
+    ap.add_argument("--scale", type=float, default=1.0)
+    a = ap.parse_args()
+    morph = os.path.abspath(a.morph)
+    with tempfile.TemporaryDirectory() as d:
+        s1, up1 = measure(morph, d, 1)
+        s2, up2 = measure(morph, d, 2)
+        start = (up1 + up2) / 2
+        # The live morph policy's speeds: the planner's, from one calibration
+        # (the jobs differ only in seed and steps, so one profile fits all).
+        profile = os.path.join(d, "profile.json")
+        subprocess.run([morph, "calibrate", os.path.join(d, "m1.toml"), "--out", profile, "--quiet"], check=True,
+                       capture_output=True)
+        planned = json.loads(subprocess.run(
+            [morph, "cluster", "simulate", "/dev/stdin", "--slots", "2", "--policy", "fifo", "--json"],
+            input=json.dumps({"jobs": [{"name": "p", "arrival": 0, "priority": 1, "demand": k, "steps": 1000,
+                                        "job": os.path.join(d, "m1.toml"), "profile": profile} for k in (1,)]}),
+            check=True, capture_output=True, text=True).stdout)
+        print(f"calibrated: the planner predicts {planned['jobs'][0]['jct_seconds']:.3f} ms per step on 1 worker")
+        print(f"measured: step {1e3 * s1:.3f} ms on 1 worker, {1e3 * s2:.3f} ms on 2; start-up {up1:.2f} s / "
+              f"{up2:.2f} s (simulator: --start-seconds {start:.2f})")
+        table = {"1": s1, "2": s2}
+        jobs, trace = [], []
+        for i in range(6):
+            steps = int(SECONDS[i] * a.scale / table[str(DEMANDS[i])])
+            f = os.path.join(d, f"j{i}.toml")
+            open(f, "w").write(JOB.format(name=f"j{i}", seed=i + 1, steps=steps))
+            jobs.append({"file": f, "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i]})
+            trace.append({"name": f"j{i}", "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i],
+                          "steps": steps, "step_seconds": table})
+        tf = os.path.join(d, "trace.json")
+        json.dump({"jobs": trace}, open(tf, "w"))
+        for policy in a.policies.split(","):
+            sim = json.loads(subprocess.run([morph, "cluster", "simulate", tf, "--slots", "2", "--policy", policy,
+                                             "--start-seconds", f"{start:.3f}", "--json"], check=True,
+                                            capture_output=True, text=True).stdout)
+            meas = live(morph, d, policy, jobs, profile)
+            print(f"\n{policy}: JCT per job, live vs simulated\n\n| job | live s | simulated s | live / sim |\n|---|---|---|---|")
+            ratios = []
+            for i, j in enumerate(sim["jobs"]):
+                r = meas[i] / j["jct_seconds"]
+                ratios.append(r)
+                print(f"| j{i} | {meas[i]:.1f} | {j['jct_seconds']:.1f} | {r:.3f} |")
+            print(f"mean JCT live {statistics.mean(meas):.1f} s, simulated {sim['mean_jct_seconds']:.1f} s; "
+                  f"per-job |error| max {100 * max(abs(r - 1) for r in ratios):.1f}%, "
+                  f"mean {100 * statistics.mean(abs(r - 1) for r in ratios):.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
