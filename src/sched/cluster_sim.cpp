@@ -47,7 +47,7 @@ Trace traceFromJson(const std::string& text, const std::string& origin, const Pr
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double
     bad(origin, std::string("not JSON: ") + e.what());
   }
   if (!doc.is_object() || !doc.contains("jobs") || !doc["jobs"].is_array())

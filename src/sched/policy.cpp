@@ -16,7 +16,7 @@ Speed::Speed(std::map<int, double> step_seconds) : step_seconds_(std::move(step_
   if (step_seconds_.empty()) throw InputError("step_seconds: expected at least one worker count");
   for (const auto& [k, s] : step_seconds_) {
     if (k < 1) throw InputError("step_seconds: worker count " + std::to_string(k) + " (expected >= 1)");
-    if (!std::isfinite(s) || s <= 0)
+    if (!std::isfinite(s) || s <= 0 || !std::isfinite(1.0 / s))
       throw InputError("step_seconds[\"" + std::to_string(k) + "\"]: expected seconds > 0");
   }
 }

@@ -144,6 +144,13 @@ TEST(ClusterSim, TraceErrorsNameTheFileTheJobAndTheKey) {
   EXPECT_EQ(traceFromJson(R"({"jobs": [{"name": "a", )" + ok + "}]}", "t.json").jobs.size(), 1u);
   EXPECT_NE(error("[1,2").find("t.json: not JSON"), std::string::npos);
   EXPECT_NE(error(R"({"jobs": []})").find("at least one job"), std::string::npos);
+  // A number beyond a double (tests/fuzz/corpus/cluster_trace/regress-number-overflow.json
+  // ended the process: nlohmann's out_of_range was not caught).
+  EXPECT_NE(error(R"({"jobs": [{"name": "a", "arrival": 1e3300}]})").find("t.json: not JSON"), std::string::npos);
+  // A step time whose rate is not finite (1 / 1e-320).
+  EXPECT_NE(error(R"({"jobs": [{"name": "a", "arrival": 0, "priority": 1, "demand": 1, "steps": 1, "step_seconds": {"1": 1e-320}}]})")
+                .find("expected seconds > 0"),
+            std::string::npos);
   EXPECT_NE(error(R"({"jobs": [{"name": "a", "arrival": 0, "priority": 1, "steps": 10, "step_seconds": {"1": 1}}]})")
                 .find("t.json: jobs[0] (a): missing \"demand\""),
             std::string::npos);
