@@ -10,6 +10,7 @@ packages=(
   iproute2 procps
   python3 python3-torch curl chromium
   clang libclang-rt-14-dev
+  slurmctld slurmd slurm-client munge
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -163,6 +163,26 @@ std::optional<std::string> capture(const std::vector<std::string>& args) {
   return out;
 }
 
+// Starts argv in a process group of its own, stdout to `out`, stderr to `err`.
+pid_t spawnTo(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (o >= 0) ::dup2(o, 1);
+    if (e >= 0) ::dup2(e, 2);
+    ::execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  ::setpgid(pid, pid);
+  return pid;
+}
+
 struct LiveJob {
   int64_t id = 0;
   std::string name, path, dir, log;
@@ -187,6 +207,9 @@ struct LiveJob {
   std::string host = "127.0.0.1";
   int to_launch = 0, grow_to = 0;
   double status_polled = 0;
+  // A `morph resize` under way (its target), a `morph status` under way.
+  pid_t resize_pid = -1, status_pid = -1;
+  int resize_to = 0;
   double submitted = 0, started = 0, ended = 0;
   std::string model_hash, error;
 };
@@ -356,6 +379,7 @@ class LiveCluster {
         const std::string text = readFile(j.log);
         if (std::regex_search(text, m, re)) j.port = std::stoi(m[1]);
       }
+      if (resizeDone(j)) changed = dirty_ = true;
       if (o_.slurm) slurmTick(j);
       const std::string line = lastLine(j.dir + "/metrics.jsonl");
       if (!line.empty()) {
@@ -369,7 +393,8 @@ class LiveCluster {
       // A shrink has taken effect once a step committed on the new count and
       // the workers that left have exited.
       const int live_workers = o_.slurm ? int(j.worker_steps.size()) : workersInGroup(j.pid);
-      if (j.held > j.target && j.observed == j.target && live_workers <= j.target) {
+      if (j.held > j.target && j.resize_pid < 0 && j.grow_to == 0 && j.observed == j.target &&
+          live_workers <= j.target) {
         j.held = j.target;
         changed = true;
       }
@@ -397,6 +422,8 @@ class LiveCluster {
       }
     }
     j.worker_steps.clear();
+    endHelper(j.resize_pid);
+    endHelper(j.status_pid);
     j.ended = unixNow();
     j.held = j.target = j.desired = 0;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -444,7 +471,8 @@ class LiveCluster {
   bool apply() {
     bool changed = false;
     for (LiveJob& j : jobs_)
-      if (j.state == "running" && !j.cancel && j.desired > 0 && j.desired < j.target && j.port > 0)
+      if (j.state == "running" && !j.cancel && j.desired > 0 && j.desired < j.target && j.port > 0 &&
+          j.resize_pid < 0 && j.grow_to == 0)
         changed |= resize(j, j.desired);
     int free = o_.slots;
     for (const LiveJob& j : jobs_) free -= j.held;
@@ -460,7 +488,7 @@ class LiveCluster {
         free -= j->desired;
         changed = true;
       } else if (j->state == "running" && j->desired > j->target && j->port > 0 && j->grow_to == 0 &&
-                 j->desired - j->held <= free) {
+                 j->resize_pid < 0 && j->desired - j->held <= free) {
         free -= j->desired - j->held;
         if (o_.slurm) {
           // Worker steps first; the resize once they have registered
@@ -505,25 +533,46 @@ class LiveCluster {
 
   // `morph resize` against the job's manager. A shrink keeps the slots held
   // until the job's metrics show the new count; a grow holds them at once.
+  // Started here, finished in a later tick (resizeDone): the scheduler never
+  // waits for a `morph resize` process (it loads libtorch: seconds on a
+  // busy machine) while it holds the lock the API needs. A grow's slots
+  // are held from now on.
   bool resize(LiveJob& j, int workers) {
-    const pid_t pid = spawn({o_.self_exe, "resize", "--join", j.host + ":" + std::to_string(j.port), "--workers",
-                             std::to_string(workers), "--token-file", j.dir + "/token"},
-                            o_.out + "/resize.log");
+    if (j.resize_pid > 0) return false;
+    j.resize_pid = spawn({o_.self_exe, "resize", "--join", j.host + ":" + std::to_string(j.port), "--workers",
+                          std::to_string(workers), "--token-file", j.dir + "/token"},
+                         o_.out + "/resize.log");
+    j.resize_to = workers;
+    j.held = std::max(j.held, workers);
+    return true;
+  }
+
+  // Reaps a finished `morph resize`: the new target, or the old one back.
+  bool resizeDone(LiveJob& j) {
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    if (j.resize_pid <= 0 || ::waitpid(j.resize_pid, &status, WNOHANG) != j.resize_pid) return false;
+    j.resize_pid = -1;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::printf("morph: job %lld: resize to %d failed (%s/resize.log); retried at the next event\n",
-                  static_cast<long long>(j.id), workers, o_.out.c_str());
+                  static_cast<long long>(j.id), j.resize_to, o_.out.c_str());
       j.desired = j.target;
-      return false;
+      j.held = std::max(j.target, j.observed);
+    } else {
+      std::printf("morph: job %lld resized %d -> %d workers\n", static_cast<long long>(j.id), j.target, j.resize_to);
+      j.target = j.resize_to;
+      ++j.resizes;
     }
-    std::printf("morph: job %lld resized %d -> %d workers\n", static_cast<long long>(j.id), j.target, workers);
     std::fflush(stdout);
-    j.held = std::max(j.held, workers);
-    j.target = workers;
-    ++j.resizes;
     return true;
+  }
+
+  // Ends a helper process (resize, status) of a job that has ended.
+  static void endHelper(pid_t& pid) {
+    if (pid <= 0) return;
+    ::kill(-pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    pid = -1;
   }
 
   void shutdown() {
@@ -581,20 +630,28 @@ class LiveCluster {
                                "--connect-timeout", "120"},
                               log));
     }
-    if (j.grow_to > 0 && unixNow() - j.status_polled > 0.5) {
-      j.status_polled = unixNow();
-      const auto out = capture({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
-                                j.dir + "/token"});
+    // `morph status` runs as a helper too; its answer is read when it ends.
+    const std::string status_file = j.dir + "/status.json";
+    int st = 0;
+    if (j.status_pid > 0 && ::waitpid(j.status_pid, &st, WNOHANG) == j.status_pid) {
+      j.status_pid = -1;
       int alive = 0;
       try {
-        if (out) alive = json::parse(*out).value("alive", 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) alive = json::parse(readFile(status_file)).value("alive", 0);
       } catch (const json::exception&) {
       }
-      if (alive >= j.grow_to) {
+      if (j.grow_to > 0 && alive >= j.grow_to) {
         const int to = j.grow_to;
         j.grow_to = 0;
-        if (!resize(j, to)) j.held = j.target;
+        resize(j, to);
       }
+    }
+    if (j.grow_to > 0 && j.status_pid < 0 && j.resize_pid < 0 && unixNow() - j.status_polled > 0.5) {
+      j.status_polled = unixNow();
+      ::unlink(status_file.c_str());
+      j.status_pid = spawnTo({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
+                              j.dir + "/token"},
+                             status_file, j.dir + "/status.err");
     }
   }
 
