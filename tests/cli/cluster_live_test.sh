@@ -18,7 +18,7 @@ cleanup() {
 trap cleanup EXIT
 
 # j0 runs first and longest: the others arrive while it runs.
-STEPS=1500 mlp_job "$work/j0.toml" j0 1
+STEPS=2500 mlp_job "$work/j0.toml" j0 1
 for i in 1 2 3; do STEPS=600 mlp_job "$work/j$i.toml" "j$i" $((i + 1)); done
 # Standalone references: each job alone, in one process.
 for i in 0 1 2 3; do
