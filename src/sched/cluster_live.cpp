@@ -469,27 +469,32 @@ class LiveCluster {
 
   // Shrinks first; starts and grows only within the slots no job holds.
   bool apply() {
+    // Every job that holds slots or may get some; cancelled ones only hold.
+    std::vector<LiveJob*> live;
+    std::vector<SlotState> states;
+    for (LiveJob& j : jobs_) {
+      const bool active = (j.state == "queued" || j.state == "running") && !j.cancel;
+      if (!active && j.held == 0) continue;
+      SlotState s;
+      s.id = j.id;
+      s.priority = j.priority;
+      s.running = j.state == "running";
+      s.target = j.target;
+      s.held = j.held;
+      s.desired = active ? j.desired : j.target;
+      s.ready = active && (!s.running || (j.port > 0 && j.resize_pid < 0 && j.grow_to == 0));
+      live.push_back(&j);
+      states.push_back(s);
+    }
     bool changed = false;
-    for (LiveJob& j : jobs_)
-      if (j.state == "running" && !j.cancel && j.desired > 0 && j.desired < j.target && j.port > 0 &&
-          j.resize_pid < 0 && j.grow_to == 0)
-        changed |= resize(j, j.desired);
-    int free = o_.slots;
-    for (const LiveJob& j : jobs_) free -= j.held;
-    std::vector<LiveJob*> order;
-    for (LiveJob& j : jobs_)
-      if ((j.state == "queued" || j.state == "running") && !j.cancel) order.push_back(&j);
-    std::stable_sort(order.begin(), order.end(), [](const LiveJob* a, const LiveJob* b) {
-      return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
-    });
-    for (LiveJob* j : order) {
-      if (j->state == "queued" && j->desired > 0 && j->desired <= free) {
-        start(*j, j->desired);
-        free -= j->desired;
+    for (const SlotAction& a : planSlotActions(states, o_.slots)) {
+      LiveJob* j = live[a.job];
+      if (a.kind == SlotAction::kShrink) {
+        changed |= resize(*j, a.workers);
+      } else if (a.kind == SlotAction::kStart) {
+        start(*j, a.workers);
         changed = true;
-      } else if (j->state == "running" && j->desired > j->target && j->port > 0 && j->grow_to == 0 &&
-                 j->resize_pid < 0 && j->desired - j->held <= free) {
-        free -= j->desired - j->held;
+      } else {
         if (o_.slurm) {
           // Worker steps first; the resize once they have registered
           // (asked earlier, the manager would start local workers).
@@ -502,7 +507,7 @@ class LiveCluster {
           slurmTick(*j);
           changed = true;
         } else {
-          changed |= resize(*j, j->desired);
+          changed |= resize(*j, a.workers);
         }
       }
     }
@@ -717,6 +722,35 @@ json call(const ClusterClientOptions& c, const std::string& method, const std::s
 }
 
 }  // namespace
+
+std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots) {
+  std::vector<SlotAction> out;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const SlotState& s = jobs[i];
+    if (s.running && s.ready && s.desired > 0 && s.desired < s.target) out.push_back({SlotAction::kShrink, i, s.desired});
+  }
+  int free = slots;
+  for (const SlotState& s : jobs) free -= s.held;
+  std::vector<size_t> order(jobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return jobs[a].priority != jobs[b].priority ? jobs[a].priority > jobs[b].priority : jobs[a].id < jobs[b].id;
+  });
+  for (size_t i : order) {
+    SlotState& s = jobs[i];
+    if (!s.ready) continue;
+    if (!s.running && s.desired > 0 && s.desired <= free) {
+      out.push_back({SlotAction::kStart, i, s.desired});
+      free -= s.desired;
+      s.held = s.desired;
+    } else if (s.running && s.desired > s.target && s.desired - s.held <= free) {
+      out.push_back({SlotAction::kGrow, i, s.desired});
+      free -= s.desired - s.held;
+      s.held = s.desired;
+    }
+  }
+  return out;
+}
 
 int runCluster(const LiveClusterOptions& o) {
   if (o.slots < 1) throw InputError("--slots: expected at least 1");

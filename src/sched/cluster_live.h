@@ -58,6 +58,31 @@ struct LiveClusterOptions {
 // each job's process group, SIGKILL after 10 s) and returns 0.
 int runCluster(const LiveClusterOptions& options);
 
+// The live scheduler's slot accounting, decided apart from the processes
+// (decide, then apply; tests/sched/live_plan_test.cpp): which of the
+// policy's targets can be applied now.
+struct SlotState {
+  int64_t id = 0;
+  int priority = 1;
+  bool running = false;  // false: queued
+  int target = 0;        // workers last asked of it (running)
+  int held = 0;          // slots it holds: its target, more while a shrink or a grow is under way
+  int desired = 0;       // the policy's target
+  bool ready = true;     // running: its port known, no resize or grow under way
+};
+struct SlotAction {
+  enum Kind { kShrink, kStart, kGrow } kind;
+  size_t job;  // index into the states
+  int workers;
+};
+// Shrinks first (a shrinking job keeps holding its slots until the shrink
+// has taken effect); then, in priority order (priority, then id), the starts
+// and grows that fit in the slots no job holds; a queued job that does not
+// fit waits without blocking the ones behind it (the policy decided the
+// order). Sets `held` of the jobs it starts or grows. Given held slots that
+// sum to at most `slots`, they still do after.
+std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots);
+
 struct ClusterClientOptions {
   std::string cluster;     // HOST:PORT
   std::string token_file;  // empty: $MORPH_TOKEN
