@@ -33,6 +33,18 @@ steps) and the collective payload one worker hands to Gloo per step. The
 last column is the 1-minute load average when the row started and ended
 (the development machine is shared).
 
+A line under each row gives every system's wall milliseconds per step
+next to its CPU milliseconds per step: user + system time of all its
+processes (`morph run` with its workers, or ddp_baseline.py with its
+ranks; getrusage of the waited-for children), marginal over the E extra
+steps like the time, and in brackets how busy that keeps the cores its
+W workers can use (CPU / (wall x min(W, cores))), and the minor page
+faults per step of all those processes. The CPU time is the
+work; a system far below 1.0 waited (for a peer, the scheduler, memory
+the kernel or the hypervisor had to map again) instead of working, and a
+ratio of samples/s between it and a busy one measures that wait, not
+faster compute.
+
 Emulated links (`--link RATE[:DELAY],...`, root and iproute2): the W
 processes (default 4) run in W network namespaces, each joined by a veth
 pair to a bridge in a hub namespace, and every veth end is shaped to RATE
@@ -61,6 +73,7 @@ import glob
 import json
 import os
 import random
+import resource
 import re
 import signal
 import statistics
@@ -112,6 +125,14 @@ ALIASES = {"gpt-mini": "gptmini", "gpt": "gptmini"}
 # a longer one changes nothing between steps (heartbeats are a background
 # thread's).
 HEARTBEAT = ["--heartbeat-timeout", "60"]
+
+
+def children_cpu():
+    """(CPU seconds (user + system), minor page faults) of every process
+    this script has waited for so far, their own waited-for children
+    included (`morph run`'s workers, ddp_baseline.py's ranks)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
 def timed(cmd, env=None):
@@ -379,9 +400,10 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
     """Seconds per steady step of one system, Morph's reduce stats, and (with
     links) bytes on the wire per step and worker."""
     s, e = window(a, model)
-    times, stats, sent = {}, (0.0, 0), {}
+    times, stats, sent, cpu = {}, (0.0, 0), {}, {}
     for steps in ((s + e, s) if long_first else (s, s + e)):
         tx0 = net.tx_bytes() if net else 0
+        cpu0 = children_cpu()
         if system in ("ddp", "ddp-glibc"):
             malloc = "glibc" if system == "ddp-glibc" else "morph"
             times[steps] = (ddp_netns(net, model, workers, steps, malloc) if net
@@ -405,7 +427,9 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
             if steps == s + e:
                 stats = morph_reduce_stats(out)
         sent[steps] = net.tx_bytes() - tx0 if net else 0
-    return (times[s + e] - times[s]) / e, stats, (sent[s + e] - sent[s]) / e / workers
+        cpu[steps] = [b - a for a, b in zip(cpu0, children_cpu())]
+    return ((times[s + e] - times[s]) / e, stats, (sent[s + e] - sent[s]) / e / workers,
+            [(b - a) / e for a, b in zip(cpu[s], cpu[s + e])])
 
 
 def spread(xs):
@@ -425,13 +449,17 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
             red = {"exact": [], "float": []}
             payload = {"exact": 0, "float": 0}
             wire = {k: [] for k in systems + extra}
+            cpu = {k: [] for k in systems + extra}
+            faults = {k: [] for k in systems + extra}
             for r in range(a.rounds):
                 every = systems + extra
                 order = every[r % len(every):] + every[:r % len(every)]
                 for system in order:
-                    sec, (rs, pb), wb = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
+                    sec, (rs, pb), wb, cs = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
                     sps[system].append(B / sec)
                     wire[system].append(wb)
+                    cpu[system].append(cs[0])
+                    faults[system].append(cs[1])
                     if system in red:
                         red[system].append(rs)
                         payload[system] = pb
@@ -442,6 +470,14 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                   f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
                   f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f} "
                   f"{load0 + '-' + load():>9}", flush=True)
+            # Wall clock and CPU time per step side by side: where a ratio
+            # of samples/s is not a ratio of work, one side waited (for its
+            # peers, a lock, the scheduler) rather than computed.
+            cores = min(workers, len(os.sched_getaffinity(0)))
+            print(f"{'':7} {'':>2} {'ms/step wall | CPU (busy) faults:':>35} " + ", ".join(
+                f"{k} {B / statistics.median(sps[k]) * 1e3:.1f} | {statistics.median(cpu[k]) * 1e3:.1f} "
+                f"({statistics.median(cpu[k]) / (B / statistics.median(sps[k])) / cores:.2f}) "
+                f"{statistics.median(faults[k]):.0f}" for k in sps), flush=True)
             if net:
                 print(f"{'':7} {'':>2} {'wire B/step/worker (median):':>28} " +
                       ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in wire.items()), flush=True)
