@@ -19,6 +19,7 @@
 
 #include "control/internal.h"
 #include "control/protocol/generation_plan.h"
+#include "control/protocol/generation_want.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
 #include "plan/morph_plan.h"
@@ -106,6 +107,11 @@ class Manager {
   void pollChildren();
   void pollHeartbeats();
   void pollResizeRequests();
+  // `morph slow` (ctl/slow/<id>): the factors in effect ride on gen/want,
+  // which every member reads before each step (GenerationWant).
+  void pollSlowRequests();
+  // gen/want: generation g, with the `morph slow` factors in effect.
+  void writeWant(int64_t g);
   void pollMetrics();
   void watchStragglers(const json& line);
   void updateStatus();
@@ -190,6 +196,8 @@ class Manager {
   double transition_start_ = 0;
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
+  GenerationWant want_;  // what gen/want holds
+  std::map<int64_t, std::string> slow_seen_;  // ctl/slow/<id> values read, by worker
   int64_t events_seen_ = 0;
   std::unique_ptr<RunLog> log_;
   int64_t steps_ = -1, next_ = 0, committed_ = -1, first_step_ = 0;
@@ -776,6 +784,33 @@ void Manager::pollResizeRequests() {
   if (want > alive) spawn(want - alive);
 }
 
+void Manager::pollSlowRequests() {
+  std::map<int64_t, double> slow;
+  for (auto& [id, w] : workers_) {
+    if (!w.alive) continue;
+    const std::string k = keys::slow(id);
+    if (!store_->check({k})) continue;
+    const std::string v = getString(*store_, k);
+    std::string& seen = slow_seen_[id];
+    char* end = nullptr;
+    const double f = std::strtod(v.c_str(), &end);
+    const bool ok = end != v.c_str() && *end == '\0' && std::isfinite(f) && f >= 1.0 && f <= 1000.0;
+    if (!ok && v != seen)
+      std::fprintf(stderr, "morph: ignoring slowdown factor '%s' in %s (expected 1 to 1000)\n", v.c_str(), k.c_str());
+    seen = v;
+    if (ok && f != 1.0) slow[id] = f;
+    else if (!ok && want_.slowdown.count(id)) slow[id] = want_.slowdown.at(id);  // the last good one stays
+  }
+  if (slow == want_.slowdown) return;
+  want_.slowdown = std::move(slow);
+  writeWant(want_.generation);
+}
+
+void Manager::writeWant(int64_t g) {
+  want_.generation = g;
+  setString(*store_, keys::kGenWant, want_.encode());
+}
+
 void Manager::pollMetrics() {
   if (!log_ && store_->check({keys::kJobSteps})) {
     steps_ = getInt(*store_, keys::kJobSteps);
@@ -860,7 +895,7 @@ void Manager::watchStragglers(const json& line) {
     target_ = static_cast<int>(members_.size()) - 1;
   }
   straggler_note_ = {{"worker", e->worker}, {"ratio", e->ratio}, {"dropped", e->drop}, {"detected_step", line.at("step")}};
-  setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+  writeWant(gen_ + 1);
   startTransition("straggler");
 }
 
@@ -1076,7 +1111,8 @@ void Manager::forgetPast() {
     if (w.alive || forgotten_.count(id)) continue;
     if (gone_before_.count(id)) {
       server_->table().erasePrefix(keys::workerPrefix(id));
-      store_->deleteKey(keys::slow(id));  // `morph slow`'s knob of a departed worker
+      store_->deleteKey(keys::slow(id));  // `morph slow`'s request for a departed worker
+      slow_seen_.erase(id);
       forgotten_.insert(id);
     } else {
       gone.insert(id);
@@ -1375,7 +1411,7 @@ void Manager::publishJob() {
   setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   // --quiet: worker 0 prints no progress (data and checkpoint loading) either.
   setString(*store_, keys::kJobQuiet, o_.quiet ? "1" : "0");
-  setString(*store_, keys::kGenWant, "0");
+  writeWant(0);
   // What a worker prints when it loses the manager (docs/distributed.md).
   setString(*store_, keys::kJobResumeCommand, resumeCommand());
   status_page_ = startStatusPage(o_.status, {"", 0, readToken(token_file_), job_.name, 0,
@@ -1399,6 +1435,7 @@ void Manager::superviseGenerations() {
     const int64_t seen = server_->table().writes();
     pollRegistrations();
     pollResizeRequests();
+    pollSlowRequests();
     pollChildren();
     pollHeartbeats();
     pollMetrics();
@@ -1448,17 +1485,17 @@ void Manager::watchMembership() {
     // Grow when the workers at hand make a bigger shape (joiners, or a
     // larger --workers target); extra workers wait as spares.
     if (shouldGrow(size, joiners)) {
-      setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+      writeWant(gen_ + 1);
       startTransition(resize_seq_ > 0 ? "request" : "join");
     } else if (size > target_) {
-      setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+      writeWant(gen_ + 1);
       startTransition("request");
     }
   } else if (joiners > 0 && size < target_ && size < job_.virtual_nodes) {
-    setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+    writeWant(gen_ + 1);
     startTransition(resize_seq_ > 0 ? "request" : "join");
   } else if (size > target_) {
-    setString(*store_, keys::kGenWant, std::to_string(gen_ + 1));
+    writeWant(gen_ + 1);
     startTransition("request");
   }
 }

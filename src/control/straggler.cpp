@@ -17,8 +17,6 @@ using detail::setString;
 
 namespace {
 constexpr double kMinGain = 0.9;  // a re-plan must cut the predicted compute to this fraction or less
-// `morph slow` reaches a worker within this long.
-constexpr auto kKnobPoll = std::chrono::milliseconds(50);
 }  // namespace
 
 double predictedCompute(const std::vector<int64_t>& shares, const std::vector<double>& seconds_per_vn) {
@@ -292,44 +290,6 @@ std::optional<std::vector<int64_t>> PipelineStragglerWatch::shares(const std::ve
   const std::vector<double> sec = replicaSeconds(members, stages);
   if (sec.empty() || vns < static_cast<int64_t>(sec.size())) return std::nullopt;
   return weightedShares(vns, sec, 1);
-}
-
-SlowdownKnob::SlowdownKnob(c10::intrusive_ptr<c10d::Store> store, int64_t id)
-    : store_(std::move(store)), key_(keys::slow(id)), thread_([this] { loop(); }) {}
-
-SlowdownKnob::~SlowdownKnob() {
-  stop_ = true;
-  thread_.join();
-}
-
-void SlowdownKnob::loop() {
-  std::string seen;
-  while (!stop_) {
-    try {
-      if (store_->check({key_})) {
-        const std::string v = getString(*store_, key_);
-        if (v != seen) {
-          seen = v;
-          char* end = nullptr;
-          const double f = std::strtod(v.c_str(), &end);
-          if (end != v.c_str() && *end == '\0' && std::isfinite(f) && f >= 1.0 && f <= 1000.0) {
-            factor_ = f;
-          } else {
-            std::fprintf(stderr, "morph: ignoring slowdown factor '%s' in %s (expected 1 to 1000)\n", v.c_str(),
-                         key_.c_str());
-          }
-        }
-      }
-    } catch (const std::exception&) {
-      return;  // the manager is gone; the training thread notices too
-    }
-    std::this_thread::sleep_for(kKnobPoll);
-  }
-}
-
-void SlowdownKnob::apply(StepCore& core, double device_slowdown) const {
-  const double want = device_slowdown * factor_.load();
-  if (want != core.slowdown()) core.setSlowdown(want);
 }
 
 int runSlow(const std::string& join, int64_t worker, double factor, const std::string& token_file) {

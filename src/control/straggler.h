@@ -1,7 +1,8 @@
 // Stragglers in data-parallel jobs: the manager's running estimate of each
-// worker's seconds per VN (the median of its last `steps` figures) and the re-plan it asks for (StragglerWatch), and
-// the worker's side of `morph slow` (SlowdownKnob; the command itself is
-// runSlow, runner.h). docs/distributed.md, "Stragglers".
+// worker's seconds per VN (the median of its last `steps` figures) and the re-plan it asks for (StragglerWatch).
+// `morph slow` (runSlow, runner.h) emulates one: the manager relays its
+// factor on gen/want, which every member reads before each step
+// (control/protocol/generation_want.h). docs/distributed.md, "Stragglers".
 //
 // Where the figures come from: every member writes its compute seconds per
 // VN of the step (its VNs' forward and backward plus the emulated slowdown,
@@ -15,19 +16,13 @@
 // model bits.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 namespace morph {
-
-class StepCore;
 
 struct StragglerOptions {
   double factor = 1.5;  // a worker deviates when its seconds per VN are > factor x (or < 1/factor x) expected
@@ -151,25 +146,5 @@ class PipelineStragglerWatch {
 
 // The largest share x seconds per VN: the compute part of a step.
 double predictedCompute(const std::vector<int64_t>& shares, const std::vector<double>& seconds_per_vn);
-
-// A worker's side of `morph slow`: a thread polls `ctl/slow/<id>` on its own
-// store connection (every 50 ms), so the training loop pays nothing for it.
-// apply() sets the core's emulated slowdown to device x factor when either
-// changed (StepCore::setSlowdown: the resources file's emulation).
-class SlowdownKnob {
- public:
-  SlowdownKnob(c10::intrusive_ptr<c10d::Store> store, int64_t id);
-  ~SlowdownKnob();
-  double factor() const { return factor_.load(); }
-  void apply(StepCore& core, double device_slowdown) const;
-
- private:
-  void loop();
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::string key_;
-  std::atomic<double> factor_{1.0};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 }  // namespace morph

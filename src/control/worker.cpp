@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "control/internal.h"
 #include "control/protocol/generation_plan.h"
+#include "control/protocol/generation_want.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
 #include "control/protocol/keys.h"
@@ -409,14 +410,10 @@ Registration registerWithManager(const WorkerOptions& o) {
 // the locals of one function were.
 class WorkerJob {
  public:
-  WorkerJob(const WorkerOptions& o, Registration& reg)
+  explicit WorkerJob(Registration& reg)
       : reg_(reg), store_(reg.store), id_(reg.id),
         job_(parseJob(getString(*store_, keys::kJobText), getString(*store_, keys::kJobOrigin),
                       splitLines(getString(*store_, keys::kJobOverrides)))),
-        // `morph slow` (straggler.h): polled on a connection of its own.
-        knob_(connectToManager(o.join, morph::store::workerKey(reg.token, store_->sessionNonce()), "worker/" + reg.me,
-                               o.connect_timeout_s),
-              id_),
         leave_groups_at_exit_{comms_} {}
 
   // Phase 2: everything a worker needs before it can join a generation
@@ -444,6 +441,14 @@ class WorkerJob {
   void finish(const Placement& p);
   // Reports the committed step when leaving a generation (ready or left).
   void report(const std::string& what);
+  // gen/want (JobError naming the key when malformed).
+  GenerationWant readWant();
+  // The core's emulated slowdown: its device's (resources file) x `morph
+  // slow`'s factor (StepCore::setSlowdown).
+  void applySlowdown(double device_slowdown) {
+    const double want = device_slowdown * slow_factor_;
+    if (want != core_->slowdown()) core_->setSlowdown(want);
+  }
 
   // The test build's faults at a step's points: "compute@12", "reduce@12",
   // "reduced@12", "last-sum@12" (ExecutorProbe::atPoint).
@@ -461,7 +466,9 @@ class WorkerJob {
   // Declaration order is destruction order (reversed): as the locals of the
   // one function this class was split from.
   JobSpec job_;
-  SlowdownKnob knob_;
+  // `morph slow`'s factor for this worker, as gen/want last carried it
+  // (GenerationWant: read before each step, nothing else polls).
+  double slow_factor_ = 1.0;
   std::string ckpt_dir_;
   DataPair data_;
   int64_t steps_ = 0;
@@ -579,6 +586,15 @@ void WorkerJob::report(const std::string& what) {
   store_->add(keys::kEvents, 1);  // wakes the manager's membership check
 }
 
+GenerationWant WorkerJob::readWant() {
+  const std::string v = getString(*store_, keys::kGenWant);
+  try {
+    return GenerationWant::decode(v);
+  } catch (const MessageError& e) {
+    throw JobError("the job's store holds a malformed value under " + keys::kGenWant + " (" + e.what() + ")");
+  }
+}
+
 bool WorkerJob::waitForGeneration(GenerationPlan& plan) {
   while (true) {
     if (store_->check({keys::kJobFinished})) return false;
@@ -632,7 +648,7 @@ WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int r
   pl.comm = comms_.back().get();
   const VnRange& range = plan.vn_ranges.at(static_cast<size_t>(rank));
   pl.slowdown = plan.slowdownOf(rank);
-  knob_.apply(*core_, pl.slowdown);
+  applySlowdown(pl.slowdown);
   if (plan.pipeline) {
     const json m = enterPipelineGeneration(*stage_ex_, plan, rank, comms_, gstore, gkey, go, held_, resume_ckpt_,
                                            nowSeconds() - rdv0);
@@ -669,11 +685,12 @@ WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int r
 bool WorkerJob::trainLoop(const Placement& p) {
   StepCore& core = *core_;
   while (core.nextStep() < steps_) {
-    const double want = static_cast<double>(getInt(*store_, keys::kGenWant));
-    std::vector<double> control = {want, g_leave_requested ? 1.0 : 0.0};
+    const GenerationWant want = readWant();
+    std::vector<double> control = {static_cast<double>(want.generation), g_leave_requested ? 1.0 : 0.0};
     control.resize(2 + static_cast<size_t>(p.world), 0.0);  // + every member's seconds per VN
     core.setControl(std::move(control));
-    knob_.apply(core, p.slowdown);
+    slow_factor_ = want.slowdownOf(id_);
+    applySlowdown(p.slowdown);
     StepStats st = tr_->step();
     const double committed_at = nowSeconds();
     if (last_commit_ > 0) longest_gap_ = std::max(longest_gap_, committed_at - last_commit_);
@@ -788,7 +805,7 @@ int runWorker(const WorkerOptions& o) {
   Registration reg = registerWithManager(o);
   bool ready = false;  // posted workers/<id>/ready: past start-up
   try {
-    WorkerJob w(o, reg);
+    WorkerJob w(reg);
     w.startUp();
     ready = true;
     return w.run();

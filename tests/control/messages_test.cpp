@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "control/protocol/generation_plan.h"
+#include "control/protocol/generation_want.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
 
@@ -166,6 +167,31 @@ TEST(MemberReport, RefusesMalformedReports) {
                           R"({"committed": 7, "held": [2, 5]})", R"({"committed": 7, "held": [2]})",
                           R"({"committed": 7, "line": {"loss": 1}})", R"({"committed": 7, "line": 3})"})
     EXPECT_THROW(MemberReport::fromJson(json::parse(bad)), MessageError) << bad;
+}
+
+// A job never slowed reads the bare number it always did; `morph slow`'s
+// factors ride on the same value.
+TEST(GenerationWant, BareNumberUntilAWorkerIsSlowed) {
+  GenerationWant w;
+  w.generation = 7;
+  EXPECT_EQ(w.encode(), "7");
+  EXPECT_EQ(GenerationWant::decode("7").generation, 7);
+  EXPECT_TRUE(GenerationWant::decode("7").slowdown.empty());
+  w.slowdown = {{1, 40.0}, {12, 2.5}};
+  EXPECT_EQ(json::parse(w.encode()), json::parse(R"({"generation": 7, "slowdown": {"1": 40.0, "12": 2.5}})"));
+  const GenerationWant back = GenerationWant::decode(w.encode());
+  EXPECT_EQ(back.generation, 7);
+  EXPECT_EQ(back.slowdown, w.slowdown);
+  EXPECT_EQ(back.slowdownOf(1), 40.0);
+  EXPECT_EQ(back.slowdownOf(0), 1.0);
+}
+
+TEST(GenerationWant, RefusesWhatTheManagerCouldNotHaveWritten) {
+  for (const char* bad : {"", "-1", "7x", "[7]", R"({"slowdown": {}})", R"({"generation": 1, "slowdown": 4})",
+                          R"({"generation": 1, "slowdown": {"x": 4}})", R"({"generation": 1, "slowdown": {"01": 4}})",
+                          R"({"generation": 1, "slowdown": {"1": 0.5}})", R"({"generation": 1, "slowdown": {"1": 2000}})",
+                          R"({"generation": 1, "slowdown": {"1": "4"}})", R"({"generation": -2})"})
+    EXPECT_THROW(GenerationWant::decode(bad), MessageError) << bad;
 }
 
 }  // namespace
