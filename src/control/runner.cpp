@@ -1,5 +1,5 @@
 // The runner: `morph run` (runJob), in this process (runInProcess) or as
-// the manager of worker processes (manager.cpp). Its helpers, shared with
+// the manager of worker processes (manager/manager.cpp). Its helpers, shared with
 // the manager and the worker, are in helpers.cpp.
 #include "control/runner.h"
 

@@ -1,0 +1,141 @@
+#include "control/manager/outputs.h"
+
+#include <cstdio>
+
+#include "control/manager/generations.h"
+#include "control/manager/membership.h"
+#include "control/manager/pipeline_morph.h"
+#include "control/protocol/keys.h"
+#include "store/table.h"
+
+namespace morph {
+
+using namespace detail;
+
+namespace {
+// The status record (`morph status`, the status page) is rewritten at most
+// this often.
+constexpr double kStatusIntervalS = 0.5;
+}  // namespace
+
+void Outputs::pollMetrics(c10d::Store& store, store::Table& table,
+                          const std::function<void(const json&)>& committed) {
+  if (!log_ && store.check({keys::kJobSteps})) {
+    steps_ = getInt(store, keys::kJobSteps);
+    next_ = first_step_ = getInt(store, keys::kJobStartStep);
+    log_ = std::make_unique<RunLog>(dir_, job_, steps_, o_.quiet, !o_.resume.empty());
+    if (status_page_) {
+      status_page_->setSteps(steps_);
+      log_->setObserver([s = status_page_.get()](const json& l) { s->record(l); });
+    }
+  }
+  while (log_ && next_ < steps_ && store.check({keys::metrics(next_)})) {
+    json line = json::parse(getString(store, keys::metrics(next_)));
+    log_->record(line);
+    committed(line);
+    last_sps_ = line.at("samples_per_second").get<double>();
+    table.erase(keys::metrics(next_));  // read once: the store stays bounded
+    committed_ = next_++;
+    std::fflush(stdout);
+  }
+}
+
+void Outputs::updateStatus(c10d::Store& store, const Clock& clock, const json& generation) {
+  const double now = clock.now();
+  if (now - last_status_ < kStatusIntervalS) return;
+  last_status_ = now;
+  json s = generation;
+  s["next_step"] = next_;
+  s["steps"] = steps_;
+  s["samples_per_second"] = last_sps_;
+  s["store_keys"] = store.getNumKeys();
+  setString(store, keys::kStatus, s.dump());
+  if (status_page_) status_page_->setStatus(s);
+}
+
+bool Outputs::allStepsDone(c10d::Store& store) const {
+  return log_ && (next_ >= steps_ || store.check({keys::metrics(steps_ - 1)}));
+}
+
+int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, PipelineMorpher& pm) {
+  std::string hash;
+  int64_t peak = 0, bytes = 0;
+  std::vector<json> results;
+  json checkpoint_timing;
+  std::map<int, std::string> stage_hashes;
+  for (int64_t id : g.members()) {
+    if (!store.check({keys::result(id)})) continue;
+    json res = json::parse(getString(store, keys::result(id)));
+    results.push_back(res);
+    // World rank 0 commits every checkpoint: its timing is the job's.
+    if (id == g.members().front() && res.contains("checkpoint")) checkpoint_timing = res.at("checkpoint");
+    if (pm.pipelined()) {
+      // Replicas of a stage hold the same layers.
+      const std::string sh = res.at("stage_hash").get<std::string>();
+      std::string& first = stage_hashes[res.at("stage").get<int>()];
+      if (first.empty()) first = sh;
+      if (first != sh)
+        throw JobError("pipeline replicas disagree on stage " + res.at("stage").dump() + " after the last step (worker " +
+                       std::to_string(id) + "): a bug in Morph, please report it");
+      peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
+      bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
+      continue;
+    }
+    std::string h = res.at("model_hash").get<std::string>();
+    if (hash.empty()) hash = h;
+    if (h != hash)
+      throw JobError("workers disagree on the model after the last step (" + hash + " vs " + h +
+                     " on worker " + std::to_string(id) + "): a bug in Morph, please report it");
+    peak = std::max(peak, res.at("peak_rss_bytes").get<int64_t>());
+    bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
+  }
+  if (pm.pipelined() && !results.empty()) hash = pm.pipelineHash(stage_hashes);
+  setString(store, keys::kJobFinished, "1");
+  m.waitLocal();
+  json extra = json::object();
+  extra["vn_shares"] = g.vnShares();
+  if (!checkpoint_timing.is_null()) extra["checkpoint"] = checkpoint_timing;
+  // The plan the job ended on (docs/planner.md).
+  extra["plan"] = pm.pipelined() ? pm.planSummary()
+                              : json{{"stages", 1}, {"replicas", g.members().size()}, {"schedule", "-"}, {"recompute", false}};
+  if (pm.resources()) {
+    json types = json::array();
+    for (int64_t id : g.members()) types.push_back(pm.resources()->devices.at(static_cast<size_t>(id)).type);
+    extra["devices"] = types;
+  }
+  // All-reduce payload per step of a worker that stayed throughout.
+  if (g.resizes().empty() && steps_ > first_step_)
+    extra["reduce_payload_bytes_per_step"] = static_cast<double>(bytes) / static_cast<double>(steps_ - first_step_);
+  if (pm.pipelined()) {
+    extra.update(pm.pipelineResults(results, first_step_, steps_));
+    if (!o_.trace.empty()) pm.writeTrace(store, g.members());
+  }
+  writeSummary(dir_, job_, steps_, static_cast<int>(g.members().size()), *log_, hash, peak, g.resizes(), extra);
+  std::printf("model_hash: %s\n", hash.c_str());
+  return 0;
+}
+
+// Whether training is over: every step's metrics read and every member
+// still alive posted its result of this generation.
+bool Outputs::resultsPosted(c10d::Store& store, const Generations& g, const Membership& m) const {
+  if (!(allStepsRead() && g.current() >= 0 && !g.inTransition())) return false;
+  // Results of every member still alive (one that died after the last
+  // step may or may not have posted one).
+  std::vector<std::string> keys;
+  int posted = 0;
+  for (int64_t id : g.members()) {
+    const std::string k = keys::result(id);
+    if (m.workers().count(id) && m.workers().at(id).alive) keys.push_back(k);
+    posted += store.check({k});
+  }
+  // Only results of this generation count (a member posts one when its
+  // training loop ends; one of an earlier generation is stale).
+  bool current = posted > 0 && store.check(keys);
+  for (size_t i = 0; current && i < keys.size(); ++i) {
+    const json r = json::parse(getString(store, keys[i]), nullptr, false);
+    current = r.is_object() && r.value("generation", int64_t{-1}) == g.current();
+  }
+  return current;
+}
+
+}  // namespace morph
