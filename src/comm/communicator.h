@@ -113,8 +113,8 @@ class LocalCommunicator : public Communicator {
 };
 
 // The exact sum of data[0, n) over `comm` as a reduce-scatter then an
-// all-gather, both rings of point-to-point transfers (docs/performance.md,
-// "Faster exact reduction"): the int64 values go round the ring in chunks
+// all-gather, both rings of point-to-point transfers (bench/results/HISTORY.md,
+// "Faster exact reduction: what was tried"): the int64 values go round the ring in chunks
 // (n / size() values), each rank adding in what it receives, until each
 // holds every rank's sum of one chunk; it turns that chunk into floats
 // with `to_float`, and the floats go round the ring until every rank has
