@@ -566,15 +566,17 @@ void StageExecutor::runSchedule() {
     return b;
   };
   const bool varuna = pipe_.schedule == ScheduleKind::kVaruna;
+  const int64_t stash_bound = runStashBound({pipe_.schedule, P, M, pipe_.recompute}, s);
   StageTiming timing{core_.step_, unixSeconds(), 0.0, 0.0};
   for (size_t i = 0; i < acts.size(); ++i) {
     // Varuna's opportunistic choice: when the gradient this rank waits for
     // is not there yet, run the first later action that can move ahead
     // without breaking the list and whose input is already here.
     if (varuna && acts[i].kind == ActionKind::kRecvGrad && !grad_in->ready(acts[i].vn)) {
-      const size_t j = opportunisticMove(acts, i, [&](const Action& c) {
-        return c.kind == ActionKind::kRecvAct ? act_in->ready(c.vn) : grad_in->ready(c.vn);
-      });
+      const size_t j = opportunisticMove(
+          acts, i,
+          [&](const Action& c) { return c.kind == ActionKind::kRecvAct ? act_in->ready(c.vn) : grad_in->ready(c.vn); },
+          stash_bound);
       std::rotate(acts.begin() + static_cast<std::ptrdiff_t>(i), acts.begin() + static_cast<std::ptrdiff_t>(j),
                   acts.begin() + static_cast<std::ptrdiff_t>(j) + 1);
     }
@@ -693,7 +695,6 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
   if (job.optim.name == "adamw") state_per_param = 2;
   else if (job.optim.momentum > 0.0) state_per_param = 1;
   const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
-  const Schedule sched = makeSchedule(so);
   const int64_t vn_size = job.global_batch / job.virtual_nodes;
   Batch b = train.range(0, vn_size);
   torch::Tensor x = b.x;
@@ -744,7 +745,7 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     torch::Tensor y = model->forwardRange(in, cuts[k], cuts[k + 1], 0);
     if (k + 1 == so.stages) y = lossSum(job.model, y, b.y);
     m.vn_activation_bytes = std::max<int64_t>(allocatorBytesInUse() - before, 0);
-    m.live_vns = peakLiveActivations(sched[static_cast<size_t>(k)]);
+    m.live_vns = runStashBound(so, k);  // Varuna's run-time moves included
     const bool stashes_input = so.recompute && k + 1 < so.stages;
     // Stashed VNs, plus the VNs received ahead of use on each channel.
     const int64_t recv = (k > 0 ? static_cast<int64_t>(kRecvWindow) * m.vn_input_bytes : 0);

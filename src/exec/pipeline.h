@@ -154,7 +154,7 @@ struct StageMemory {
   int64_t grad_bytes = 0;         // this stage's gradients
   int64_t vn_activation_bytes = 0;  // one VN's forward, measured
   int64_t vn_input_bytes = 0;       // one VN's stage input (what recomputation stashes)
-  int64_t live_vns = 0;             // most VNs stashed at once (schedule)
+  int64_t live_vns = 0;             // most VNs stashed at once (runStashBound)
   int64_t activation_bytes = 0;     // all VN-dependent memory
   // The process's fixed cost (runtime, libraries, data: this process's
   // resident size when the estimate starts), and the largest layer of

@@ -388,15 +388,37 @@ int64_t stashedVns(const ScheduleOptions& o, int rank) {
   return std::min<int64_t>(o.stages - rank, o.micro_batches);
 }
 
+int64_t runStashBound(const ScheduleOptions& o, int rank) {
+  const int64_t s = stashedVns(o, rank);
+  if (o.kind != ScheduleKind::kVaruna || rank + 1 == o.stages) return s;
+  return std::min<int64_t>(s + 1, o.micro_batches);
+}
+
 size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
-                         const std::function<bool(const Action&)>& arrived) {
+                         const std::function<bool(const Action&)>& arrived, int64_t max_stashed) {
+  MORPH_CHECK(i < actions.size(), "opportunisticMove needs i < actions.size()");
+  // What actions[0..i) left live: every backward follows its forward and,
+  // with recomputation, its recompute, so the differences of the counts are
+  // the stashed VNs and the recomputed VNs waiting for their backward.
+  int64_t forwards = 0, backwards = 0, recomputes = 0;
+  for (size_t m = 0; m < i; ++m) {
+    const ActionKind k = actions[m].kind;
+    forwards += k == ActionKind::kForward;
+    backwards += k == ActionKind::kBackward;
+    recomputes += k == ActionKind::kRecompute;
+  }
+  const int64_t stashed = forwards - backwards;
+  const bool recomputed_live = recomputes > backwards;  // recomputation on: one per backward
   const size_t end = std::min(actions.size(), i + 1 + kVarunaLookAhead);
   for (size_t j = i + 1; j < end; ++j) {
     const Action& c = actions[j];
     const bool input_here = c.kind == ActionKind::kForward || c.kind == ActionKind::kSendAct ||
                             c.kind == ActionKind::kRecompute ||
                             ((c.kind == ActionKind::kRecvAct || c.kind == ActionKind::kRecvGrad) && arrived(c));
-    if (input_here && canSwap(actions, i, j)) return j;
+    const bool fits = c.kind == ActionKind::kForward     ? stashed < max_stashed
+                      : c.kind == ActionKind::kRecompute ? !recomputed_live
+                                                         : true;
+    if (input_here && fits && canSwap(actions, i, j)) return j;
   }
   return i;
 }

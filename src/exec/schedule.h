@@ -47,7 +47,9 @@ enum class ScheduleKind {
   // Backward whose gradient has not arrived, by moving actions only where
   // canSwap() allows and only when the moved action's inputs have already
   // arrived (a receive whose message is there cannot block, so no deadlock
-  // can be introduced). Such moves may raise the live-activation count.
+  // can be introduced). A move never holds more than runStashBound() VNs
+  // stashed (one forward beyond the static schedule's) nor two recomputed
+  // VNs at once (Varuna's rule), so memory estimates count that bound.
   kVaruna,
 };
 
@@ -113,6 +115,12 @@ int64_t peakLiveActivations(const std::vector<Action>& rank_actions);
 // planner asks for millions): M under GPipe, min(P - k, M) under 1F1B and
 // Varuna (before Varuna's run-time moves). Tested against the generator.
 int64_t stashedVns(const ScheduleOptions& opts, int rank);
+// The most VNs rank k may hold stashed at run time, Varuna's moves included:
+// stashedVns(), except under Varuna on a rank that receives gradients (every
+// rank but the last), where opportunisticMove() may run one forward beyond
+// the static schedule's while it waits: min(P - k + 1, M). Memory estimates
+// (--memory-cap, the planner, the simulator) count this bound.
+int64_t runStashBound(const ScheduleOptions& opts, int rank);
 
 // Whether moving actions[j] to just before actions[i] (i <= j < size; the
 // actions in between shift one place later) keeps the rank's list valid:
@@ -135,8 +143,15 @@ double bubbleFraction(int stages, int64_t micro_batches);
 // there is none. The caller moves actions[j] to position i. It looks at
 // most kVarunaLookAhead actions ahead (the next few forwards are what can
 // usefully fill the wait; a longer scan costs O(list) per wait).
+//
+// Memory: actions[0..i) are taken as done. A forward moves only while fewer
+// than `max_stashed` VNs are stashed (forwarded, not yet backwarded; pass
+// runStashBound()), and a recompute only while no other recomputed VN waits
+// for its backward (Varuna's rule: one VN's recomputed activations at a
+// time). Without these limits a late gradient let a rank pile up forwards
+// and recomputes (up to M stashed, two recomputed VNs) beyond every estimate.
 constexpr size_t kVarunaLookAhead = 32;
 size_t opportunisticMove(const std::vector<Action>& actions, size_t i,
-                         const std::function<bool(const Action&)>& arrived);
+                         const std::function<bool(const Action&)>& arrived, int64_t max_stashed);
 
 }  // namespace morph

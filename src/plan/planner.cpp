@@ -57,10 +57,11 @@ class Search {
     return s;
   }
 
-  // VNs stashed at once by the stage r-th from the end: the rank's list in
-  // an r-stage pipeline is the same as in any longer one (1F1B's warm-up
-  // depends on P - k only).
-  static int64_t live(ScheduleKind kind, int r, int64_t M, bool rc) { return stashedVns({kind, r, M, rc}, 0); }
+  // VNs stashed at once by the stage r-th from the end, Varuna's moves
+  // included: the rank's list in an r-stage pipeline is the same as in any
+  // longer one (1F1B's warm-up depends on P - k only). For r = 1 (the last
+  // stage) this is the last rank of a 1-stage list, which makes no moves.
+  static int64_t live(ScheduleKind kind, int r, int64_t M, bool rc) { return runStashBound({kind, r, M, rc}, 0); }
 
   // No plan with this cut and M VNs per replica can step faster: some
   // stage k computes all M VNs one after another (or its link carries
@@ -136,11 +137,11 @@ class Search {
   // a cap only the recomputation flag changes the cut.
   const std::vector<std::optional<StageCut>>& cuts(ScheduleKind kind, bool rc, int64_t M, int max_stages) {
     const bool capped = rq_.memory_cap_bytes > 0;
-    const bool gpipe = kind == ScheduleKind::kGpipe;
-    // 1F1B and Varuna stash min(r, M) VNs: M beyond the deepest stage
-    // changes nothing.
-    const int64_t m_eff = !capped ? 0 : gpipe ? M : std::min<int64_t>(M, max_stages);
-    const int klass = !capped ? 0 : gpipe ? 1 : 2;
+    const bool gpipe = kind == ScheduleKind::kGpipe, varuna = kind == ScheduleKind::kVaruna;
+    // 1F1B stashes min(r, M) VNs, Varuna min(r + 1, M) (its moves,
+    // runStashBound()): M beyond the deepest stage (plus one) changes nothing.
+    const int64_t m_eff = !capped ? 0 : gpipe ? M : std::min<int64_t>(M, max_stages + (varuna ? 1 : 0));
+    const int klass = !capped ? 0 : gpipe ? 1 : varuna ? 3 : 2;
     auto key = std::make_tuple(klass, rc, m_eff);
     auto it = cuts_.find(key);
     // A table made for fewer stages cannot answer this P; without a cap one
@@ -460,9 +461,9 @@ class DeviceSearch {
                                             const StageCostFns& base) {
     const int P = static_cast<int>(comp.size());
     const bool capped = std::any_of(caps_.begin(), caps_.end(), [](int64_t c) { return c > 0; });
-    const bool gpipe = kind == ScheduleKind::kGpipe;
-    const int64_t m_eff = !capped ? 0 : gpipe ? M : std::min<int64_t>(M, P);
-    const int klass = !capped ? 0 : gpipe ? 1 : 2;
+    const bool gpipe = kind == ScheduleKind::kGpipe, varuna = kind == ScheduleKind::kVaruna;
+    const int64_t m_eff = !capped ? 0 : gpipe ? M : std::min<int64_t>(M, P + (varuna ? 1 : 0));
+    const int klass = !capped ? 0 : gpipe ? 1 : varuna ? 3 : 2;
     auto key = std::make_tuple(comp, klass, rc, m_eff);
     if (auto it = pipes_.find(key); it != pipes_.end()) return it->second;
     std::optional<DevicePipeline> d;

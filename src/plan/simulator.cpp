@@ -184,7 +184,8 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
       // The executor's check, at the moment the rank reaches the receive.
       decided[k] = static_cast<long>(i);
       if (!arrivedBy(k, list[i], t[k])) {
-        const size_t j = opportunisticMove(list, i, [&](const Action& c) { return arrivedBy(k, c, t[k]); });
+        const size_t j = opportunisticMove(list, i, [&](const Action& c) { return arrivedBy(k, c, t[k]); },
+                                           runStashBound(so, static_cast<int>(k)));
         std::rotate(list.begin() + static_cast<std::ptrdiff_t>(i), list.begin() + static_cast<std::ptrdiff_t>(j),
                     list.begin() + static_cast<std::ptrdiff_t>(j) + 1);
       }
@@ -484,7 +485,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       bubble += span > 0 ? 1.0 - r.busy[static_cast<size_t>(k)] / span : 0.0;
     }
     st.bubble = bubble / D;
-    st.peak_bytes = stageBytes(prof, a, b, stashedVns({plan.schedule, P, M_max, plan.recompute}, k), plan.recompute, opts);
+    st.peak_bytes = stageBytes(prof, a, b, runStashBound({plan.schedule, P, M_max, plan.recompute}, k), plan.recompute, opts);
   }
   out.schedule_seconds = compute_end;
   out.reduce_seconds = step - compute_end;

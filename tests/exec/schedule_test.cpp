@@ -347,6 +347,73 @@ TEST(Schedule, CanSwap) {
   EXPECT_EQ(peakLiveActivations(moved[0]), 3);  // the price: one more live VN
 }
 
+// Rank k's list as the stage executor runs it when every gradient is late:
+// at each receive of a gradient it takes every move opportunisticMove()
+// offers (activations have always arrived), then the gradient comes.
+std::vector<Action> runWithLateGradients(std::vector<Action> acts, int64_t max_stashed) {
+  for (size_t i = 0; i < acts.size(); ++i) {
+    if (acts[i].kind != AK::kRecvGrad) continue;
+    for (size_t j; (j = opportunisticMove(acts, i, [](const Action& c) { return c.kind == AK::kRecvAct; },
+                                         max_stashed)) != i;
+         ++i)
+      std::rotate(acts.begin() + static_cast<long>(i), acts.begin() + static_cast<long>(j),
+                  acts.begin() + static_cast<long>(j) + 1);
+  }
+  return acts;
+}
+
+// The most VNs whose recomputed activations are held at once (recompute
+// done, backward not yet).
+int64_t peakRecomputed(const std::vector<Action>& list) {
+  int64_t live = 0, peak = 0;
+  for (const Action& a : list) {
+    if (a.kind == AK::kRecompute) peak = std::max(peak, ++live);
+    if (a.kind == AK::kBackward && live > 0) --live;
+  }
+  return peak;
+}
+
+TEST(Schedule, VarunaMovesNeverHoldMoreThanTheRunStashBound) {
+  // P=2, M=4, recomputation, rank 0 (runStashBound 3): F0 S0 F1 S1 RC0 RG0
+  // B0 F2 S2 RC1 RG1 ... With gradient 0 late, forward 2 and its send move
+  // ahead (3 stashed); then neither forward 3 (a 4th stashed VN) nor the
+  // recompute of vn 1 (while vn 0's recomputed activations wait for their
+  // backward) may.
+  const auto o = opts(ScheduleKind::kVaruna, 2, 4, true);
+  ASSERT_EQ(runStashBound(o, 0), 3);
+  ASSERT_EQ(runStashBound(o, 1), 1);
+  const std::vector<Action> moved = runWithLateGradients(makeSchedule(o)[0], runStashBound(o, 0));
+  const std::vector<Action> want_head = {{AK::kForward, 0},   {AK::kSendAct, 0},   {AK::kForward, 1},
+                                         {AK::kSendAct, 1},   {AK::kRecompute, 0}, {AK::kForward, 2},
+                                         {AK::kSendAct, 2},   {AK::kRecvGrad, 0},  {AK::kBackward, 0}};
+  ASSERT_GE(moved.size(), want_head.size());
+  for (size_t i = 0; i < want_head.size(); ++i)
+    EXPECT_EQ(moved[i], want_head[i]) << "action " << i << ": " << toString(moved[i]);
+  EXPECT_LE(peakRecomputed(moved), 1);
+  EXPECT_LE(peakLiveActivations(moved), 3);
+
+  // Every shape: the run-time stash stays within runStashBound() (which the
+  // memory estimates count) and reaches it where a gradient wait leaves room
+  // for a forward; never two recomputed VNs.
+  int reached = 0;
+  for (int p = 2; p <= 5; ++p)
+    for (int64_t m = 1; m <= 10; ++m)
+      for (bool rc : {false, true}) {
+        const auto v = opts(ScheduleKind::kVaruna, p, m, rc);
+        const Schedule s = makeSchedule(v);
+        for (int k = 0; k < p; ++k) {
+          const auto run = runWithLateGradients(s[static_cast<size_t>(k)], runStashBound(v, k));
+          EXPECT_LE(peakLiveActivations(run), runStashBound(v, k)) << "P=" << p << " M=" << m << " rank " << k;
+          EXPECT_LE(peakRecomputed(run), 1) << "P=" << p << " M=" << m << " rank " << k;
+          reached += peakLiveActivations(run) == runStashBound(v, k) && runStashBound(v, k) > stashedVns(v, k);
+        }
+      }
+  EXPECT_GT(reached, 50);
+  // The other schedules never move: the bound is the static one.
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B})
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(runStashBound(opts(kind, 3, 8), k), stashedVns(opts(kind, 3, 8), k));
+}
+
 TEST(Schedule, CanSwapMovesNeverBreakRankOrChannelRules) {
   // Random moves allowed by canSwap keep every per-rank and channel rule;
   // only a deadlock (which the executor avoids by moving only ready actions)
