@@ -22,6 +22,12 @@
 //    uses, both simulated with 1F1B on one replica: predicted step time of
 //    the even split over the DP's.
 //
+// 4. Hosts with more ranks than cores (issue 30): planning_seconds with and
+//    without the host bounds (the search before), the simulations each
+//    ran and whether both chose a plan of the same step, for --workers 8,
+//    128, 1024 on one host and pools of 8, 128, 1024 devices of 3 types, 8
+//    per host (e.g. --profile for gpt-mini with 48 blocks, dim 32, --vns 512).
+//
 //   build/bench/plan_bench [--profile FILE] [--vns V] [--repeat 5]
 #include <chrono>
 #include <cstdio>
@@ -176,6 +182,60 @@ void allocation(const Profile& p, int64_t vns) {
   std::printf("planning: %.1f ms\n", mine.planning_seconds * 1e3);
 }
 
+// Planning where hosts hold more ranks than cores (issue 30): with and
+// without the host bounds (PlanRequest::host_bounds = false: the search as
+// before), planning_seconds, simulations and the best plan's step, for
+// `--workers N` on this one host (the profile's host_cores) and for a
+// resources-file pool of 3 types (slowdown 1, 1.5, 2; 16, 12, 8 GiB), 8
+// devices per host, hosts cycling the types, a 56 Gb/s link between hosts.
+void hosts(const char* label, const Profile& p, int64_t vns, int repeat) {
+  std::printf("
+%s, %lld VNs, %d cores per host: planning with the host bounds (after) and without (before)
+",
+              label, static_cast<long long>(vns), p.host_cores);
+  std::printf("%-22s %12s %12s %8s %10s %10s %8s %12s  %s
+", "pool", "before ms", "after ms", "ratio",
+              "sim before", "sim after", "same", "step ms", "best plan");
+  auto row = [&](const std::string& pool, PlanRequest rq) {
+    double t[2] = {1e30, 1e30};
+    PlanOutcome out[2];
+    for (int b = 0; b < 2; ++b) {
+      rq.host_bounds = b == 1;
+      for (int r = 0; r < repeat; ++r) {
+        out[b] = planJob(p, rq);
+        t[b] = std::min(t[b], out[b].planning_seconds);
+      }
+    }
+    const PlanChoice& c = out[1].plans.front();
+    std::printf("%-22s %12.1f %12.1f %8.1f %10lld %10lld %8s %12.2f  P=%d D=%d %s%s
+", pool.c_str(), t[0] * 1e3,
+                t[1] * 1e3, t[0] / t[1], static_cast<long long>(out[0].simulated),
+                static_cast<long long>(out[1].simulated),
+                out[0].plans.front().sim.step_seconds == c.sim.step_seconds ? "yes" : "NO", c.sim.step_seconds * 1e3,
+                c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str(), c.plan.recompute ? "+rc" : "");
+  };
+  for (int n : {8, 128, 1024}) {
+    PlanRequest rq;
+    rq.workers = n;
+    rq.virtual_nodes = vns;
+    row("--workers " + std::to_string(n), rq);
+  }
+  for (int n : {8, 128, 1024}) {
+    PlanRequest rq;
+    rq.workers = n;
+    rq.virtual_nodes = vns;
+    rq.sim.cross_host_bytes_per_s = 7e9;
+    rq.sim.cross_host_latency_s = 5e-6;
+    for (int s = 0; s < n; ++s) {
+      const int host = s / 8, type = host % 3;
+      rq.slot_slowdown.push_back(1.0 + 0.5 * type);
+      rq.slot_memory.push_back(int64_t{16 - 4 * type} << 30);
+      rq.slot_host.push_back(host);
+    }
+    row(std::to_string(n) + " devices, " + std::to_string((n + 7) / 8) + " hosts", rq);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,10 +254,15 @@ int main(int argc, char** argv) {
   cuts("synthetic", syn, 64);
   devices(syn, 512, repeat);
   allocation(synthetic(48, 4 * 1024 * 1024, 2), 64);
+  Profile two_cores = syn;
+  two_cores.host_cores = 2;
+  two_cores.compute_contention = 1.1;
+  hosts("synthetic, 2 cores", two_cores, 512, repeat);
   if (!profile.empty()) {
     const Profile p = readProfile(profile);
     speed(profile.c_str(), p, vns, repeat);
     cuts(profile.c_str(), p, vns);
+    hosts(profile.c_str(), p, vns, repeat);
   }
   return 0;
 }

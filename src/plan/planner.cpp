@@ -110,6 +110,33 @@ class Search {
     return best;
   }
 
+  // planJob() without a resources file puts every rank on this host: the
+  // simulator never ends the compute phase sooner than the host's compute
+  // (V VNs through the whole model, times the contention of two or more
+  // processes) over its cores, and after it come, for a pipeline, the MAX
+  // all-reduce and the statistics' sum over all P x D ranks, and the step
+  // overhead. Without it, with more workers than cores, every candidate's
+  // bound lay far below its step and nearly all of them were simulated
+  // (`--workers 1024`: 30 s).
+  // The host's compute is exact for a cut: each stage's per-VN compute
+  // (with recomputation where the stage recomputes), times V.
+  double oneHostBound(const std::vector<size_t>& cuts, int D, bool rc) const {
+    if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
+    const int P = static_cast<int>(cuts.size()) - 1, n = P * D;
+    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    double per_vn = 0;
+    for (int k = 0; k < P; ++k) per_vn += compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1], rc && P > 1);
+    double t = static_cast<double>(rq_.virtual_nodes) * per_vn * contention /
+               static_cast<double>(std::max(1, p_.host_cores));
+    if (P > 1) {
+      const bool exact = p_.fingerprint.reduce_mode != "float";
+      const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
+      const double max_reduce = p_.allreduceSeconds(p_.allreduce_max, max_bytes, n);
+      t += max_reduce * (rq_.sim.clipping ? 2.0 : 1.0) + p_.exactOrFloatAllreduce(exact, 2.0 * (exact ? 8.0 : 4.0), n);
+    }
+    return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
+  }
+
   // A stage's memory parts, computed once per (range, recompute).
   const StageFootprint& memory(size_t i, size_t j, bool rc) {
     auto& table = mem_[rc ? 1 : 0];
@@ -445,7 +472,37 @@ class DeviceSearch {
       bound = std::max(bound, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
                                                  plan.recompute, f));
     }
-    out.push_back({bound, std::move(plan)});
+    out.push_back({std::max(bound, hostBound(plan)), std::move(plan)});
+  }
+
+  // What simulate() charges at least after the compute of its busiest host:
+  // the ranks of a host share its cores (compute phase >= the host's
+  // compute, as this machine's, over its cores), then, for a pipeline, the
+  // MAX all-reduce and the statistics' sum over all ranks, and the step
+  // overhead. Tighter than lowerBound() wherever hosts hold more ranks
+  // than cores; O(ranks).
+  double hostBound(const PlanSpec& plan) const {
+    if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
+    const int P = plan.stages, n = plan.stages * plan.replicas;
+    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    std::map<int, double> host_busy;
+    for (int d = 0; d < plan.replicas; ++d)
+      for (int k = 0; k < P; ++k) {
+        const int slot = plan.workers[static_cast<size_t>(d * P + k)];
+        const int host = rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
+        host_busy[host] += static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
+                           search_.compute(plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1],
+                                           plan.recompute && P > 1);
+      }
+    double t = 0;
+    for (const auto& [h, busy] : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
+    if (P > 1) {
+      const bool exact = p_.fingerprint.reduce_mode != "float";
+      const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
+      t += p_.allreduceSeconds(p_.allreduce_max, max_bytes, n) * (rq_.sim.clipping ? 2.0 : 1.0) +
+           p_.exactOrFloatAllreduce(exact, 2.0 * (exact ? 8.0 : 4.0), n);
+    }
+    return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
 
   double lbSeconds(size_t i, size_t j, int cls) const {
@@ -798,7 +855,8 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
           const auto& cuts = search.cuts(kind, rc, M, depth);
           const auto& cut = cuts[static_cast<size_t>(P) - 1];
           if (!cut) continue;
-          cands.push_back({P, D, kind, rc, *cut, search.lowerBound(cut->cuts, M, D, kind, rc)});
+          cands.push_back({P, D, kind, rc, *cut,
+                           std::max(search.lowerBound(cut->cuts, M, D, kind, rc), search.oneHostBound(cut->cuts, D, rc))});
         }
       }
   }

@@ -38,6 +38,11 @@ struct PlanRequest {
   // allocation policies (NP needs hosts) and cross-host link costs
   // (sim.cross_host_*).
   std::vector<int> slot_host;
+  // Prune by what the simulator charges after the busiest host's compute
+  // (its cores shared by its ranks, the step overhead, the pipelines' MAX
+  // all-reduce): the same best plan, far fewer simulations where hosts hold
+  // more ranks than cores. false: the search before issue 30 (bench/tests).
+  bool host_bounds = true;
 };
 
 struct PlanChoice {

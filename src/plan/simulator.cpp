@@ -407,7 +407,12 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       factors.push_back(slow(d, k));
       if (!opts.rank_host.empty()) hosts.push_back(opts.rank_host.at(static_cast<size_t>(d * P + k)));
     }
-    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, hosts);
+    // runReplica() looks at hosts only to see which neighbours are on
+    // different hosts: replicas on other hosts but with the same crossings
+    // run alike (512 replicas on 128 hosts: a few runs, not 512).
+    std::vector<int> crossings;
+    for (size_t k = 0; k + 1 < hosts.size(); ++k) crossings.push_back(hosts[k] != hosts[k + 1]);
+    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, crossings);
     if (auto it = seen.find(key); it != seen.end()) {
       runs.push_back(runs[it->second]);
       continue;

@@ -101,6 +101,57 @@ TEST(Planner, PruningKeepsTheBestPlan) {
   }
 }
 
+// More workers than the host has cores (the simulator's cores bound, the
+// step overhead, the pipelines' MAX all-reduce: oneHostBound() and
+// DeviceSearch::hostBound() prune by them): the best plan is still the one
+// simulating every candidate finds.
+TEST(Planner, HostBoundPruningKeepsTheBestPlan) {
+  std::mt19937 rng(23);
+  int pruned_some = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    Profile p = randomProfile(rng, 3 + static_cast<size_t>(trial % 5));
+    p.host_cores = 1 + trial % 3;
+    p.compute_contention = 1.0 + 0.1 * (trial % 3);
+    p.step_overhead_s = 0.002 * (trial % 2);
+    PlanRequest rq;
+    rq.workers = 4 + 3 * trial;
+    rq.virtual_nodes = 8 + trial % 5;
+    rq.sim.clipping = trial % 2 == 0;
+    rq.top_k = 1;
+    const PlanOutcome pruned = planJob(p, rq);
+    rq.top_k = 1 << 20;  // never full: every candidate is simulated
+    const PlanOutcome all = planJob(p, rq);
+    EXPECT_EQ(all.simulated, all.candidates);
+    pruned_some += pruned.simulated < all.simulated;
+    EXPECT_DOUBLE_EQ(pruned.plans.front().sim.step_seconds, all.plans.front().sim.step_seconds) << "trial " << trial;
+
+    // Devices of two speeds on hosts of 4 (each host 1-3 cores).
+    PlanRequest dev;
+    dev.virtual_nodes = rq.virtual_nodes;
+    dev.sim = rq.sim;
+    dev.workers = 8 + 4 * (trial % 3);
+    for (int s = 0; s < dev.workers; ++s) {
+      dev.slot_slowdown.push_back(s % 2 ? 1.5 : 1.0);
+      dev.slot_host.push_back(s / 4);
+    }
+    dev.top_k = 1;
+    const PlanOutcome dev_pruned = planJob(p, dev);
+    dev.top_k = 1 << 20;
+    const PlanOutcome dev_all = planJob(p, dev);
+    EXPECT_DOUBLE_EQ(dev_pruned.plans.front().sim.step_seconds, dev_all.plans.front().sim.step_seconds)
+        << "trial " << trial;
+    // And the search without these bounds (before issue 30) chose the same.
+    dev.top_k = rq.top_k = 1;
+    dev.host_bounds = rq.host_bounds = false;
+    const PlanOutcome old = planJob(p, rq), dev_old = planJob(p, dev);
+    EXPECT_DOUBLE_EQ(old.plans.front().sim.step_seconds, pruned.plans.front().sim.step_seconds) << "trial " << trial;
+    EXPECT_LE(pruned.simulated, old.simulated) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(dev_old.plans.front().sim.step_seconds, dev_pruned.plans.front().sim.step_seconds)
+        << "trial " << trial;
+  }
+  EXPECT_GE(pruned_some, 8);
+}
+
 TEST(Planner, CutsByCostNotByLayerCount) {
   // One heavy layer among light ones: an equal-count split of 4 layers in
   // 2 stages puts the heavy layer with another; the planner isolates it.
