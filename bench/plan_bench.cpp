@@ -189,12 +189,9 @@ void allocation(const Profile& p, int64_t vns) {
 // resources-file pool of 3 types (slowdown 1, 1.5, 2; 16, 12, 8 GiB), 8
 // devices per host, hosts cycling the types, a 56 Gb/s link between hosts.
 void hosts(const char* label, const Profile& p, int64_t vns, int repeat) {
-  std::printf("
-%s, %lld VNs, %d cores per host: planning with the host bounds (after) and without (before)
-",
+  std::printf("\n%s, %lld VNs, %d cores per host: planning with the host bounds (after) and without (before)\n",
               label, static_cast<long long>(vns), p.host_cores);
-  std::printf("%-22s %12s %12s %8s %10s %10s %8s %12s  %s
-", "pool", "before ms", "after ms", "ratio",
+  std::printf("%-22s %12s %12s %8s %10s %10s %8s %12s  %s\n", "pool", "before ms", "after ms", "ratio",
               "sim before", "sim after", "same", "step ms", "best plan");
   auto row = [&](const std::string& pool, PlanRequest rq) {
     double t[2] = {1e30, 1e30};
@@ -207,8 +204,7 @@ void hosts(const char* label, const Profile& p, int64_t vns, int repeat) {
       }
     }
     const PlanChoice& c = out[1].plans.front();
-    std::printf("%-22s %12.1f %12.1f %8.1f %10lld %10lld %8s %12.2f  P=%d D=%d %s%s
-", pool.c_str(), t[0] * 1e3,
+    std::printf("%-22s %12.1f %12.1f %8.1f %10lld %10lld %8s %12.2f  P=%d D=%d %s%s\n", pool.c_str(), t[0] * 1e3,
                 t[1] * 1e3, t[0] / t[1], static_cast<long long>(out[0].simulated),
                 static_cast<long long>(out[1].simulated),
                 out[0].plans.front().sim.step_seconds == c.sim.step_seconds ? "yes" : "NO", c.sim.step_seconds * 1e3,
