@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libcpp-httplib-dev
   dataset-fashion-mnist fortunes
   iproute2 procps
-  python3 python3-torch curl chromium
+  python3 python3-torch python3-torchvision curl chromium
   clang libclang-rt-14-dev
   slurmctld slurmd slurm-client munge
 )

@@ -4,14 +4,11 @@ as a TorchScript file that `morph run examples/torchscript/cnn.toml` trains.
 
   /usr/bin/python3 examples/torchscript/make_model.py [OUT.pt]   (default: model.pt next to this script)
 
-What Morph needs of the module (docs/models.md): its top-level children, in
-the order they are assigned, are the layers (and a pipeline's cut points),
-and its forward applies them in that order. A residual block is one child
-whose forward adds the skip connection. Batch norms are top-level children
-(Morph replaces each with its own batch norm that keeps statistics per
-virtual node); a batch norm inside a child is refused, so the residual
-blocks here have none. The weights are this file's: Morph's job seed does
-not re-initialise them (it still drives data order and dropout).
+Morph cuts the module's forward graph into layers at its cut points
+(docs/models.md, "How layers are found"): this nn.Sequential gives one
+layer per child. Batch norms may sit at any depth (Morph keeps their
+statistics per virtual node). The weights are this file's: Morph's job seed
+does not re-initialise them (it still drives data order and dropout).
 """
 import os
 import sys

@@ -131,6 +131,21 @@ class Reader {
     return out;
   }
 
+  std::vector<std::string> strList(const std::string& key) {
+    const toml::node* n = find(key);
+    if (!n) return {};
+    const toml::array* arr = n->as_array();
+    if (!arr || arr->empty()) fail(key, std::string("expected a non-empty array of strings, got ") + typeName(*n));
+    std::vector<std::string> out;
+    for (const toml::node& e : *arr) {
+      if (!e.is_string() || e.as_string()->get().empty())
+        fail(key, "expected an array of non-empty strings, but element " + std::to_string(out.size()) + " is " +
+                      (e.is_string() ? std::string("empty") : std::string(typeName(e))));
+      out.push_back(e.as_string()->get());
+    }
+    return out;
+  }
+
   std::string choice(const std::string& key, const std::string& def,
                      const std::vector<std::string>& options, bool required = false) {
     std::string v = str(key, def, required);
@@ -382,13 +397,14 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     r.fail("model.dropout", "does not apply to model.name = \"torchscript\" (dropout is the module's own)");
   j.model.dropout = r.number("model.dropout", 0.0, 0.0, 0.99);
   if (!script)
-    for (const char* k : {"model.path", "model.loss"})
+    for (const char* k : {"model.path", "model.loss", "model.cuts"})
       if (r.has(k)) r.fail(k, "applies only to model.name = \"torchscript\"");
   if (script) {
     j.model.loss = r.choice("model.loss", "cross_entropy", {"cross_entropy", "mse"});
     if (j.model.loss == "mse" && j.data.dataset != "npy")
       r.fail("model.loss", "\"mse\" needs float32 targets: data.dataset = \"npy\" with a float32 data.train_y");
     readTorchScriptModel(r, j, origin);
+    j.model.cuts = r.strList("model.cuts");
   }
   const bool is_text = j.data.dataset == "fortunes-char";
   if (is_text != (j.model.name == "gpt-mini"))

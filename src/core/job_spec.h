@@ -43,6 +43,9 @@ struct ModelSpec {
   // torchscript: the module file and XXH64 of its bytes (a resume and
   // every worker must train the same file).
   std::string path, digest;
+  // torchscript: model.cuts, module paths to cut before (docs/models.md);
+  // empty: the default cuts.
+  std::vector<std::string> cuts;
   // "cross_entropy" (int64 class labels) | "mse" (float32 targets, npy
   // only). `target`: mse: one sample's target shape, () for one value.
   std::string loss = "cross_entropy";

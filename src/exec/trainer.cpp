@@ -383,6 +383,7 @@ nlohmann::json StepCore::meaning() const {
   if (j.model.name == "torchscript") {
     m["model.loss"] = j.model.loss;
     m["model.file_xxh64"] = j.model.digest;
+    if (!j.model.cuts.empty()) m["model.cuts"] = j.model.cuts;
   }
   // The step count shapes only a cosine schedule: elsewhere a resumed job
   // may run longer than it was first meant to.

@@ -29,6 +29,12 @@ class Layer : public torch::nn::Module {
 class VnBatchNorm : public Layer {
  public:
   VnBatchNorm(int64_t channels, double momentum = 0.1, double eps = 1e-5);
+  // A scripted module's batch norm (models/graph.h, GraphBatchNorm): the
+  // same tensors, registered here so that the executor reduces them; the
+  // segment's graph normalises and writes each training forward's statistics
+  // into `mean` and `var`, which lastMean() and lastVar() then return.
+  VnBatchNorm(torch::Tensor weight, torch::Tensor bias, torch::Tensor running_mean, torch::Tensor running_var,
+              double momentum, double eps, torch::Tensor mean, torch::Tensor var);
   torch::Tensor forward(const torch::Tensor& x) override;  // x is (b, C, ...)
 
   // Statistics of the last training forward: (C) mean and (C) unbiased var.
@@ -86,19 +92,20 @@ std::shared_ptr<LayerList> buildModel(const ModelSpec& spec, uint64_t seed,
                                       const std::vector<char>* held = nullptr);
 
 // model.name = "torchscript" (models/torchscript.cpp; docs/models.md): the
-// module file's top-level children, in order, are the layers; their
-// weights are the file's (the seed does not re-initialise them). A
-// BatchNorm1d/2d/3d child becomes a VnBatchNorm with the file's state.
-// InputError naming the file for a file that is not TorchScript, has no
-// children, state outside its children, a non-float32 parameter or a batch
-// norm nested inside a child.
+// module file's forward, cut into layers at its cut points (models/graph.h:
+// the default cuts, or model.cuts); their weights are the file's (the seed
+// does not re-initialise them). Batch norms at any depth keep per-VN
+// statistics (a VnBatchNorm over the module's tensors). InputError naming
+// the file for a file that is not TorchScript, a forward that does not take
+// and return one tensor, a module without parameters, a shared weight, a
+// non-float32 parameter, a batch norm Morph cannot rewrite or a model.cuts
+// entry that is not a cut point.
 std::shared_ptr<LayerList> buildTorchScriptModel(const ModelSpec& spec, const std::vector<char>* held);
 
 // Before a job starts: for a TorchScript model, one forward (evaluation
 // mode) of a batch of two samples of the data's shape through the layers
-// checks that every child runs, that the module's own forward gives the
-// same output (the children in order are the model), and that the output
-// fits the loss. InputError naming the file and the problem. Nothing for
+// checks that every layer runs, that the module's own forward gives the
+// same output, and that the output fits the loss. InputError naming the file and the problem. Nothing for
 // the built-in models.
 void checkModel(const JobSpec& job);
 

@@ -1,26 +1,28 @@
-// TorchScript models: a module saved from Python with torch.jit.save, whose
-// ordered top-level children become Morph's layers (docs/models.md).
+// TorchScript models: a module saved from Python with torch.jit.save, cut
+// into Morph's layers at cut points of its inlined forward graph
+// (models/graph.h; docs/models.md).
 //
-// Each child runs through the TorchScript interpreter with the graph
-// executor's optimisations off: no fusion, no autodiff subgraphs, no
-// re-optimisation after a few profiled runs, so a VN computes the same bits
-// as eager PyTorch would, on its first run and its thousandth, on any
-// worker. The child's parameters and buffers are registered as this
-// library's module's own (the same tensors, under the child's names), so
-// everything that walks them (exact reduction, optimiser, checkpoints,
-// model hash, hollowing and moving pipeline layers) works on the tensors
-// the scripted code reads. Dropout in scripted code draws from the default
-// generator, which LayerList reseeds before each layer from (seed, step,
-// VN, layer). Batch norm needs Morph's per-VN statistics: a top-level
-// BatchNorm child is replaced by a VnBatchNorm carrying its state; one
-// nested inside a child cannot be, and the model is refused.
-#include <torch/csrc/jit/passes/inliner.h>
+// Each layer is a segment of that graph, run by the TorchScript
+// interpreter on the module object with the graph executor's optimisations
+// off: no fusion, no autodiff subgraphs, no re-optimisation after a few
+// profiled runs, so a VN computes the same bits as eager PyTorch would, on
+// its first run and its thousandth, on any worker. The parameters and
+// buffers a segment reads are registered as the layer's own (the same
+// tensors, under their module paths), so everything that walks them (exact
+// reduction, optimiser, checkpoints, model hash, hollowing and moving
+// pipeline layers) works on the tensors the scripted code reads. Dropout in
+// scripted code draws from the default generator, which LayerList reseeds
+// before each layer from (seed, step, VN, layer). Batch norms at any depth
+// are rewritten to morph::vn_batch_norm, whose statistics a VnBatchNorm
+// over the module's own tensors hands to the executor.
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/script.h>
 
 #include <map>
 
 #include "core/error.h"
+#include "models/graph.h"
 #include "models/model.h"
 
 namespace morph {
@@ -33,130 +35,78 @@ std::string errorText(const std::exception& e) {
   return firstLine(e.what());
 }
 
-// "__torch__.torch.nn.modules.batchnorm.___torch_mangle_3.BatchNorm2d" ->
-// "BatchNorm2d" when the class is one of torch.nn's batch norms, else "".
-std::string batchNormKind(const torch::jit::Module& m) {
-  const auto name = m.type()->name();
-  if (!name) return "";
-  const std::string q = name->qualifiedName();
-  const std::string base = q.substr(q.rfind('.') + 1);
-  if (q.find("torch.nn.modules.batchnorm.") == std::string::npos) return "";
-  if (base == "BatchNorm1d" || base == "BatchNorm2d" || base == "BatchNorm3d" || base == "SyncBatchNorm") return base;
-  return "";
-}
-
 std::string shapeOf(const torch::Tensor& t) {
   std::string s;
   for (int64_t v : t.sizes()) s += (s.empty() ? "" : ", ") + std::to_string(v);
   return "(" + s + (t.dim() == 1 ? ",)" : ")");
 }
 
-// The parameters and buffers of a scripted submodule, as a plain module:
-// the same tensors (not copies), its children mirrored under their names.
-class JitMirror : public torch::nn::Module {
+// One segment of the module's forward. Its tensors are registered under
+// their module paths (a parameter "layer1.0.conv1.weight" of layer
+// "layer1.0" is the submodule layer1, its submodule 0, ...), a batch
+// norm's as a VnBatchNorm at the batch norm's path.
+class GraphLayer : public Layer {
  public:
-  explicit JitMirror(const torch::jit::Module& m) {
-    for (const auto& p : m.named_parameters(/*recurse=*/false)) register_parameter(p.name, p.value);
-    for (const auto& b : m.named_buffers(/*recurse=*/false)) register_buffer(b.name, b.value);
-    for (const auto& c : m.named_children()) register_module(c.name, std::make_shared<JitMirror>(c.value));
-  }
-};
-
-// One top-level child. Its parameters, in the order the module declares
-// them, are this layer's (the names are the child's own: "conv.weight").
-class TorchScriptLayer : public Layer {
- public:
-  explicit TorchScriptLayer(torch::jit::Module m) : module_(std::move(m)) {
-    for (const auto& p : module_.named_parameters(false)) register_parameter(p.name, p.value);
-    for (const auto& b : module_.named_buffers(false)) register_buffer(b.name, b.value);
-    for (const auto& c : module_.named_children()) register_module(c.name, std::make_shared<JitMirror>(c.value));
+  GraphLayer(torch::jit::Module root, const GraphSegment& seg)
+      : root_(std::move(root)), fn_(std::make_unique<torch::jit::GraphFunction>("morph_layer", seg.graph, nullptr)) {
+    std::map<std::vector<std::string>, const GraphBatchNorm*> bns;
+    for (const auto& b : seg.batch_norms) {
+      bns[b.module_path] = &b;
+      stats_.push_back(torch::zeros({b.weight.size(0)}));
+      stats_.push_back(torch::zeros({b.weight.size(0)}));
+    }
+    std::map<std::vector<std::string>, torch::nn::Module*> nodes{{{}, this}};
+    std::function<torch::nn::Module*(const std::vector<std::string>&)> node =
+        [&](const std::vector<std::string>& path) -> torch::nn::Module* {
+      auto it = nodes.find(path);
+      if (it != nodes.end()) return it->second;
+      std::vector<std::string> parent(path.begin(), path.end() - 1);
+      torch::nn::Module* up = node(parent);
+      std::shared_ptr<torch::nn::Module> m;
+      if (auto b = bns.find(path); b != bns.end()) {
+        const GraphBatchNorm& bn = *b->second;
+        const size_t k = static_cast<size_t>(b->second - seg.batch_norms.data());
+        m = std::make_shared<VnBatchNorm>(bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
+                                          stats_[2 * k], stats_[2 * k + 1]);
+      } else {
+        m = std::make_shared<torch::nn::Module>();
+      }
+      up->register_module(path.back(), m);
+      return nodes[path] = m.get();
+    };
+    for (const auto& t : seg.tensors) {
+      if (bns.count(t.module_path)) {
+        node(t.module_path);  // the VnBatchNorm holds weight, bias and running statistics
+        continue;              // num_batches_tracked is not Morph's (docs/models.md)
+      }
+      torch::nn::Module* m = node(t.module_path);
+      if (t.parameter)
+        m->register_parameter(t.name, t.value);
+      else
+        m->register_buffer(t.name, t.value);
+    }
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     // Off for good (the setting may be per thread: set where forward runs).
     if (torch::jit::getGraphExecutorOptimize()) torch::jit::setGraphExecutorOptimize(false);
-    return module_.forward({x}).toTensor();
+    torch::jit::Stack stack;
+    stack.reserve(2 + stats_.size());
+    stack.emplace_back(root_._ivalue());
+    stack.emplace_back(x);
+    for (const auto& t : stats_) stack.emplace_back(t);
+    fn_->run(stack);
+    return stack.back().toTensor();
   }
   void train(bool on) override {
     Layer::train(on);
-    module_.train(on);  // the scripted code reads `self.training` (dropout)
+    root_.train(on);  // the scripted code reads `self.training` (dropout, batch norm)
   }
 
  private:
-  torch::jit::Module module_;
+  torch::jit::Module root_;
+  std::unique_ptr<torch::jit::GraphFunction> fn_;
+  std::vector<torch::Tensor> stats_;  // per batch norm: mean, unbiased variance
 };
-
-// An attribute, or a constant (torch.nn's batch norms declare eps,
-// momentum, affine and track_running_stats in __constants__, which
-// scripting bakes into the class); None when it has neither.
-c10::IValue valueOf(const torch::jit::Module& m, const std::string& name) {
-  if (m.hasattr(name)) return m.attr(name);
-  if (m.type()->hasConstant(name)) return m.type()->getConstant(name);
-  return c10::IValue();
-}
-
-double doubleAttr(const torch::jit::Module& m, const char* name) {
-  const c10::IValue v = valueOf(m, name);
-  return v.isDouble() ? v.toDouble() : -1.0;
-}
-
-bool boolAttr(const torch::jit::Module& m, const char* name) {
-  const c10::IValue v = valueOf(m, name);
-  return v.isBool() && v.toBool();
-}
-
-// A top-level batch norm child as a VnBatchNorm with its weight, bias,
-// running statistics, momentum and eps.
-std::shared_ptr<Layer> vnBatchNormOf(const torch::jit::Module& m, const std::string& name, const std::string& path,
-                                     const std::string& kind) {
-  auto refuse = [&](const std::string& why) {
-    throw InputError(path + ": batch norm '" + name + "' (" + kind + ") " + why);
-  };
-  const double momentum = doubleAttr(m, "momentum"), eps = doubleAttr(m, "eps");
-  if (momentum < 0) refuse("has momentum=None (a cumulative average); Morph needs a momentum such as 0.1");
-  if (eps < 0) refuse("has no eps");
-  if (!boolAttr(m, "affine")) refuse("has affine=False; Morph's batch norm is affine");
-  if (!boolAttr(m, "track_running_stats")) refuse("has track_running_stats=False; Morph keeps running statistics");
-  for (const char* t : {"weight", "bias", "running_mean", "running_var"})
-    if (!m.hasattr(t) || !m.attr(t).isTensor()) refuse(std::string("has no tensor '") + t + "'");
-  const torch::Tensor w = m.attr("weight").toTensor(), b = m.attr("bias").toTensor();
-  const torch::Tensor rm = m.attr("running_mean").toTensor(), rv = m.attr("running_var").toTensor();
-  for (const auto& t : {w, b, rm, rv})
-    if (t.scalar_type() != torch::kFloat32 || t.dim() != 1 || t.size(0) != w.size(0))
-      refuse("holds tensors that are not float32 vectors of its channel count");
-  auto bn = std::make_shared<VnBatchNorm>(w.size(0), momentum, eps);
-  torch::NoGradGuard no_grad;
-  auto params = bn->named_parameters(false);
-  auto buffers = bn->named_buffers(false);
-  params["weight"].copy_(w);
-  params["bias"].copy_(b);
-  buffers["running_mean"].copy_(rm);
-  buffers["running_var"].copy_(rv);
-  return bn;
-}
-
-// Refuses a child holding a batch norm below it, in a submodule or called
-// as a function: its statistics would be the VN's but its running
-// statistics would be updated per VN inside the scripted code.
-void refuseNestedBatchNorm(const torch::jit::Module& child, const std::string& name, const std::string& path) {
-  for (const auto& sub : child.named_modules()) {
-    if (sub.name.empty()) continue;
-    const std::string kind = batchNormKind(sub.value);
-    if (!kind.empty())
-      throw InputError(path + ": batch norm '" + name + "." + sub.name + "' (" + kind +
-                       ") is nested inside the top-level child '" + name +
-                       "'; Morph keeps per-VN batch-norm statistics only for top-level children: make it a top-level "
-                       "child of the module (its forward then runs it between the children before and after it)");
-  }
-  if (!child.find_method("forward")) return;
-  auto graph = child.get_method("forward").graph()->copy();
-  torch::jit::Inline(*graph);
-  for (const torch::jit::Node* n : graph->nodes())
-    if (n->kind() == c10::Symbol::fromQualString("aten::batch_norm") ||
-        n->kind() == c10::Symbol::fromQualString("aten::native_batch_norm"))
-      throw InputError(path + ": the top-level child '" + name +
-                       "' calls batch norm as a function; Morph keeps per-VN batch-norm statistics only for "
-                       "top-level nn.BatchNorm children: make it one");
-}
 
 }  // namespace
 
@@ -169,44 +119,35 @@ std::shared_ptr<LayerList> buildTorchScriptModel(const ModelSpec& spec, const st
     throw InputError(path + ": not a TorchScript module file (torch.jit.load: " + errorText(e) +
                      "); save one from Python with torch.jit.save(torch.jit.script(module), path)");
   }
-  const auto children = root.named_children();
-  if (children.size() == 0)
-    throw InputError(path + ": the module has no children; Morph's layers are the module's top-level children "
-                            "(e.g. an nn.Sequential, or submodules assigned in __init__ in the order they run)");
-  for (const auto& p : root.named_parameters(false))
-    throw InputError(path + ": parameter '" + p.name +
-                     "' belongs to the module itself, outside its children; move it into a child");
-  for (const auto& b : root.named_buffers(false))
-    throw InputError(path + ": buffer '" + b.name + "' belongs to the module itself, outside its children; move it into a child");
-  auto model = std::make_shared<LayerList>();
-  // Every parameter once: a weight two children share (tied in Python)
+  // Every parameter once: a weight two modules share (tied in Python)
   // would be updated twice.
   std::map<const void*, std::string> owner;
-  for (const auto& c : children)
-    for (const auto& p : c.value.named_parameters(true)) {
-      const std::string name = c.name + "." + p.name;
-      auto [it, fresh] = owner.emplace(p.value.unsafeGetTensorImpl(), name);
-      if (!fresh)
-        throw InputError(path + ": parameter '" + name + "' is the same tensor as '" + it->second +
-                         "' (a shared weight); Morph's TorchScript models do not share weights between or within children");
+  for (const auto& p : root.named_parameters(true)) {
+    auto [it, fresh] = owner.emplace(p.value.unsafeGetTensorImpl(), p.name);
+    if (!fresh)
+      throw InputError(path + ": parameter '" + p.name + "' is the same tensor as '" + it->second +
+                       "' (a shared weight); Morph's TorchScript models do not share weights yet");
+  }
+  if (owner.empty()) throw InputError(path + ": the module has no parameters to train");
+  ModelGraph graph(root, path);
+  const std::vector<GraphSegment> segments =
+      graph.segments(spec.cuts.empty() ? graph.defaultCuts() : graph.cutsAt(spec.cuts));
+  auto model = std::make_shared<LayerList>();
+  std::map<std::string, std::string> layer_of;  // tensor -> the layer that reads it
+  for (const auto& seg : segments) {
+    for (const auto& t : seg.tensors) {
+      auto [it, fresh] = layer_of.emplace(t.fullName(), seg.name);
+      if (!fresh && it->second != seg.name)
+        throw InputError(path + ": '" + t.fullName() + "' is read by the layers '" + it->second + "' and '" +
+                         seg.name + "'; Morph's TorchScript layers do not share tensors yet (choose model.cuts that "
+                         "keep its readers in one layer)");
     }
-  for (const auto& c : children) {
-    const std::string kind = batchNormKind(c.value);
-    std::shared_ptr<Layer> layer;
-    if (!kind.empty()) {
-      layer = vnBatchNormOf(c.value, c.name, path, kind);
-    } else {
-      refuseNestedBatchNorm(c.value, c.name, path);
-      if (!c.value.find_method("forward"))
-        throw InputError(path + ": the top-level child '" + c.name + "' has no forward method");
-      layer = std::make_shared<TorchScriptLayer>(c.value);
-    }
+    auto layer = std::make_shared<GraphLayer>(root, seg);
     for (const auto& p : layer->named_parameters(true))
       if (p.value().scalar_type() != torch::kFloat32)
-        throw InputError(path + ": parameter '" + c.name + "." + p.key() + "' is " +
-                         std::string(c10::toString(p.value().scalar_type())) +
+        throw InputError(path + ": parameter '" + p.key() + "' is " + std::string(c10::toString(p.value().scalar_type())) +
                          "; Morph trains float32 parameters (call module.float() before saving)");
-    model->add(c.name, layer);
+    model->add(seg.name, layer);
     const size_t l = model->size() - 1;
     if (held && (l >= held->size() || !(*held)[l])) model->hollow(l);
   }
@@ -232,13 +173,13 @@ void checkModel(const JobSpec& job) {
     try {
       out = model->layer(l).forward(in);
     } catch (const std::exception& e) {
-      throw InputError(path + ": the top-level child '" + model->layerName(l) + "' fails on an input of shape " +
+      throw InputError(path + ": the layer '" + model->layerName(l) + "' fails on an input of shape " +
                        shapeOf(in) + (l == 0 ? " (a batch of the data's samples)" : "") + ": " + errorText(e));
     }
   }
   if (out.scalar_type() != torch::kFloat32)
     throw InputError(path + ": the output is " + std::string(c10::toString(out.scalar_type())) + "; expected float32");
-  // Morph runs the children in order; the module's own forward must be that.
+  // The layers in order are the module's forward (a check of the cuts).
   {
     torch::jit::Module root = torch::jit::load(path);
     root.eval();
@@ -250,10 +191,8 @@ void checkModel(const JobSpec& job) {
       throw InputError(path + ": the module's forward fails on an input of shape " + shapeOf(x) + ": " + errorText(e));
     }
     if (!whole.sizes().equals(out.sizes()) || !torch::allclose(whole, out, 1e-4, 1e-5))
-      throw InputError(path + ": the module's forward is not its top-level children applied in order (output " +
-                       shapeOf(whole) + " vs " + shapeOf(out) +
-                       " from the children); Morph trains the children in order: move any computation between "
-                       "them into a child (e.g. nn.Flatten)");
+      throw InternalError(path + ": the module's forward gives an output of shape " + shapeOf(whole) +
+                          " that its layers in order do not (" + shapeOf(out) + "): a bug in Morph's graph cuts");
   }
   // The output must fit the loss.
   if (job.regression()) {

@@ -12,6 +12,17 @@ VnBatchNorm::VnBatchNorm(int64_t channels, double momentum, double eps)
   running_var_ = register_buffer("running_var", torch::ones({channels}));
 }
 
+VnBatchNorm::VnBatchNorm(torch::Tensor weight, torch::Tensor bias, torch::Tensor running_mean,
+                         torch::Tensor running_var, double momentum, double eps, torch::Tensor mean, torch::Tensor var)
+    : channels_(weight.size(0)), momentum_(momentum), eps_(eps) {
+  weight_ = register_parameter("weight", weight);
+  bias_ = register_parameter("bias", bias);
+  running_mean_ = register_buffer("running_mean", running_mean);
+  running_var_ = register_buffer("running_var", running_var);
+  last_mean_ = std::move(mean);
+  last_var_ = std::move(var);
+}
+
 torch::Tensor VnBatchNorm::forward(const torch::Tensor& x) {
   if (!is_training())
     return torch::batch_norm(x, weight_, bias_, running_mean_, running_var_, false, 0.0, eps_, false);
@@ -42,7 +53,10 @@ void LayerList::add(const std::string& name, std::shared_ptr<Layer> layer) {
   for (const auto& p : layer->parameters()) shapes.push_back(p.sizes().vec());
   shapes_.push_back(std::move(shapes));
   hollow_.push_back(0);
-  layers_.push_back(register_module(name, std::move(layer)));
+  // A module name cannot hold a dot ("layer1.0", a TorchScript model's).
+  std::string key = name;
+  std::replace(key.begin(), key.end(), '.', '_');
+  layers_.push_back(register_module(key, std::move(layer)));
 }
 
 void LayerList::hollow(size_t i) {

@@ -142,8 +142,10 @@ expect_bad() {
   grep -q "$2" "$work/bad.err" || { echo "FAIL ($2): message lacks it"; cat "$work/bad.err"; exit 1; }
 }
 for bad in "missing.pt:is missing" "notscript.pt:not a TorchScript module file" \
-           "statedict.pt:not a TorchScript module file" "empty.pt:has no children" \
-           "nested.pt:batch norm 'layer3.bn' (BatchNorm2d) is nested" \
+           "statedict.pt:not a TorchScript module file" "empty.pt:has no parameters to train" \
+           "nomomentum.pt:batch norm 'layer3.bn' (BatchNorm2d) has momentum=None" \
+           "notrack.pt:batch norm 'layer3.bn' (BatchNorm2d) has track_running_stats=False" \
+           "twoin.pt:forward takes 2 inputs" \
            "wrongout.pt:does not fit the cross_entropy loss" "shared.pt:'3.weight' is the same tensor as '2.weight'"; do
   job "$work/bad.toml" "${bad%%:*}"
   expect_bad "$work/bad.toml" "${bad#*:}" "$work/${bad%%:*}"

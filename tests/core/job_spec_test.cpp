@@ -193,6 +193,19 @@ TEST(JobSpec, TorchScriptPathIsRelativeToTheJobFileAndItsKeysAreItsOwn) {
     EXPECT_NE(std::string(e.what()).find("dropout is the module's own"), std::string::npos) << e.what();
   }
   expectInputError(kValid, {"model.loss", "applies only to model.name = \"torchscript\""}, {"model.loss=mse"});
+  // model.cuts: module paths, read as they are (the model checks them).
+  EXPECT_TRUE(j.model.cuts.empty());
+  EXPECT_EQ(parseJob(text, origin, with({"model.cuts=[\"layer2\", \"layer3.1\"]"})).model.cuts,
+            (std::vector<std::string>{"layer2", "layer3.1"}));
+  for (const char* bad : {"model.cuts=[]", "model.cuts=[\"\"]", "model.cuts=[1]", "model.cuts=\"layer2\""}) {
+    try {
+      parseJob(text, origin, with({bad}));
+      FAIL() << bad << " accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'model.cuts'"), std::string::npos) << e.what();
+    }
+  }
+  expectInputError(kValid, {"model.cuts", "applies only to model.name = \"torchscript\""}, {"model.cuts=[\"a\"]"});
   fs::remove_all(dir);
 }
 
