@@ -8,9 +8,12 @@
 #include <climits>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
+#include "control/internal.h"  // checkpointDir, effectiveOverrides
 #include "control/runner.h"
 #include "core/job_spec.h"
+#include "models/export.h"
 #include "sched/cluster_command.h"
 #include "sched/cluster_live.h"
 #include "status/status_server.h"
@@ -23,6 +26,27 @@ std::string selfExe(const char* argv0) {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(argv0) : p.string();
+}
+
+// morph run JOB --export FILE (docs/models.md, "Export"): the run
+// checkpoints its last step (checkpoint.every becomes the greatest common
+// divisor of itself and the step count, the step count when it is off),
+// then that checkpoint is exported.
+int runAndExport(morph::RunOptions run, const std::string& file) {
+  morph::JobSpec job = morph::loadJobFile(run.job_path, morph::detail::effectiveOverrides(run));
+  if (job.steps <= 0)
+    throw morph::InputError("--export needs the job's step count: set job.steps (or --steps) instead of job.epochs");
+  const int64_t every = job.checkpoint_every > 0 ? std::gcd(job.checkpoint_every, job.steps) : job.steps;
+  run.overrides.push_back("checkpoint.every=" + std::to_string(every));
+  const int rc = morph::runJob(run);
+  if (rc != 0) return rc;
+  job = morph::loadJobFile(run.job_path, morph::detail::effectiveOverrides(run));
+  const int64_t step = morph::exportModel(job, morph::detail::checkpointDir(run, job), file);
+  if (step != job.steps)
+    throw morph::JobError("--export: the newest checkpoint is of step " + std::to_string(step) + ", not the last (" +
+                          std::to_string(job.steps) + ")");
+  if (!run.quiet) std::printf("morph: exported the model of step %lld to %s\n", static_cast<long long>(step), file.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -78,6 +102,18 @@ int morph::morphMain(int argc, char** argv) {
   run_cmd->add_option("--resources", run.resources,
                       "devices per worker slot (TOML: types with memory and slowdown; docs/resources.md)");
   run_cmd->add_flag("--quiet", run.quiet, "no progress output");
+  std::string run_export;
+  run_cmd->add_option("--export", run_export,
+                      "when the job ends, write the trained model to FILE (docs/models.md, \"Export\")");
+
+  std::string export_checkpoint, export_job, export_out;
+  std::vector<std::string> export_overrides;
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model as a file PyTorch loads");
+  export_cmd->add_option("CHECKPOINT", export_checkpoint, "a step-* folder, or a folder of them (the newest)")
+      ->required();
+  export_cmd->add_option("--job", export_job, "the job file the checkpoint was trained from")->required();
+  export_cmd->add_option("--out", export_out, "the file to write")->required();
+  export_cmd->add_option("--set", export_overrides, "override a job key, as for the run");
 
   morph::WorkerOptions worker;
   auto* worker_cmd = app.add_subcommand("worker", "join a running job as a worker");
@@ -249,7 +285,13 @@ int morph::morphMain(int argc, char** argv) {
         throw morph::InputError("--heartbeat-interval " + std::to_string(run.heartbeat_interval_s) +
                                 " s must be shorter than --heartbeat-timeout " +
                                 std::to_string(run.heartbeat_timeout_s) + " s");
-      return morph::runJob(run);
+      return run_export.empty() ? morph::runJob(run) : runAndExport(run, run_export);
+    }
+    if (*export_cmd) {
+      const morph::JobSpec job = morph::loadJobFile(export_job, export_overrides);
+      const int64_t step = morph::exportModel(job, export_checkpoint, export_out);
+      std::printf("morph: exported the model of step %lld to %s\n", static_cast<long long>(step), export_out.c_str());
+      return 0;
     }
     if (*calib_cmd) return morph::runCalibrate(calib);
     if (*peer_cmd) return morph::runCalibratePeer(peer_join);

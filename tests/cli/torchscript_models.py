@@ -23,6 +23,15 @@ tests/cli/torchscript_test.sh (needs python3-torch).
       (no fusion, no autodiff subgraphs: eager's arithmetic), or, with ARCH
       (a torchvision model name), torchvision's eager module itself, loaded
       with the file's weights.
+  torchscript_models.py exported FILE X.npy Y.npy SUMMARY
+      loads an exported TorchScript model (morph run --export) with
+      torch.jit.load and checks its test loss and accuracy on X, Y (one
+      batch, evaluation mode) against Morph's summary.json.
+  torchscript_models.py exported-dict FILE CKPT
+      loads an exported built-in model with torch.load and checks that its
+      tensors are the checkpoint's (a step-... folder), named LAYER.NAME.
+  torchscript_models.py same FILE FILE
+      checks that two exported TorchScript models hold equal tensors.
 """
 import json
 import os
@@ -283,6 +292,56 @@ def reference(model_path, x_path, y_path, loss, optim, lr, ckpt, steps=1, tol=1e
     return 1
 
 
+def exported(path, x_path, y_path, summary_path):
+    torch.set_num_threads(1)
+    model = torch.jit.load(path)
+    model.eval()
+    x = torch.from_numpy(np.load(x_path))
+    if x.dim() == 3:
+        x = x.unsqueeze(1)
+    y = torch.from_numpy(np.load(y_path))
+    with torch.no_grad():
+        out = model(x)
+    loss = F.cross_entropy(out, y).item()
+    acc = (out.argmax(1) == y).double().mean().item()
+    s = json.load(open(summary_path))
+    print(f"{path}: test loss {loss:.9g} (Morph {s['test_loss']:.9g}), accuracy {acc} (Morph {s['test_accuracy']})")
+    # Up to the summation order of the evaluation (Morph sums per sample).
+    if abs(loss - s["test_loss"]) > 1e-5 * abs(s["test_loss"]) or abs(acc - s["test_accuracy"]) > 1e-12:
+        print("FAIL: the exported model does not evaluate as Morph's did")
+        return 1
+    return 0
+
+
+def exported_dict(path, ckpt):
+    got = torch.load(path)
+    manifest = open(f"{ckpt}/MANIFEST").read()
+    m = json.loads(manifest[: manifest.rindex("xxh64 ")])
+    want = {}
+    for layer in m["layers"]:
+        for name, t in read_tensor_file(f"{ckpt}/{layer['file']}").items():
+            kind, _, key = name.partition("/")
+            if kind in ("param", "buffer"):
+                want[layer["name"] + "." + key] = torch.from_numpy(t.copy())
+    if sorted(got) != sorted(want):
+        print(f"FAIL: {path} holds {sorted(got)}, the checkpoint {sorted(want)}")
+        return 1
+    for k, w in want.items():
+        if not torch.equal(got[k], w):
+            print(f"FAIL: {path}: {k} differs from the checkpoint's")
+            return 1
+    print(f"{path}: {len(got)} tensors, equal to the checkpoint's")
+    return 0
+
+
+def same(a_path, b_path):
+    a, b = torch.jit.load(a_path).state_dict(), torch.jit.load(b_path).state_dict()
+    if sorted(a) != sorted(b) or any(not torch.equal(a[k], b[k]) for k in a):
+        print(f"FAIL: {a_path} and {b_path} hold different tensors")
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         write(sys.argv[2])
@@ -294,5 +353,11 @@ if __name__ == "__main__":
         tol = float(a[8]) if len(a) > 8 else 1e-6
         arch = a[9] if len(a) > 9 else None
         sys.exit(reference(a[0], a[1], a[2], a[3], a[4], float(a[5]), a[6], steps, tol, arch))
+    elif sys.argv[1] == "exported":
+        sys.exit(exported(*sys.argv[2:6]))
+    elif sys.argv[1] == "exported-dict":
+        sys.exit(exported_dict(*sys.argv[2:4]))
+    elif sys.argv[1] == "same":
+        sys.exit(same(*sys.argv[2:4]))
     else:
         sys.exit(__doc__)

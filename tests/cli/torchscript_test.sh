@@ -6,7 +6,8 @@
 # resumed from a checkpoint on another worker count); dropout is live in
 # training; one float-mode step (SGD with momentum on the CNN, AdamW on an
 # mse regression) matches PyTorch's own step within 1e-6 relative; bad
-# model files exit 2 naming the file and the problem.
+# model files exit 2 naming the file and the problem; morph run --export
+# and morph export give files PyTorch loads.
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -154,4 +155,44 @@ ref_job "$work/bad.toml" "$work/reg.pt" "$work/reg_x.npy" "$work/reg_y2.npy" mse
 expect_bad "$work/bad.toml" "does not fit the mse loss" "$work/reg.pt"
 ref_job "$work/bad.toml" "$work/reg.pt" "$work/reg_x.npy" "$work/img_y.npy" mse sgd 0.01
 expect_bad "$work/bad.toml" "expects float32 targets" "$work/img_y.npy"
+# Export (docs/models.md): the CNN trained in exact mode on 4 VNs comes back
+# to PyTorch with torch.jit.load and evaluates as Morph did; a 2-stage run's
+# checkpoint (layer files from both stages) exports to the same tensors.
+ref_job "$work/exp.toml" "$work/cnn.pt" "$work/img_x.npy" "$work/img_y.npy" cross_entropy sgd 0.1
+sed -i 's/^steps = 1/steps = 3/; s/^global = 32/global = 16/; s/^virtual_nodes = 1/virtual_nodes = 4/; s/^mode = "float"/mode = "exact"/' "$work/exp.toml"
+"$MORPH" run "$work/exp.toml" --quiet --out "$work/exp" --export "$work/exp.pt" > /dev/null
+"$PY" "$models" exported "$work/exp.pt" "$work/img_x.npy" "$work/img_y.npy" "$work/exp/summary.json"
+"$MORPH" run "$work/exp.toml" --quiet --out "$work/exp-s2" --stages 2 > /dev/null
+"$MORPH" export "$work/exp-s2/checkpoints" --job "$work/exp.toml" --out "$work/exp-s2.pt" > /dev/null
+"$PY" "$models" same "$work/exp.pt" "$work/exp-s2.pt"
+# A built-in model: a torch.load-able dict of the checkpoint's tensors.
+cat > "$work/mlp-exp.toml" <<TOML
+[job]
+name = "mlpexp"
+seed = 2
+steps = 2
+[data]
+dataset = "npy"
+train_x = "img_x.npy"
+train_y = "img_y.npy"
+test_x = "img_x.npy"
+test_y = "img_y.npy"
+[model]
+name = "mlp"
+hidden = [16]
+[batch]
+global = 16
+virtual_nodes = 2
+TOML
+"$MORPH" run "$work/mlp-exp.toml" --quiet --out "$work/mlp-exp" --export "$work/mlp-exp.pth" > /dev/null
+"$PY" "$models" exported-dict "$work/mlp-exp.pth" "$work/mlp-exp/checkpoints/step-000000000002"
+# A checkpoint of another job is refused.
+set +e
+"$MORPH" export "$work/exp/checkpoints" --job "$work/mlp-exp.toml" --out "$work/wrong.pt" > /dev/null 2> "$work/bad.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "a checkpoint of job 'ref/torchscript/1', not of this job" "$work/bad.err" ||
+  { echo "FAIL: morph export of another job's checkpoint: exit $rc"; cat "$work/bad.err"; exit 1; }
+echo "ok: export: torch.jit.load evaluates as Morph did; a 2-stage checkpoint exports the same; built-in dict"
+
 echo "PASS: TorchScript MLP and CNN: same hash on 1-3 workers and 2 stages; one step matches PyTorch; bad files exit 2"
