@@ -107,8 +107,10 @@ void writeFileAtomic(const std::string& path, const std::string& text, mode_t mo
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) throw InputError(path + ": cannot write");
 }
 
-// Starts argv in a process group of its own, stdout and stderr to `log`.
-pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+// Starts argv in a process group of its own, stdout to `out` (appended, or
+// emptied first with `truncate_out`), stderr appended to `err`.
+pid_t spawnTo(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+              bool truncate_out) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -116,17 +118,20 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     ::setpgid(0, 0);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::close(fd);
-    }
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | (truncate_out ? O_TRUNC : O_APPEND), 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (o >= 0) ::dup2(o, 1);
+    if (e >= 0) ::dup2(e, 2);
     ::execvp(argv[0], argv.data());
     _exit(127);
   }
   ::setpgid(pid, pid);  // also here: no race with a kill of the group
   return pid;
+}
+
+// Starts argv in a process group of its own, stdout and stderr appended to `log`.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  return spawnTo(args, log, log, false);
 }
 
 // Runs argv to completion; its standard output, or nullopt when it fails.
@@ -161,26 +166,6 @@ std::optional<std::string> capture(const std::vector<std::string>& args) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return out;
-}
-
-// Starts argv in a process group of its own, stdout to `out`, stderr to `err`.
-pid_t spawnTo(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (o >= 0) ::dup2(o, 1);
-    if (e >= 0) ::dup2(e, 2);
-    ::execvp(argv[0], argv.data());
-    _exit(127);
-  }
-  ::setpgid(pid, pid);
-  return pid;
 }
 
 struct LiveJob {
@@ -656,7 +641,7 @@ class LiveCluster {
       ::unlink(status_file.c_str());
       j.status_pid = spawnTo({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
                               j.dir + "/token"},
-                             status_file, j.dir + "/status.err");
+                             status_file, j.dir + "/status.err", true);
     }
   }
 
