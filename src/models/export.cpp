@@ -10,20 +10,10 @@
 #include "ckpt/checkpoint_store.h"
 #include "core/error.h"
 #include "models/model.h"
+#include "models/module_path.h"
 
 namespace morph {
 namespace {
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = s.find('.', start);
-    out.push_back(s.substr(start, dot - start));
-    if (dot == std::string::npos) return out;
-    start = dot + 1;
-  }
-}
 
 std::string shapeOf(const torch::Tensor& t) {
   std::string s;
@@ -79,7 +69,7 @@ int64_t exportModel(const JobSpec& job, const std::string& checkpoint, const std
     torch::jit::Module root = torch::jit::load(job.model.path);
     torch::NoGradGuard no_grad;
     for (const auto& t : trained) {
-      std::vector<std::string> path = split(t.name);
+      std::vector<std::string> path = splitModulePath(t.name);
       const std::string leaf = path.back();
       path.pop_back();
       torch::jit::Module m = root;

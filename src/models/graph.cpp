@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "models/module_path.h"
 
 namespace morph {
 
@@ -32,17 +33,6 @@ std::string join(const std::vector<std::string>& parts, size_t n = SIZE_MAX) {
   std::string s;
   for (size_t i = 0; i < std::min(n, parts.size()); ++i) s += (i ? "." : "") + parts[i];
   return s;
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = s.find('.', start);
-    out.push_back(s.substr(start, dot - start));
-    if (dot == std::string::npos) return out;
-    start = dot + 1;
-  }
 }
 
 // nn.Sequential, nn.ModuleList, nn.ModuleDict: modules whose forward only
@@ -424,7 +414,7 @@ std::vector<size_t> ModelGraph::cutsAt(const std::vector<std::string>& paths) co
   std::vector<size_t> out;
   const std::string key = file_ + ": key 'model.cuts': ";
   for (const std::string& path : paths) {
-    const std::vector<std::string> want = split(path);
+    const std::vector<std::string> want = splitModulePath(path);
     size_t at = SIZE_MAX, first = SIZE_MAX;
     for (size_t p = 0; p < nodes_.size() && at == SIZE_MAX; ++p) {
       if (!compute_[p]) continue;
@@ -470,7 +460,7 @@ std::string ModelGraph::segmentName(size_t begin, size_t end) const {
   if (first == SIZE_MAX) return "forward";
   const std::string head = label(first);
   bool all = !paths_[first].empty();
-  const std::vector<std::string> prefix = split(head);
+  const std::vector<std::string> prefix = splitModulePath(head);
   for (size_t p = begin; p < end && all; ++p)
     if (compute_[p])
       all = paths_[p].size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), paths_[p].begin());
