@@ -239,9 +239,16 @@ void readNpyData(Reader& r, JobSpec& j, bool float_targets, const std::string& o
   };
   const NpyHeader tx = header("data.train_x", d.train_x), ty = header("data.train_y", d.train_y);
   const NpyHeader vx = header("data.test_x", d.test_x), vy = header("data.test_y", d.test_y);
+  // int64 inputs are token ids (N, T): the model embeds them (docs/models.md, "Token data").
+  if ((tx.kind == 'i') != (vx.kind == 'i'))
+    throw InputError(d.test_x + ": inputs are " + vx.describe() + " but " + d.train_x + "'s are " + tx.describe() +
+                     "; both splits must be token ids (int64) or both values (uint8 or float32)");
   for (const auto* x : {&tx, &vx}) {
     const std::string& p = x == &tx ? d.train_x : d.test_x;
-    if (x->kind == 'i') throw InputError(p + ": inputs are int64; expected uint8 or float32");
+    if (x->kind == 'i' && float_targets)
+      throw InputError(p + ": inputs are int64 token ids; model.loss = \"mse\" expects uint8 or float32 inputs");
+    if (x->kind == 'i' && x->shape.size() != 2)
+      throw InputError(p + ": token ids of shape " + x->describe() + "; expected int64 (samples, positions)");
     if (x->shape.size() < 2)
       throw InputError(p + ": inputs have shape " + x->describe() + "; expected (samples, ...) with at least two axes");
   }
@@ -263,15 +270,29 @@ void readNpyData(Reader& r, JobSpec& j, bool float_targets, const std::string& o
     j.model.classes = 0;
     if (ty.count() == 0 && ty.shape[0] > 0) throw InputError(d.train_y + ": targets of " + ty.describe() + " hold no values");
   }
+  // Labels: int64 (N), one class per sample; with token inputs (N, T),
+  // int64 (N, T), one class (the next token) per position.
+  const bool tokens = tx.kind == 'i';
   for (const auto& [x, y, px, py] : {std::tuple(&tx, &ty, d.train_x, d.train_y), std::tuple(&vx, &vy, d.test_x, d.test_y)}) {
     if (float_targets) break;
-    if (y->kind != 'i' || y->shape.size() != 1)
+    if (tokens && (y->kind != 'i' || y->shape != x->shape))
+      throw InputError(py + ": labels are " + y->describe() + "; with token inputs " + x->describe() + " (" + px +
+                       ") expected int64 labels of the same shape (the class of every position)");
+    if (!tokens && (y->kind != 'i' || y->shape.size() != 1))
       throw InputError(py + ": labels are " + y->describe() + "; expected a one-axis int64 array");
     if (y->shape[0] != x->shape[0])
       throw InputError(py + ": holds " + std::to_string(y->shape[0]) + " labels but " + px + " holds " +
                        std::to_string(x->shape[0]) + " samples");
   }
   j.model.input.assign(tx.shape.begin() + 1, tx.shape.end());
+  if (tokens) {
+    j.model.target = j.model.input;  // (T): T loss terms per sample
+    for (const auto& [x, px] : {std::pair(&tx, d.train_x), std::pair(&vx, d.test_x)}) {
+      const auto range = npyIntRange(NpyMap(px));
+      if (x->count() > 0 && range.first < 0)
+        throw InputError(px + ": negative token id " + std::to_string(range.first));
+    }
+  }
   if (j.model.input.size() == 2) j.model.input.insert(j.model.input.begin(), 1);  // (H, W): one channel
   j.data.train_size = tx.shape[0];
   j.data.test_size = vx.shape[0];
@@ -315,7 +336,12 @@ int64_t JobSpec::targetsPerSample() const {
     for (int64_t v : model.target) n *= v;
     return n;
   }
-  return model.name == "gpt-mini" ? data.seq_len : 1;
+  if (model.name == "gpt-mini") return data.seq_len;
+  // npy token labels (int64 inputs and labels (N, T)): one per position;
+  // readNpyData sets model.target = (T) for them (empty otherwise).
+  int64_t n = 1;
+  for (int64_t v : model.target) n *= v;
+  return n;
 }
 
 int64_t JobSpec::resolveSteps(int64_t train_size) const {
@@ -406,6 +432,9 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     readTorchScriptModel(r, j, origin);
     j.model.cuts = r.strList("model.cuts");
   }
+  if (j.data.dataset == "npy" && !j.regression() && !j.model.target.empty() && !script)
+    r.fail("model.name", "token data (int64 inputs in " + j.data.train_x +
+                             ") needs model.name = \"torchscript\" (a module that embeds the ids)");
   const bool is_text = j.data.dataset == "fortunes-char";
   if (is_text != (j.model.name == "gpt-mini"))
     r.fail("model.name", is_text ? "data.dataset = \"fortunes-char\" needs model.name = \"gpt-mini\""

@@ -67,21 +67,29 @@ NpyDataset::NpyDataset(std::shared_ptr<const NpyMap> x, std::shared_ptr<const Np
 Batch NpyDataset::gather(const int64_t* idx, int64_t n) const {
   std::vector<int64_t> shape{n};
   shape.insert(shape.end(), sample_shape_.begin(), sample_shape_.end());
-  torch::Tensor x = torch::empty(shape, torch::kFloat32);
-  // Labels: int64 (n); regression targets: float32 (n, target shape...).
+  // Token ids (int64 inputs) stay int64 and are not normalised.
+  const bool tokens = x_->header().kind == 'i';
+  torch::Tensor x = torch::empty(shape, tokens ? torch::kInt64 : torch::kFloat32);
+  // Labels: int64 (n), or (n, T) for token data; regression targets:
+  // float32 (n, target shape...).
   const bool float_y = y_->header().kind == 'f';
   std::vector<int64_t> yshape{n};
-  if (float_y) yshape.insert(yshape.end(), y_->header().shape.begin() + 1, y_->header().shape.end());
+  yshape.insert(yshape.end(), y_->header().shape.begin() + 1, y_->header().shape.end());
   torch::Tensor y = torch::empty(yshape, float_y ? torch::kFloat32 : torch::kInt64);
-  const int64_t ybytes = float_y ? (n_ > 0 ? y_->header().count() / n_ : 0) * 4 : 8;
-  float* dst = x.data_ptr<float>();
+  const int64_t ybytes = (n_ > 0 ? y_->header().count() / n_ : 0) * static_cast<int64_t>(y_->header().item_bytes);
   auto* ydst = static_cast<unsigned char*>(y.data_ptr());
   const auto* ysrc = static_cast<const unsigned char*>(y_->data());
   const int64_t px = per_sample_;
   const bool u8 = x_->header().kind == 'u';
   for (int64_t i = 0; i < n; ++i) {
     MORPH_CHECK(idx[i] >= 0 && idx[i] < n_, "sample index out of range");
-    float* d = dst + i * px;
+    std::memcpy(ydst + i * ybytes, ysrc + idx[i] * ybytes, static_cast<size_t>(ybytes));
+    if (tokens) {
+      std::memcpy(static_cast<unsigned char*>(x.data_ptr()) + i * px * 8,
+                  static_cast<const unsigned char*>(x_->data()) + idx[i] * px * 8, static_cast<size_t>(px) * 8);
+      continue;
+    }
+    float* d = x.data_ptr<float>() + i * px;
     if (u8) {
       const uint8_t* s = static_cast<const uint8_t*>(x_->data()) + idx[i] * px;
       for (int64_t k = 0; k < px; ++k) d[k] = (static_cast<float>(s[k]) * (1.0f / 255.0f) - mean_) * inv_std_;
@@ -90,7 +98,6 @@ Batch NpyDataset::gather(const int64_t* idx, int64_t n) const {
       std::memcpy(d, static_cast<const unsigned char*>(x_->data()) + idx[i] * px * 4, static_cast<size_t>(px) * 4);
       for (int64_t k = 0; k < px; ++k) d[k] = (d[k] - mean_) * inv_std_;
     }
-    std::memcpy(ydst + i * ybytes, ysrc + idx[i] * ybytes, static_cast<size_t>(ybytes));
   }
   return {x, y};
 }

@@ -49,7 +49,8 @@ class ImageDataset : public Dataset {
 class NpyMap;
 
 // Samples memory-mapped from .npy files (dataset = "npy"): inputs uint8 or
-// float32 of shape (N, ...), labels int64 (N) or float32 regression
+// float32 of shape (N, ...), or int64 token ids (N, T) (a batch's x is then
+// int64 (b, T) as stored, its y the int64 (b, T) labels), labels int64 (N) or float32 regression
 // targets (N, ...) (loss = "mse"; a batch's y keeps their shape and dtype). A batch's x is float32,
 // (b, C, H, W) when a sample is (H, W) (then C = 1), else (b, sample
 // shape...), normalised as x' = (x * scale - mean) / std with scale 1/255

@@ -22,6 +22,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/npy.h"
 #include "models/graph.h"
 #include "models/model.h"
 
@@ -166,7 +167,21 @@ void checkModel(const JobSpec& job) {
   std::vector<int64_t> shape{b};
   shape.insert(shape.end(), spec.input.begin(), spec.input.end());
   torch::manual_seed(0x5eed);
-  const torch::Tensor x = torch::randn(shape);
+  torch::Tensor x = torch::randn(shape);
+  std::string input_note = " (a batch of the data's samples)";
+  if (job.data.dataset == "npy" && readNpyHeader(job.data.train_x).kind == 'i') {
+    // Token ids: the first training sample, and one of the largest id in
+    // either split (an embedding too small for the data fails here).
+    int64_t top = 0;
+    for (const std::string* f : {&job.data.train_x, &job.data.test_x}) {
+      NpyMap m(*f);
+      if (m.header().count() > 0) top = std::max(top, npyIntRange(m).second);
+    }
+    x = torch::full(shape, top, torch::kInt64);
+    NpyMap m(job.data.train_x);
+    if (m.header().shape[0] > 0) std::memcpy(x.data_ptr<int64_t>(), m.data(), static_cast<size_t>(x.size(1)) * 8);
+    input_note = " (token ids: the first training sample and one of the largest id, " + std::to_string(top) + ")";
+  }
   torch::Tensor out = x;
   for (size_t l = 0; l < model->size(); ++l) {
     const torch::Tensor in = out;
@@ -174,7 +189,7 @@ void checkModel(const JobSpec& job) {
       out = model->layer(l).forward(in);
     } catch (const std::exception& e) {
       throw InputError(path + ": the layer '" + model->layerName(l) + "' fails on an input of shape " +
-                       shapeOf(in) + (l == 0 ? " (a batch of the data's samples)" : "") + ": " + errorText(e));
+                       shapeOf(in) + (l == 0 ? input_note : "") + ": " + errorText(e));
     }
   }
   if (out.scalar_type() != torch::kFloat32)
@@ -203,6 +218,14 @@ void checkModel(const JobSpec& job) {
       throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
                        " samples does not fit the mse loss: the targets (" + job.data.train_y + ") are (" +
                        std::to_string(b) + target + ")");
+  } else if (!spec.target.empty()) {
+    // Token labels (b, T): a class per position.
+    if (out.dim() != 3 || out.size(0) != b || out.size(1) != spec.target[0] || out.size(2) < spec.classes)
+      throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
+                       " samples does not fit the cross_entropy loss over token labels (" + job.data.train_y +
+                       "): expected (" + std::to_string(b) + ", " + std::to_string(spec.target[0]) +
+                       ", classes) with classes >= " + std::to_string(spec.classes) + " (the labels 0.." +
+                       std::to_string(spec.classes - 1) + ")");
   } else if (out.dim() != 2 || out.size(0) != b || out.size(1) < spec.classes) {
     throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
                      " samples does not fit the cross_entropy loss: expected (" + std::to_string(b) +

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/dataset.h"
 
 namespace morph {
 namespace {
@@ -247,6 +248,76 @@ TEST(JobSpec, InputPathsAreRelativeToTheJobFilesFolder) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find((dir / "jobs" / "fm" / "train-images").string()), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Token data (docs/models.md): int64 ids (N, T) with int64 labels (N, T),
+// a loss term per position; a batch keeps the ids as int64.
+TEST(JobSpec, TokenDataHasALabelPerPosition) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("morph-tokens-spec-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "m.pt") << "bytes";
+  auto ids = [](std::vector<int64_t> v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  };
+  writeNpy(dir / "x.npy", "<i8", "(4, 3)", ids({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  writeNpy(dir / "y.npy", "<i8", "(4, 3)", ids({2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}));
+  writeNpy(dir / "y1.npy", "<i8", "(4,)", ids({0, 1, 0, 1}));
+  writeNpy(dir / "neg.npy", "<i8", "(4, 3)", ids({1, 2, 3, 4, 5, 6, 7, 8, -9, 10, 11, 12}));
+  std::string text = kValid;
+  text.replace(text.find("train_size = 100\n"), 17, "");
+  text.replace(text.find("hidden = [16]\n"), 14, "");
+  const std::string origin = (dir / "job.toml").string();
+  auto with = [&](const std::string& x, const std::string& y, const std::string& model = "torchscript") {
+    std::vector<std::string> o = {"data.dataset=npy", "data.train_x=" + x, "data.train_y=" + y, "data.test_x=x.npy",
+                                  "data.test_y=y.npy", "model.name=" + model};
+    if (model == "torchscript") o.push_back("model.path=m.pt");
+    return o;
+  };
+  const JobSpec j = parseJob(text, origin, with("x.npy", "y.npy"));
+  EXPECT_EQ(j.model.input, (std::vector<int64_t>{3}));
+  EXPECT_EQ(j.model.target, (std::vector<int64_t>{3}));
+  EXPECT_EQ(j.model.classes, 14);
+  EXPECT_EQ(j.targetsPerSample(), 3);  // the loss is the mean over every position
+  const DataPair p = loadDatasets(j.data, j.seed);
+  const Batch b = p.train->gather(std::vector<int64_t>{2, 0});
+  EXPECT_TRUE(torch::equal(b.x, torch::tensor({7, 8, 9, 1, 2, 3}, torch::kInt64).view({2, 3})));
+  EXPECT_TRUE(torch::equal(b.y, torch::tensor({8, 9, 10, 2, 3, 4}, torch::kInt64).view({2, 3})));
+  auto refused = [&](const std::vector<std::string>& o, const std::vector<std::string>& fragments) {
+    try {
+      parseJob(text, origin, o);
+      FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  // Values (uint8, float32) are still normalised floats with one label per
+  // sample, or float32 targets of their shape.
+  writeNpy(dir / "u8.npy", "|u1", "(4, 1, 2)", std::string("\x00\xff\x33\x66\x99\xcc\x11\x22", 8));
+  writeNpy(dir / "f32.npy", "<f4", "(4, 2)", std::string(reinterpret_cast<const char*>(std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}.data()), 32));
+  auto values = [&](const std::string& x, const std::string& y, const std::string& loss) {
+    return std::vector<std::string>{"data.dataset=npy", "data.train_x=" + x, "data.train_y=" + y, "data.test_x=" + x,
+                                    "data.test_y=" + y, "model.name=torchscript", "model.path=m.pt",
+                                    "model.loss=" + loss, "data.mean=0.5", "data.std=2"};
+  };
+  const JobSpec u = parseJob(text, origin, values("u8.npy", "y1.npy", "cross_entropy"));
+  EXPECT_TRUE(u.model.target.empty());
+  EXPECT_EQ(u.targetsPerSample(), 1);
+  const Batch ub = loadDatasets(u.data, u.seed).train->gather(std::vector<int64_t>{1, 3});
+  EXPECT_EQ(ub.x.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(ub.y, torch::tensor({1, 1}, torch::kInt64)));
+  const float want_u8[] = {0x33, 0x66, 0x11, 0x22};
+  for (int k = 0; k < 4; ++k)
+    EXPECT_EQ(ub.x.flatten()[k].item<float>(), (want_u8[k] * (1.0f / 255.0f) - 0.5f) * 0.5f) << k;
+  const JobSpec f = parseJob(text, origin, values("f32.npy", "f32.npy", "mse"));
+  EXPECT_EQ(f.targetsPerSample(), 2);
+  const Batch fb = loadDatasets(f.data, f.seed).train->gather(std::vector<int64_t>{2});
+  EXPECT_TRUE(torch::equal(fb.y, torch::tensor({5.0f, 6.0f}).view({1, 2})));
+  EXPECT_TRUE(torch::equal(fb.x, torch::tensor({2.25f, 2.75f}).view({1, 2})));
+  refused(with("x.npy", "y1.npy"), {(dir / "y1.npy").string(), "expected int64 labels of the same shape"});
+  refused(with("neg.npy", "y.npy"), {(dir / "neg.npy").string(), "negative token id -9"});
+  refused(with("x.npy", "y.npy", "mlp"), {"model.name", "needs model.name = \"torchscript\""});
   fs::remove_all(dir);
 }
 
