@@ -31,9 +31,19 @@ namespace {
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// An error's first line; for one the TorchScript interpreter re-raises
+// (whose first line only says that an operation failed), the original
+// error's line at the end ("RuntimeError: index out of range in self").
 std::string errorText(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return firstLine(c->what_without_backtrace());
-  return firstLine(e.what());
+  const auto* c = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c ? c->what_without_backtrace() : e.what();
+  const std::string first = firstLine(text);
+  if (first.rfind("The following operation failed in the TorchScript interpreter", 0) != 0) return first;
+  const size_t end = text.find_last_not_of("\n ");
+  if (end == std::string::npos) return first;
+  const size_t begin = text.rfind('\n', end);
+  const std::string last = text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+  return last.find("Error: ") != std::string::npos ? last : first;
 }
 
 std::string shapeOf(const torch::Tensor& t) {
