@@ -211,7 +211,7 @@ std::string checkpointDir(const RunOptions& o, const JobSpec& job);
 // anyone finds).
 constexpr const char* kCheckpointMarker = ".morph-job";
 // What a local worker receives when its manager dies (prctl
-// PR_SET_PDEATHSIG): it then exits naming the resume command (worker.cpp).
+// PR_SET_PDEATHSIG): it then exits naming the resume command (worker/liveness.cpp).
 constexpr int kManagerDeathSignal = SIGUSR2;
 std::string getString(c10d::Store& s, const std::string& key);
 // A whole number read from the store, parsed strictly: the value must be

@@ -16,7 +16,7 @@ pid_t LocalProcesses::start() {
   if (pid < 0) throw JobError("cannot start a worker process");
   if (pid == 0) {
     // No orphans if the manager dies: the worker names the newest good
-    // checkpoint and the resume command, and exits (worker.cpp).
+    // checkpoint and the resume command, and exits (worker/liveness.cpp).
     prctl(PR_SET_PDEATHSIG, detail::kManagerDeathSignal);
     sigset_t none;
     sigemptyset(&none);

@@ -1,0 +1,46 @@
+// Worker agent: joins a job's store, waits for a generation that includes
+// it, trains its VNs, and regroups when membership changes — without
+// restarting and without losing a committed step. Protocol:
+// docs/distributed.md ("Generations"). Its parts: registration (phase 1),
+// WorkerJob (phases 2-5), generation_entry (the state a member receives),
+// liveness (heartbeat, the manager watchdog, peers' heartbeats).
+#include <exception>
+
+#include "control/internal.h"
+#include "control/protocol/keys.h"
+#include "control/worker/liveness.h"
+#include "control/worker/registration.h"
+#include "control/worker/worker_job.h"
+
+namespace morph {
+
+using namespace detail;
+
+int runWorker(const WorkerOptions& o) {
+  installManagerDeathHandler();
+  Registration reg = registerWithManager(o);
+  bool ready = false;  // posted workers/<id>/ready: past start-up
+  try {
+    WorkerJob w(reg);
+    w.startUp();
+    ready = true;
+    return w.run();
+  } catch (const std::exception& e) {
+    if (!ready) {
+      // It cannot start: the manager prints why (and goes on without it).
+      try {
+        setString(*reg.store, keys::workerStartError(reg.id),
+                  json({{"why", e.what()}, {"input", dynamic_cast<const InputError*>(&e) != nullptr}}).dump());
+      } catch (const std::exception&) {
+      }
+    }
+    // A store call failing because the manager is gone: the watchdog
+    // prints the resume command and exits. Bad input and a job that cannot
+    // go on are this worker's own findings (the manager may be gone already
+    // because of them).
+    if (!dynamic_cast<const InputError*>(&e) && !dynamic_cast<const JobError*>(&e)) reg.heartbeat->waitIfManagerLost();
+    throw;
+  }
+}
+
+}  // namespace morph
