@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "control/client_commands.h"
 #include "control/internal.h"  // checkpointDir, effectiveOverrides
 #include "control/runner.h"
 #include "core/job_spec.h"

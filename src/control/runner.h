@@ -1,9 +1,9 @@
-// Runner: turns a job into training. Three entry points:
+// Runner: turns a job into training. Two entry points:
 //  - runJob(): `morph run`. Without --workers it trains in this process;
 //    with --workers N it becomes the manager (hosts the job's store,
 //    computes the VN plan, starts local workers, writes the outputs).
 //  - runWorker(): `morph worker --join HOST:PORT`.
-//  - runResize(), runStatus(): talk to a running manager.
+// The client commands (resize, status, slow) are in client_commands.h.
 // The control plane (manager, worker, store keys) is specified in
 // docs/distributed.md and docs/store_protocol.md.
 #pragma once
@@ -75,14 +75,6 @@ struct WorkerOptions {
 // Both return the process exit code (0, 2 or 3); errors are printed.
 int runJob(const RunOptions& opts);
 int runWorker(const WorkerOptions& opts);
-// `morph resize`: asks the job at join (HOST:PORT) to run on `workers`.
-// token_file: the job token ("" = $MORPH_TOKEN).
-int runResize(const std::string& join, int workers, const std::string& token_file);
-// `morph status`: prints the manager's status record.
-int runStatus(const std::string& join, const std::string& token_file);
-// `morph slow`: asks worker `worker` of the job at join to run `factor`
-// times slower (1 restores it); control/straggler.cpp.
-int runSlow(const std::string& join, int64_t worker, double factor, const std::string& token_file);
 
 // `morph calibrate`: measures the job's profile (docs/profile_format.md)
 // with this process and one peer process, and writes it.

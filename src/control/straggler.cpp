@@ -6,14 +6,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "control/internal.h"
-#include "control/protocol/keys.h"
 #include "plan/simulator.h"
+#include "plan/vn_shares.h"
 
 namespace morph {
-
-using detail::getString;
-using detail::setString;
 
 namespace {
 constexpr double kMinGain = 0.9;  // a re-plan must cut the predicted compute to this fraction or less
@@ -290,32 +286,6 @@ std::optional<std::vector<int64_t>> PipelineStragglerWatch::shares(const std::ve
   const std::vector<double> sec = replicaSeconds(members, stages);
   if (sec.empty() || vns < static_cast<int64_t>(sec.size())) return std::nullopt;
   return weightedShares(vns, sec, 1);
-}
-
-int runSlow(const std::string& join, int64_t worker, double factor, const std::string& token_file) {
-  if (!std::isfinite(factor) || factor < 1.0 || factor > 1000.0)
-    throw InputError("--factor " + std::to_string(factor) + ": expected a slowdown from 1 (this machine's speed) to 1000");
-  if (worker < 0) throw InputError("--worker " + std::to_string(worker) + ": expected a worker id (>= 0)");
-  auto store = detail::connectToManager(join, detail::readToken(token_file), "client", 5.0);
-  const std::string id = std::to_string(worker);
-  if (!store->check({keys::workerPid(worker)}))
-    throw InputError("--worker " + id + ": the job at " + join + " has no such worker (ids: morph status --join " +
-                     join + ")");
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", factor);
-  setString(*store, keys::slow(worker), buf);
-  std::string note;
-  if (store->check({keys::kStatus})) {
-    const auto s = nlohmann::json::parse(getString(*store, keys::kStatus), nullptr, false);
-    if (s.is_object() && s.contains("members")) {
-      bool member = false;
-      for (const auto& m : s.at("members")) member = member || (m.is_number_integer() && m.get<int64_t>() == worker);
-      if (!member) note = " (not a member of the current generation: it applies it once placed)";
-    }
-  }
-  std::printf("asked worker %s of the job at %s to run %g times slower%s\n", id.c_str(), join.c_str(), factor,
-              note.c_str());
-  return 0;
 }
 
 }  // namespace morph

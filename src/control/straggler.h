@@ -1,6 +1,6 @@
 // Stragglers in data-parallel jobs: the manager's running estimate of each
 // worker's seconds per VN (the median of its last `steps` figures) and the re-plan it asks for (StragglerWatch).
-// `morph slow` (runSlow, runner.h) emulates one: the manager relays its
+// `morph slow` (runSlow, client_commands.h) emulates one: the manager relays its
 // factor on gen/want, which every member reads before each step
 // (control/protocol/generation_want.h). docs/distributed.md, "Stragglers".
 //

@@ -41,9 +41,6 @@ constexpr auto kIdleWait = std::chrono::milliseconds(100);
 // A store call of the manager's own (a read that waits for its key) fails
 // after this long.
 constexpr auto kManagerStoreTimeout = std::chrono::seconds(60);
-// `morph resize` and `morph status` give up on reaching the manager, and
-// `morph status` on its first status record, after this long.
-constexpr double kClientTimeoutS = 5.0;
 
 class Manager {
  public:
@@ -296,28 +293,6 @@ void Manager::superviseGenerations() {
 
 int runManager(const RunOptions& o, const JobSpec& job, const std::string& job_text) {
   return Manager(o, job, job_text).run();
-}
-
-int runResize(const std::string& join, int workers, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
-  // What the manager would ignore is refused here, where the user sees it.
-  const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
-                               splitLines(getString(*store, keys::kJobOverrides)));
-  if (workers > job.virtual_nodes)
-    throw InputError("--workers " + std::to_string(workers) + ": the job at " + join + " has " +
-                     std::to_string(job.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
-                     std::to_string(job.virtual_nodes) + " workers");
-  setString(*store, keys::kResizeTarget, std::to_string(workers));
-  store->add(keys::kResizeSeq, 1);
-  std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
-  return 0;
-}
-
-int runStatus(const std::string& join, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
-  store->wait({keys::kStatus}, std::chrono::milliseconds(static_cast<int64_t>(kClientTimeoutS * 1000)));
-  std::printf("%s\n", json::parse(getString(*store, keys::kStatus)).dump(2).c_str());
-  return 0;
 }
 
 }  // namespace morph
