@@ -18,6 +18,7 @@
 #include <torch/version.h>
 #include <xxhash.h>
 
+#include "control/after_step.h"
 #include "control/internal.h"
 #include "exec/fixed_point.h"
 
@@ -51,8 +52,7 @@ json commitLine(const JobSpec& job, const StepStats& st, int workers, int64_t ge
 json stepLine(const JobSpec& job, int64_t steps, const StepStats& st, Executor& tr, const Dataset& test,
               int workers, int64_t generation, const EvalStats* eval) {
   json line = commitLine(job, st, workers, generation);
-  const bool last = st.step + 1 == steps;
-  if (last || (job.eval_every > 0 && (st.step + 1) % job.eval_every == 0)) {
+  if (dueAfterStep(job, steps, st.step).evaluate) {
     EvalStats e = eval ? *eval : tr.evaluate(test, job.eval_batch);
     if (!job.regression()) line["test_accuracy"] = e.accuracy;
     line["test_loss"] = e.loss;

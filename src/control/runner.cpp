@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "control/after_step.h"
 #include "control/internal.h"
 #include "core/memory_estimate.h"
 #include "exec/fixed_point.h"
@@ -27,7 +28,7 @@ std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const D
     StepStats st = tr.step();
     // The step is committed: every worker holds its result.
     std::string ckerr;
-    if (keeper && (st.step + 1) % job.checkpoint_every == 0) ckerr = keeper->submit(tr.exportState());
+    if (keeper && dueAfterStep(job, steps, st.step).checkpoint) ckerr = keeper->submit(tr.exportState());
     if (reporter) {
       json line = stepLine(job, steps, st, tr, test, workers, generation);
       if (!ckerr.empty()) line["checkpoint_error"] = ckerr;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "control/after_step.h"
 #include "control/protocol/keys.h"
 #include "control/protocol/message.h"
 #include "control/worker/generation_entry.h"
@@ -255,18 +256,17 @@ bool WorkerJob::trainLoop(const Placement& p) {
     // Committed on every member of this generation: all hold the same
     // reduced loss, so any member can stand in for rank 0's line.
     last_line_ = commitLine(job_, st, p.world, gen_);
-    const bool eval_due = st.step + 1 == steps_ || (job_.eval_every > 0 && (st.step + 1) % job_.eval_every == 0);
-    const bool ckpt_due = job_.checkpoint_every > 0 && (st.step + 1) % job_.checkpoint_every == 0;
+    const AfterStep due = dueAfterStep(job_, steps_, st.step);
     std::string ckerr;
-    if (keeper_ && ckpt_due) {
+    if (keeper_ && due.checkpoint) {
       faultPoint("checkpoint@" + std::to_string(st.step), id_);
       ckerr = keeper_->submit(tr_->exportState());  // copied before it returns
     }
     // A pipeline evaluates on every rank: the test set flows through the stages.
     std::optional<EvalStats> eval;
-    if (stage_ex_ && eval_due) eval = tr_->evaluate(*data_.test, job_.eval_batch);
+    if (stage_ex_ && due.evaluate) eval = tr_->evaluate(*data_.test, job_.eval_batch);
     if (p.rank == 0) {
-      if (eval_due) faultPoint("evaluate", id_);
+      if (due.evaluate) faultPoint("evaluate", id_);
       json line = stepLine(job_, steps_, st, *tr_, *data_.test, p.world, gen_, eval ? &*eval : nullptr);
       if (!ckerr.empty()) line["checkpoint_error"] = ckerr;
       {  // the members' seconds per VN, rank order (the manager watches for stragglers)

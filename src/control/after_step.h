@@ -1,0 +1,26 @@
+// What follows a committed step, decided in one place for the in-process
+// runner (runner.cpp) and the worker (worker/worker_job.cpp): whether an
+// evaluation and a checkpoint are due. Pure: no store, no clock.
+#pragma once
+
+#include <cstdint>
+
+#include "core/job_spec.h"
+
+namespace morph {
+
+struct AfterStep {
+  bool evaluate = false;    // after every job.eval_every-th step, and after the last
+  bool checkpoint = false;  // after every job.checkpoint_every-th step (0: never)
+};
+
+// `step`: the committed step, counted from 0; `steps`: the run's last step + 1.
+inline AfterStep dueAfterStep(const JobSpec& job, int64_t steps, int64_t step) {
+  const int64_t done = step + 1;
+  AfterStep due;
+  due.evaluate = done == steps || (job.eval_every > 0 && done % job.eval_every == 0);
+  due.checkpoint = job.checkpoint_every > 0 && done % job.checkpoint_every == 0;
+  return due;
+}
+
+}  // namespace morph
