@@ -11,15 +11,15 @@
 #include <numeric>
 
 #include "control/client_commands.h"
-#include "control/internal.h"  // checkpointDir, effectiveOverrides
+#include "control/run_setup.h"
 #include "control/runner.h"
+#include "core/error.h"
 #include "core/job_spec.h"
+#include "core/sys.h"
 #include "models/export.h"
 #include "sched/cluster_command.h"
 #include "sched/cluster_live.h"
 #include "status/status_server.h"
-#include "core/error.h"
-#include "core/sys.h"
 
 namespace {
 

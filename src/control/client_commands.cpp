@@ -4,12 +4,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
-#include "control/internal.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
+#include "core/error.h"
+#include "core/job_spec.h"
 
 namespace morph {
 
+using json = nlohmann::json;
 using namespace detail;
 
 namespace {

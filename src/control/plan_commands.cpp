@@ -14,17 +14,23 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/communicator.h"
-#include "control/internal.h"
+#include "control/fingerprint.h"
+#include "control/plan_commands.h"
 #include "control/protocol/keys.h"
-#include "store/server.h"
+#include "control/run_setup.h"
+#include "control/store_access.h"
+#include "core/error.h"
+#include "core/job_spec.h"
 #include "core/memory_estimate.h"
 #include "core/parse_number.h"
+#include "core/sys.h"
 #include "exec/pipeline.h"
 #include "models/model.h"
 #include "plan/calibrate.h"
 #include "plan/plan_file.h"
 #include "plan/planner.h"
 #include "plan/resources.h"
+#include "store/server.h"
 
 namespace morph {
 

@@ -1,24 +1,37 @@
 // The runner: `morph run` (runJob), in this process (runInProcess) or as
-// the manager of worker processes (manager/manager.cpp). Its helpers, shared with
-// the manager and the worker, are in helpers.cpp.
+// the manager of worker processes (manager/manager.cpp). What it shares
+// with the manager and the worker has a header per concern: after_step.h,
+// checkpoints.h, fault_seams.h, run_log.h, run_setup.h.
 #include "control/runner.h"
 
 #include <optional>
 
 #include "control/after_step.h"
-#include "control/internal.h"
+#include "control/checkpoints.h"
+#include "control/fault_seams.h"
+#include "control/manager/manager.h"
+#include "control/plan_commands.h"
+#include "control/run_log.h"
+#include "control/run_setup.h"
+#include "core/error.h"
+#include "core/job_spec.h"
 #include "core/memory_estimate.h"
+#include "core/sys.h"
 #include "exec/fixed_point.h"
 #include "exec/pipeline.h"
 #include "plan/resources.h"
+#include "status/status_server.h"
 
 namespace morph {
 
 using json = nlohmann::json;
 using namespace detail;
 
-namespace detail {
+namespace {
 
+// Runs steps until `steps`; the reporter (rank 0) evaluates and emits one
+// metrics line per step; `ckpt` (may be null) receives a checkpoint every
+// job.checkpoint_every steps. Returns the model hash.
 std::string trainLoop(const JobSpec& job, int64_t steps, VnExecutor& tr, const Dataset& test,
                       bool reporter, int workers, int generation, CheckpointWriter* ckpt,
                       const std::function<void(const json&)>& emit) {
@@ -70,10 +83,6 @@ int runInProcess(const RunOptions& o, const JobSpec& job) {
   std::printf("model_hash: %s\n", hash.c_str());
   return 0;
 }
-
-}  // namespace detail
-
-namespace {
 
 // Refuses, before anything is allocated, a job whose local worker processes
 // cannot fit this machine's memory (core/memory_estimate.h): each holds the

@@ -5,8 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include "control/internal.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
+#include "core/error.h"
 #include "store/client.h"
 #include "store/server.h"
 
@@ -169,7 +170,7 @@ TEST_F(JobStoreTest, RolesWriteOnlyTheirKeys) {
 
 }  // namespace
 
-// Numbers read from the store (internal.h): the whole value or an error
+// Numbers read from the store (control/store_access.h): the whole value or an error
 // naming the key.
 TEST(StoreValues, WholeNumbersAreParsedStrictly) {
   using morph::detail::parseStoreInt;

@@ -6,15 +6,18 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "control/internal.h"
 #include "control/protocol/keys.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
+#include "control/store_access.h"
+#include "core/error.h"
+#include "core/job_spec.h"
 #include "plan/vn_shares.h"
 #include "store/table.h"
 
 namespace morph {
 
+using json = nlohmann::json;
 using namespace detail;
 
 Generations::Generations(const RunOptions& o, const JobSpec& job, Membership& membership, PipelineMorpher& pipeline,

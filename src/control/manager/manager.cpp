@@ -16,15 +16,22 @@
 #include <cstring>
 #include <fstream>
 
-#include "control/internal.h"
+#include "control/checkpoints.h"
+#include "control/fingerprint.h"
 #include "control/manager/clock.h"
 #include "control/manager/generations.h"
+#include "control/manager/manager.h"
 #include "control/manager/membership.h"
 #include "control/manager/outputs.h"
 #include "control/manager/pipeline_morph.h"
 #include "control/manager/processes.h"
 #include "control/protocol/job_key_policy.h"
 #include "control/protocol/keys.h"
+#include "control/run_setup.h"
+#include "control/store_access.h"
+#include "core/error.h"
+#include "core/job_spec.h"
+#include "status/status_server.h"
 #include "store/local_store.h"
 #include "store/server.h"
 

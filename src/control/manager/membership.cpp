@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "control/internal.h"
+#include "control/fingerprint.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
+#include "core/error.h"
 #include "store/table.h"
 
 namespace morph {

@@ -6,6 +6,8 @@
 #include "control/manager/membership.h"
 #include "control/manager/pipeline_morph.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
+#include "core/error.h"
 #include "store/table.h"
 
 namespace morph {

@@ -12,8 +12,11 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "control/internal.h"
 #include "control/manager/clock.h"
+#include "control/run_log.h"
+#include "control/runner.h"
+#include "core/job_spec.h"
+#include "status/status_server.h"
 
 namespace morph {
 

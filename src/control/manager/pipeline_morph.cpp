@@ -4,10 +4,16 @@
 #include <cstdio>
 #include <fstream>
 
-#include "control/internal.h"
+#include "control/checkpoints.h"
 #include "control/manager/membership.h"
+#include "control/plan_commands.h"
 #include "control/protocol/keys.h"
+#include "control/run_log.h"
+#include "control/run_setup.h"
+#include "control/store_access.h"
+#include "core/error.h"
 #include "core/model_hash.h"
+#include "core/sys.h"
 #include "exec/pipeline.h"
 #include "models/model.h"
 #include "plan/plan_file.h"

@@ -7,7 +7,8 @@
 
 #include <cstdio>
 
-#include "control/internal.h"
+#include "control/store_access.h"
+#include "core/error.h"
 
 namespace morph {
 

@@ -3,7 +3,9 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "control/internal.h"
+#include "control/checkpoints.h"
+#include "core/error.h"
+#include "core/sys.h"
 
 namespace morph {
 

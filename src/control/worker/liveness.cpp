@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "control/internal.h"
+#include "control/checkpoints.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
+#include "core/sys.h"
 
 namespace morph {
 

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include "comm/communicator.h"
-#include "control/internal.h"
+#include "control/fault_seams.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
 #include "core/sys.h"
 
 namespace morph {
 
+using json = nlohmann::json;
 using namespace detail;
 
 namespace {

@@ -6,11 +6,12 @@
 // liveness (heartbeat, the manager watchdog, peers' heartbeats).
 #include <exception>
 
-#include "control/internal.h"
 #include "control/protocol/keys.h"
+#include "control/store_access.h"
 #include "control/worker/liveness.h"
 #include "control/worker/registration.h"
 #include "control/worker/worker_job.h"
+#include "core/error.h"
 
 namespace morph {
 

@@ -7,11 +7,18 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "control/after_step.h"
+#include "control/checkpoints.h"
+#include "control/fault_seams.h"
+#include "control/fingerprint.h"
 #include "control/protocol/keys.h"
 #include "control/protocol/message.h"
+#include "control/run_setup.h"
+#include "control/store_access.h"
 #include "control/worker/generation_entry.h"
 #include "control/worker/liveness.h"
+#include "core/error.h"
 #include "core/memory_estimate.h"
+#include "core/sys.h"
 #include "store/abortable_store.h"
 
 namespace morph {
