@@ -449,12 +449,18 @@ std::unique_ptr<Communicator> makeGlooCommunicator(const c10::intrusive_ptr<c10d
     f->done = true;
     f->cv.notify_all();
   }).detach();
+  // keep_waiting is asked too: a peer that stopped heart-beating ends the
+  // wait, and the control plane probes peers it cannot reach (a partition).
+  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> l(f->mu);
   while (!f->cv.wait_for(l, opts.poll_interval, [&] { return f->done; })) {
     l.unlock();
     const bool abort = opts.should_abort();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const bool give_up = !abort && opts.keep_waiting && !opts.keep_waiting(waited);
     l.lock();
     if (abort && !f->done) throw CommFailure("forming a group abandoned: the generation was aborted");
+    if (give_up && !f->done) throw CommFailure("forming a group abandoned: a member stopped heart-beating");
   }
   if (f->error) std::rethrow_exception(f->error);
   return std::move(f->comm);

@@ -13,6 +13,7 @@
 #include "control/protocol/generation_plan.h"
 #include "control/protocol/keys.h"
 #include "control/protocol/member_report.h"
+#include "control/protocol/reach_report.h"
 #include "store/local_store.h"
 #include "store/table.h"
 
@@ -247,6 +248,75 @@ TEST(ManagerLogic, JoinDuringPipelineMorphIsPlaced) {
       EXPECT_LT(t.layer, cuts[static_cast<size_t>(joiner % 2) + 1]);
     }
   EXPECT_EQ(moved, cuts[static_cast<size_t>(joiner % 2) + 1] - cuts[static_cast<size_t>(joiner % 2)]);
+}
+
+// Who can reach whom: the largest group whose members all reach each
+// other, a pair cut when either side reports it; ties by speed, then by the
+// lowest ids.
+TEST(ManagerLogic, LargestReachableGroup) {
+  using Cut = std::map<int64_t, std::vector<int64_t>>;
+  const std::vector<int64_t> three = {0, 1, 2};
+  EXPECT_EQ(largestReachableGroup(three, {}), three);
+  // 2 is cut off from 0 and 1 (reported by 2 only): 0 and 1 go on.
+  EXPECT_EQ(largestReachableGroup(three, Cut{{2, {0, 1}}}), std::vector<int64_t>({0, 1}));
+  // ... reported by 0 and 1 only.
+  EXPECT_EQ(largestReachableGroup(three, Cut{{0, {2}}, {1, {2}}}), std::vector<int64_t>({0, 1}));
+  // Two workers that cannot reach each other: the lowest id, unless the
+  // other is faster.
+  EXPECT_EQ(largestReachableGroup({0, 1}, Cut{{1, {0}}}), std::vector<int64_t>({0}));
+  EXPECT_EQ(largestReachableGroup({0, 1}, Cut{{0, {1}}}, {{0, 1.0}, {1, 2.0}}), std::vector<int64_t>({1}));
+  // 0-1 cut, 2-3 cut: groups of two, {0,2} has the lowest ids.
+  EXPECT_EQ(largestReachableGroup({3, 2, 1, 0}, Cut{{0, {1}}, {2, {3}}}), std::vector<int64_t>({2, 0}));
+  // A chain 0-1-2-3 where only neighbours reach each other: two of size 2.
+  EXPECT_EQ(largestReachableGroup({0, 1, 2, 3}, Cut{{0, {2, 3}}, {1, {3}}}), std::vector<int64_t>({0, 1}));
+  // Five workers, {1, 2, 4} all reach each other and nothing bigger does.
+  EXPECT_EQ(largestReachableGroup({0, 1, 2, 3, 4}, Cut{{0, {1, 2}}, {3, {1, 2, 4}}}), std::vector<int64_t>({1, 2, 4}));
+}
+
+// A partition of a 3-worker job: worker 2 reports that it cannot reach the
+// others. The generation is aborted, the next plan keeps 0 and 1 (2 is not
+// waited for, not released and not killed), and 2 is admitted again as a
+// joiner once it reports that it reaches every member.
+TEST(ManagerLogic, PartitionKeepsTheLargestGroupAndReadmitsTheOther) {
+  Harness h(kMlpJob, 3);
+  for (int64_t id : {0, 1, 2}) h.registerWorker(id);
+  h.poll();
+  h.generations->maybeStart(h.store, h.clock, h.clock.t);
+  ASSERT_EQ(h.generations->current(), 0);
+  auto reach = [&](int64_t id, int64_t g, std::vector<int64_t> cut) {
+    put(h.store, keys::workerReach(id), ReachReport{g, std::move(cut)}.toJson().dump());
+  };
+  reach(2, 0, {});  // nothing cut: no decision
+  h.generations->watchPartitions(h.store, h.clock);
+  EXPECT_FALSE(h.generations->inTransition());
+  reach(2, 0, {0, 1});
+  h.generations->watchPartitions(h.store, h.clock);
+  EXPECT_TRUE(h.store.check({keys::genAbort(0)}));
+  ASSERT_TRUE(h.generations->inTransition());
+  h.report(0, 50);
+  h.report(1, 50);  // worker 2 may answer or not: it is not waited for
+  ASSERT_TRUE(h.generations->transitionComplete(h.store, h.clock).complete);
+  h.report(2, 50);  // it left its collective too: still not a survivor
+  const GenerationPlan p = h.generations->publish(h.store, 0);
+  EXPECT_EQ(p.members, std::vector<int64_t>({0, 1}));
+  EXPECT_TRUE(p.released.empty());  // released workers exit; this one waits
+  EXPECT_TRUE(h.membership->workers().at(2).alive);
+  EXPECT_EQ(h.procs.killed, std::vector<pid_t>());
+  // Still cut off (it probed generation 1's members): stays aside, the job
+  // does not grow back.
+  reach(2, 1, {0});
+  h.generations->watchPartitions(h.store, h.clock);
+  h.generations->watchMembership(h.store, h.clock);
+  EXPECT_FALSE(h.generations->inTransition());
+  // Healed: it reaches 0 and 1, and joins.
+  reach(2, 1, {});
+  h.generations->watchPartitions(h.store, h.clock);
+  h.generations->watchMembership(h.store, h.clock);
+  ASSERT_TRUE(h.generations->inTransition());
+  h.report(0, 60);
+  h.report(1, 60);
+  ASSERT_TRUE(h.generations->transitionComplete(h.store, h.clock).complete);
+  EXPECT_EQ(h.generations->publish(h.store, 0).members, std::vector<int64_t>({0, 1, 2}));
 }
 
 }  // namespace

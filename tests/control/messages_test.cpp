@@ -6,6 +6,7 @@
 #include "control/protocol/generation_plan.h"
 #include "control/protocol/generation_want.h"
 #include "control/protocol/member_report.h"
+#include "control/protocol/reach_report.h"
 #include "control/protocol/message.h"
 
 namespace morph {
@@ -167,6 +168,20 @@ TEST(MemberReport, RefusesMalformedReports) {
                           R"({"committed": 7, "held": [2, 5]})", R"({"committed": 7, "held": [2]})",
                           R"({"committed": 7, "line": {"loss": 1}})", R"({"committed": 7, "line": 3})"})
     EXPECT_THROW(MemberReport::fromJson(json::parse(bad)), MessageError) << bad;
+}
+
+TEST(ReachReport, RoundTripsAndRefusesMalformedReports) {
+  const ReachReport r{4, {0, 2}};
+  EXPECT_EQ(r.toJson(), json::parse(R"({"generation": 4, "unreachable": [0, 2]})"));
+  const ReachReport back = ReachReport::fromJson(r.toJson());
+  EXPECT_EQ(back.generation, 4);
+  EXPECT_EQ(back.unreachable, std::vector<int64_t>({0, 2}));
+  EXPECT_TRUE(ReachReport::fromJson(json::parse(R"({"generation": 0, "unreachable": []})")).unreachable.empty());
+  for (const char* bad : {R"([])", R"({"generation": 1})", R"({"unreachable": [1]})", R"({"generation": -1, "unreachable": []})",
+                          R"({"generation": 1, "unreachable": [2, 1]})", R"({"generation": 1, "unreachable": [1, 1]})",
+                          R"({"generation": 1, "unreachable": [-3]})", R"({"generation": 1, "unreachable": "1"})",
+                          R"({"generation": 1.5, "unreachable": []})"})
+    EXPECT_THROW(ReachReport::fromJson(json::parse(bad)), MessageError) << bad;
 }
 
 // A job never slowed reads the bare number it always did; `morph slow`'s

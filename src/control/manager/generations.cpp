@@ -240,7 +240,7 @@ void Generations::startTransition(const Clock& clock, const std::string& cause) 
 Generations::Answered Generations::transitionComplete(c10d::Store& store, const Clock& clock) {
   Answered a;
   for (int64_t id : members_) {
-    if (!m_[id].alive) continue;
+    if (!m_[id].alive || partitions_.aside(id)) continue;
     if (store.check({keys::genReport(gen_, "ready", id)}) || store.check({keys::genReport(gen_, "left", id)})) continue;
     // Its heartbeats are watched (pollHeartbeats declares it dead once they
     // stop); one still heart-beating is busy (a long evaluation, step or
@@ -258,7 +258,7 @@ Generations::Answered Generations::transitionComplete(c10d::Store& store, const 
       m_[id].warned = now;
       std::fprintf(stderr,
                    "morph: worker %lld has not answered the generation change for %.0f s but still heart-beats: "
-                   "waiting for it (deadline %.0f s = max(%.0f, %.0f x the longest %.1f s between two steps))\n",
+                   "waiting for it (deadline %.0f s = max(%.0f, %.0f x the longest %.3f s between two steps))\n",
                    static_cast<long long>(id), now - transition_start_, deadline, kRegroupFloorS, kDeadlineFactor,
                    longest_gap_);
     }
@@ -295,7 +295,8 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
       someone_left = true;
       m_[id].alive = false;  // it exits on its own
     }
-    if (!m_[id].alive || !store.check({keys::genReport(gen_, "ready", id)})) continue;
+    // One set aside for a partition is not a survivor: it rejoins later.
+    if (!m_[id].alive || partitions_.aside(id) || !store.check({keys::genReport(gen_, "ready", id)})) continue;
     const MemberReport& r = reports[id] = readReport(store, keys::genReport(gen_, "ready", id));
     survivors.push_back(id);
     best = std::max(best, r.committed);
@@ -312,7 +313,7 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
     if (step >= next_step && !store.check({mk})) setString(store, mk, line.dump());  // (older ones were read)
   }
   std::vector<int64_t> candidates = survivors;
-  const std::vector<int64_t> waiting = m_.waiting(members_);
+  const std::vector<int64_t> waiting = joiners();
   candidates.insert(candidates.end(), waiting.begin(), waiting.end());
   straggler_.orderForDrop(candidates);  // a straggler being dropped is released
   // The first generation of a pipeline runs exactly its plan's workers;
@@ -441,7 +442,7 @@ void Generations::watchMembership(c10d::Store& store, const Clock& clock) {
       posted = posted || store.check({keys::genReport(gen_, "ready", id)}) ||
                store.check({keys::genReport(gen_, "left", id)});
   }
-  const int joiners = static_cast<int>(m_.waiting(members_).size());
+  const int joiners = static_cast<int>(this->joiners().size());
   const int size = static_cast<int>(members_.size());
   if (posted) {
     startTransition(clock, "");  // a leave, or a failure a survivor saw first
@@ -462,6 +463,40 @@ void Generations::watchMembership(c10d::Store& store, const Clock& clock) {
     writeWant(store, gen_ + 1);
     startTransition(clock, "request");
   }
+}
+
+std::vector<int64_t> Generations::joiners() const {
+  std::vector<int64_t> w = m_.waiting(members_);
+  w.erase(std::remove_if(w.begin(), w.end(), [this](int64_t id) { return partitions_.aside(id); }), w.end());
+  return w;
+}
+
+void Generations::watchPartitions(c10d::Store& store, const Clock& clock) {
+  if (gen_ < 0) return;
+  for (int64_t id : partitions_.readmit(store, gen_)) {
+    std::printf("morph: worker %lld reaches every member of generation %lld again: it may rejoin\n",
+                static_cast<long long>(id), static_cast<long long>(gen_));
+    std::fflush(stdout);
+  }
+  std::map<int64_t, double> speed;  // VNs per second, where measured (ties between equal groups)
+  for (int64_t id : members_)
+    if (const auto e = straggler_.estimate(id)) speed[id] = 1.0 / *e;
+  const auto split = partitions_.poll(store, gen_, members_, speed);
+  if (!split) return;
+  auto list = [](const std::vector<int64_t>& ids) {
+    std::string t;
+    for (int64_t id : ids) t += (t.empty() ? "" : ", ") + std::to_string(id);
+    return t;
+  };
+  std::fprintf(stderr,
+               "morph: partition in generation %lld (%s): going on with worker(s) %s; worker(s) %s set aside until "
+               "they reach the group again\n",
+               static_cast<long long>(gen_), split->describe.c_str(), list(split->keep).c_str(),
+               list(split->aside).c_str());
+  // Every member leaves its collectives (the kept ones regroup at once).
+  setString(store, keys::genAbort(gen_), "1");
+  if (!in_transition_) startTransition(clock, "partition");
+  else transition_cause_ = "partition";
 }
 
 }  // namespace morph

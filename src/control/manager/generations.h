@@ -19,6 +19,7 @@
 
 #include "control/manager/clock.h"
 #include "control/manager/membership.h"
+#include "control/manager/partitions.h"
 #include "control/manager/pipeline_morph.h"
 #include "control/protocol/generation_plan.h"
 #include "control/protocol/generation_want.h"
@@ -87,6 +88,11 @@ class Generations {
   // (the regroup deadline's measure), stragglers, and the resize record
   // completed at its generation's first step.
   void onCommitted(c10d::Store& store, const Clock& clock, const nlohmann::json& line);
+  // Partitions (partitions.h): a member's report that it cannot reach a
+  // peer aborts the generation and sets aside the members outside the
+  // largest group that can all reach each other; one set aside is admitted
+  // again (as a joiner) once it reports that it reaches every member.
+  void watchPartitions(c10d::Store& store, const Clock& clock);
   // `morph resize`: the new target; returns how many workers to start.
   int pollResizeRequests(c10d::Store& store);
   // `morph slow` (ctl/slow/<id>): the factors in effect ride on gen/want,
@@ -103,6 +109,9 @@ class Generations {
 
  private:
   void startTransition(const Clock& clock, const std::string& cause);
+  // Alive, placeable workers that are not members and not set aside for a
+  // partition, in id order.
+  std::vector<int64_t> joiners() const;
   void watchStragglers(c10d::Store& store, const Clock& clock, const nlohmann::json& line);
   // Deletes the keys of past generations and departed workers.
   void forgetPast(c10d::Store& store);
@@ -130,6 +139,7 @@ class Generations {
   double pending_since_ = 0;
   double last_commit_unix_ = 0, longest_gap_ = 0;  // between two committed steps' lines (seconds)
   std::vector<int64_t> vn_shares_;  // VNs per member of the current generation
+  Partitions partitions_;
   StragglerWatch straggler_;        // data parallelism: seconds per VN per worker (straggler.h)
   PipelineStragglerWatch pstraggler_;  // pipelines: the same per stage
   nlohmann::json straggler_note_;      // the straggler re-plan under way, for its resizes entry

@@ -270,6 +270,7 @@ void Manager::superviseGenerations() {
     m.pollRegistrations(store, clock_);
     m.spawn(g.pollResizeRequests(store));
     g.pollSlowRequests(store);
+    g.watchPartitions(store, clock_);
     for (const auto& d : m.pollChildren(store, g.current())) markDead(d.id, d.why);
     for (const auto& d : m.pollHeartbeats(store, clock_, g.current())) markDead(d.id, d.why);
     outputs_->pollMetrics(store, server_->table(), [&](const json& line) { g.onCommitted(store, clock_, line); });

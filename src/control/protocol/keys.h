@@ -40,6 +40,11 @@ inline std::string workerFingerprint(int64_t id) { return worker(id, "fingerprin
 inline std::string workerRefused(int64_t id) { return worker(id, "refused"); }
 inline std::string workerFatal(int64_t id) { return worker(id, "fatal"); }
 inline std::string workerStartError(int64_t id) { return worker(id, "start_error"); }
+// Partitions (docs/distributed.md, "Partitions"): the address a worker's
+// peers probe it on ("ip:port"), and which of them it cannot reach (a
+// ReachReport).
+inline std::string workerProbe(int64_t id) { return worker(id, "probe"); }
+inline std::string workerReach(int64_t id) { return worker(id, "reach"); }
 // Every key of worker `id` starts with this.
 inline std::string workerPrefix(int64_t id) { return worker(id, ""); }
 // The last part of a heartbeat key (workers/<id>/hb).

@@ -1,12 +1,15 @@
 // Heartbeat and PeerWatch (liveness.h).
 #include "control/worker/liveness.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
 #include "control/checkpoints.h"
 #include "control/protocol/keys.h"
+#include "control/protocol/reach_report.h"
+#include "control/worker/reachability.h"
 #include "control/store_access.h"
 #include "core/sys.h"
 
@@ -129,6 +132,7 @@ bool PeerWatch::keepWaiting(double waited) {
     if (!first && v == seen) return false;  // silent for a heartbeat timeout: dead
     seen = v;
   }
+  probe();
   if (!first && now - last_note_ > deadline_) {
     last_note_ = now;
     std::fprintf(stderr,
@@ -137,6 +141,34 @@ bool PeerWatch::keepWaiting(double waited) {
                  static_cast<long long>(me_), waited, deadline_);
   }
   return true;
+}
+
+void PeerWatch::probe() {
+  const std::vector<int64_t> cut = unreachablePeers(*store_, peers_, me_);
+  if (cut == reported_) return;
+  reported_ = cut;
+  setString(*store_, keys::workerReach(me_), ReachReport{gen_, cut}.toJson().dump());
+  if (cut.empty()) return;
+  std::string ids;
+  for (int64_t p : cut) ids += (ids.empty() ? "" : ", ") + std::to_string(p);
+  std::fprintf(stderr,
+               "morph: worker %lld cannot connect to worker(s) %s, which still heart-beat: a network partition? "
+               "(told the manager)\n",
+               static_cast<long long>(me_), ids.c_str());
+}
+
+std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me) {
+  std::vector<int64_t> ids, cut;
+  std::vector<std::string> addrs;
+  for (int64_t p : members) {
+    if (p == me) continue;
+    const std::string k = keys::workerProbe(p);
+    ids.push_back(p);
+    addrs.push_back(store.check({k}) ? getString(store, k) : std::string());  // none: unreachable
+  }
+  for (size_t i : unreachable(addrs)) cut.push_back(ids[i]);
+  std::sort(cut.begin(), cut.end());
+  return cut;
 }
 
 }  // namespace morph

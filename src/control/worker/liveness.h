@@ -18,6 +18,11 @@
 
 namespace morph {
 
+// Probes the members of generation `gen` (their workers/<id>/probe
+// addresses; `me` is skipped) and returns the ids that did not answer,
+// ascending (reachability.h).
+std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me);
+
 // Installs the handler of kManagerDeathSignal (a local worker's manager
 // ended): the watchdog of every Heartbeat then gives the job up at once.
 void installManagerDeathHandler();
@@ -58,18 +63,25 @@ class Heartbeat {
 
 // Whether a member waiting in a collective should go on waiting: before its
 // deadline, yes; after it, while every other member's heartbeat still
-// moves (read every heartbeat timeout), yes — it is busy, not dead.
+// moves (read every heartbeat timeout), yes — it is busy, not dead. Each
+// time it looks, it also probes the members (reachability.h) and reports
+// the ones it cannot connect to (a partition: ReachReport under
+// workers/<id>/reach; the manager decides, docs/distributed.md, "Partitions").
 class PeerWatch {
  public:
-  PeerWatch(c10::intrusive_ptr<StoreClient> store, std::vector<int64_t> peers, int64_t me, double deadline_s,
-            double hb_timeout_s)
-      : store_(std::move(store)), peers_(std::move(peers)), me_(me), deadline_(deadline_s), every_(hb_timeout_s) {}
+  PeerWatch(c10::intrusive_ptr<StoreClient> store, std::vector<int64_t> peers, int64_t me, int64_t generation,
+            double deadline_s, double hb_timeout_s)
+      : store_(std::move(store)), peers_(std::move(peers)), me_(me), gen_(generation), deadline_(deadline_s),
+        every_(hb_timeout_s) {}
   bool keepWaiting(double waited);
 
  private:
+  void probe();
+
   c10::intrusive_ptr<StoreClient> store_;
   std::vector<int64_t> peers_;
-  int64_t me_;
+  int64_t me_, gen_;
+  std::vector<int64_t> reported_;  // the peers last reported unreachable
   double deadline_, every_;
   double last_check_ = 0, last_note_ = 0;
   std::map<int64_t, std::string> beats_;

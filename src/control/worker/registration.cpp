@@ -36,6 +36,8 @@ Registration registerWithManager(const WorkerOptions& o) {
   faultPoint("registering", r.id);
   setString(*r.store, keys::workerPid(r.id), std::to_string(getpid()));
   setString(*r.store, keys::workerAddr(r.id), r.iface);
+  r.probe = std::make_unique<ProbeListener>(r.iface);
+  setString(*r.store, keys::workerProbe(r.id), r.probe->address());
   // Its own connection, as this worker (registered on `store`): the
   // manager watches this worker's heartbeats from here on.
   r.heartbeat = std::make_unique<Heartbeat>(

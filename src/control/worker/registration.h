@@ -9,6 +9,7 @@
 
 #include "control/runner.h"
 #include "control/worker/liveness.h"
+#include "control/worker/reachability.h"
 #include "store/client.h"
 
 namespace morph {
@@ -23,6 +24,7 @@ struct Registration {
   int64_t id = -1;
   std::string me;                         // the id as text
   std::unique_ptr<Heartbeat> heartbeat;   // declared after `store`: stops before it closes
+  std::unique_ptr<ProbeListener> probe;   // what peers connect to when a collective stalls (workers/<id>/probe)
 };
 
 Registration registerWithManager(const WorkerOptions& o);

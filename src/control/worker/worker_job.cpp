@@ -12,6 +12,7 @@
 #include "control/fingerprint.h"
 #include "control/protocol/keys.h"
 #include "control/protocol/message.h"
+#include "control/protocol/reach_report.h"
 #include "control/run_setup.h"
 #include "control/store_access.h"
 #include "control/worker/generation_entry.h"
@@ -33,6 +34,8 @@ void onTerm(int) { g_leave_requested = 1; }
 // An unplaced worker waits for the next generation's plan this long per
 // store round trip (then looks at job/finished, a leave request, a refusal).
 constexpr auto kUnplacedWait = std::chrono::milliseconds(250);
+// A worker set aside for a partition probes the members this often.
+constexpr double kAsideProbeEveryS = 1.0;
 // Deadlines of a member waiting in a collective (docs/distributed.md,
 // "Deadlines"): after max(kCollectiveFloorS, kCollectiveFactor x the longest
 // time it measured between two committed steps) — or elastic.
@@ -175,6 +178,7 @@ bool WorkerJob::waitForGeneration(GenerationPlan& plan) {
     }
     if (g_leave_requested) return false;  // not in a generation: nothing to hand over
     if (store_->check({keys::workerRefused(id_)})) throw InputError(getString(*store_, keys::workerRefused(id_)));
+    probeWhileAside(cur);
     // Sleeps in the store until the next generation's plan appears (the
     // manager writes it before gen/current), or kUnplacedWait.
     try {
@@ -183,6 +187,27 @@ bool WorkerJob::waitForGeneration(GenerationPlan& plan) {
       // Timed out (a lost connection fails the next call).
     }
   }
+}
+
+// A worker the manager set aside for a partition (its last ReachReport
+// named peers, or is older than the current generation) probes the
+// current generation's members every kAsideProbeEveryS and reports
+// what it finds; once the list is empty, the manager admits it again
+// (docs/distributed.md, "Partitions").
+void WorkerJob::probeWhileAside(int64_t cur) {
+  const double now = nowSeconds();
+  if (cur < 0 || now - last_aside_probe_ < kAsideProbeEveryS) return;
+  const std::string k = keys::workerReach(id_);
+  if (!store_->check({k})) return;  // never reported a partition
+  const ReachReport mine = ReachReport::fromJson(json::parse(getString(*store_, k), nullptr, false));
+  if (mine.unreachable.empty() && mine.generation >= cur) return;  // said already
+  last_aside_probe_ = now;
+  const ReachReport now_seen{cur, unreachablePeers(*store_, readPlan(*store_, cur).members, id_)};
+  if (now_seen.unreachable == mine.unreachable && now_seen.generation == mine.generation) return;
+  setString(*store_, k, now_seen.toJson().dump());
+  if (now_seen.unreachable.empty())
+    std::fprintf(stderr, "morph: worker %lld reaches every member of generation %lld again\n",
+                 static_cast<long long>(id_), static_cast<long long>(cur));
 }
 
 WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int rank) {
@@ -198,7 +223,7 @@ WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int r
   go.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(1000 * std::max(kGlooCeilingS, kGlooCeilingFactor * deadline)));
   go.should_abort = [store = store_, abort = keys::genAbort(gen_)] { return store->check({abort}); };
-  auto peers = std::make_shared<PeerWatch>(store_, plan.members, id_, deadline, hb_timeout_);
+  auto peers = std::make_shared<PeerWatch>(store_, plan.members, id_, gen_, deadline, hb_timeout_);
   go.keep_waiting = [peers](double waited) { return peers->keepWaiting(waited); };
   const c10::intrusive_ptr<c10d::Store> gstore =
       c10::make_intrusive<store::AbortableStore>(store_, keys::genAbort(gen_), kRendezvousPoll);

@@ -52,6 +52,7 @@ class WorkerJob {
   // Phase 3: waits for a generation newer than ours into `plan`; false
   // when the worker should exit instead (job finished, leave requested).
   bool waitForGeneration(GenerationPlan& plan);
+  void probeWhileAside(int64_t cur);
   // Phase 4a: forms the generation's process groups, receives its state and
   // sets up its checkpoint writer (CommFailure: regroup).
   Placement joinGeneration(const GenerationPlan& plan, int rank);
@@ -102,6 +103,7 @@ class WorkerJob {
   std::unique_ptr<CheckpointWriter> ckpt_;
   std::optional<detail::CheckpointKeeper> keeper_;  // counts failed checkpoint writes of `ckpt_`
   double hb_timeout_ = 0;
+  double last_aside_probe_ = 0;  // probeWhileAside
   double last_commit_ = 0, longest_gap_ = 0;  // between two committed steps here (seconds)
   // Process groups of past generations whose work was abandoned (a
   // CommFailure), and a pipeline's: never destroyed, since their threads
