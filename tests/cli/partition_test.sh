@@ -77,16 +77,20 @@ run_case() {
   wait_for "the manager" "$log" in_log "$log" "manager on port"
   local port
   port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$log")
+  # Paced: each worker emulates a device 40x slower (timing only). Workers
+  # start one at a time and each is slowed once registered, before the next
+  # starts: the job begins when the last registers, already paced by the
+  # others (a step waits for every member), so it cannot run ahead of the
+  # pacing however long `morph slow` takes to start.
+  slow() { ip netns exec "$nsm" "$MORPH" slow --join "$host_m:$port" --worker "$1" --factor 40 --token-file "$out/token"; }
   local i=0 h
   for h in "$@"; do
     local ns=$nsx
     [[ $h == Y ]] && ns=$nsy
     ip netns exec "$ns" "$MORPH" worker --join "$host_m:$port" --token-file "$out/token" > "$work/w$name$i.log" 2>&1 &
+    wait_for "worker $i to register" "$log" slow "$i"
     i=$((i + 1))
   done
-  # Paced: each worker emulates a device 100x slower (timing only).
-  slow() { ip netns exec "$nsm" "$MORPH" slow --join "$host_m:$port" --worker "$1" --factor 100 --token-file "$out/token"; }
-  for ((k = 0; k < $#; k++)); do wait_for "worker $k to register" "$log" slow "$k"; done
   wait_for "step 50" "$log" lines "$out" 50
   forward 0
   local cut_at committed
@@ -105,7 +109,7 @@ run_case() {
   [[ "$got" == "$ref" ]] || { echo "FAIL: $name: hashes differ"; cat "$log"; exit 1; }
   # The first step of the generation after the partition, against the
   # moment forwarding stopped; the resizes: partition, then join.
-  python3 - "$out" "$cut_at" "$DEADLINE" "$#" "$heal_at" <<'PY'
+  python3 - "$out" "$cut_at" "$DEADLINE" "$#" "$heal_at" <<'PY' || { echo "FAIL: $name"; cat "$log" "$work"/w$name*.log; exit 1; }
 import json, sys
 out, cut_at, deadline, workers = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 heal_at = float(sys.argv[5])
