@@ -8,7 +8,7 @@
 // Gloo send/recv, received by a thread per incoming channel so that compute
 // overlaps transfer. Each VN's gradient is quantised into the same global
 // segment layout as on a single worker, so the reductions (the stage's
-// replicas; the tied weight between first and last stage; loss and flags
+// replicas; a shared weight among the stages that hold it; loss and flags
 // over every rank) give the single-process bits.
 #include "exec/pipeline.h"
 
@@ -250,10 +250,55 @@ StageExecutor::StageExecutor(const JobSpec& job, int64_t total_steps, const Data
 
 StageExecutor::~StageExecutor() = default;
 
-bool StageExecutor::sharesWeights() {
-  for (size_t l = 0; l < core_.model_->size(); ++l)
-    if (!core_.model_->layer(l).tiedLeaves().empty()) return true;
-  return false;
+namespace {
+
+// Per weight shared between layers: its index in `params` and the layers
+// that hold it, its owner's first.
+std::vector<std::pair<size_t, std::vector<size_t>>> sharedWeightLayers(LayerList& model,
+                                                                       const std::vector<torch::Tensor>& params) {
+  std::vector<std::pair<size_t, std::vector<size_t>>> out;
+  const size_t L = model.size();
+  for (size_t l = 0; l < L; ++l)
+    for (auto& [alias, owner] : model.layer(l).tiedLeaves()) {
+      const size_t i = indexOf(params, owner);
+      auto it = std::find_if(out.begin(), out.end(), [&](const auto& w) { return w.first == i; });
+      if (it == out.end()) {
+        size_t owner_layer = L;
+        for (size_t k = 0; k < L && owner_layer == L; ++k)
+          for (const auto& p : model.layer(k).parameters())
+            if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) owner_layer = k;
+        MORPH_CHECK(owner_layer < L, "a shared weight's owner is no layer's parameter");
+        out.push_back({i, {owner_layer}});
+        it = out.end() - 1;
+      }
+      if (std::find(it->second.begin(), it->second.end(), l) == it->second.end()) it->second.push_back(l);
+    }
+  return out;
+}
+
+// The stages (sorted, once each) that run `layers` under `cuts`.
+std::vector<int> stagesOf(const std::vector<size_t>& layers, const std::vector<size_t>& cuts) {
+  std::vector<int> out;
+  for (size_t l : layers) {
+    int k = 0;
+    while (cuts[static_cast<size_t>(k) + 1] <= l) ++k;
+    out.push_back(k);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> StageExecutor::tiedStageSets(const std::vector<size_t>& cuts) {
+  std::vector<std::vector<int>> out;
+  for (const auto& [i, layers] : sharedWeightLayers(*core_.model_, core_.params_)) {
+    std::vector<int> set = stagesOf(layers, cuts);
+    if (set.size() > 1 && std::find(out.begin(), out.end(), set) == out.end()) out.push_back(std::move(set));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t vn_end, const PipelineComms& comms) {
@@ -289,23 +334,19 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
       core_.own_params_.push_back(i);
       core_.norm_owner_[i] = 1;
     }
-  // A weight used on two stages: each quantises its part of the gradient
-  // into the owner's segment; the first and last stage sum it between them.
+  // A weight used on several stages (a head tied to the embedding, on any
+  // stages): each quantises its part of the gradient into the owner's
+  // segment; the stages that hold it sum it among themselves (exactly, as
+  // any other segment), and each updates its copy alike.
   tied_segs_.clear();
-  for (size_t l = 0; l < L; ++l)
-    for (auto& [alias, owner] : core_.model_->layer(l).tiedLeaves()) {
-      const size_t i = indexOf(core_.params_, owner);
-      size_t owner_layer = L;
-      for (size_t k = 0; k < L && owner_layer == L; ++k)
-        for (const auto& p : core_.model_->layer(k).parameters())
-          if (p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl()) owner_layer = k;
-      const int us = layer_stage[l], os = layer_stage[owner_layer];
-      if (us == os) continue;
-      MORPH_CHECK((us == 0 || us == pl.stages - 1) && (os == 0 || os == pl.stages - 1),
-                  "a tied weight must sit on the first and the last stage");
-      if (pl.stage == us || pl.stage == os) tied_segs_.push_back(core_.segOf(i));
-      if (pl.stage == us) core_.own_params_.push_back(i);  // the copy this stage updates
-    }
+  for (const auto& [i, layers] : sharedWeightLayers(*core_.model_, core_.params_)) {
+    std::vector<int> set = stagesOf(layers, pl.cuts);
+    if (set.size() < 2 || std::find(set.begin(), set.end(), pl.stage) == set.end()) continue;
+    MORPH_CHECK(comms.tied.count(set), "no process group for the stages that share a weight");
+    tied_segs_.push_back({core_.segOf(i), set});
+    if (layer_stage[layers.front()] != pl.stage) core_.own_params_.push_back(i);  // the copy this stage updates
+  }
+  std::sort(tied_segs_.begin(), tied_segs_.end());
   // Free what a previous placement held and this one does not; build what
   // this stage holds if it was created holding nothing: its layers, and the
   // weight it shares with another stage.
@@ -325,7 +366,9 @@ void StageExecutor::place(const PipelinePlacement& pl, int64_t vn_begin, int64_t
   // Segments reduced among the stage's replicas, as runs of consecutive ones.
   std::vector<size_t> segs;
   for (size_t i : core_.own_params_)
-    if (std::find(tied_segs_.begin(), tied_segs_.end(), core_.segOf(i)) == tied_segs_.end()) segs.push_back(core_.segOf(i));
+    if (std::find_if(tied_segs_.begin(), tied_segs_.end(), [&](const auto& t) { return t.first == core_.segOf(i); }) ==
+        tied_segs_.end())
+      segs.push_back(core_.segOf(i));
   for (size_t k : core_.own_bns_) {
     segs.push_back(core_.bn_seg_ + 2 * k);
     segs.push_back(core_.bn_seg_ + 2 * k + 1);
@@ -490,8 +533,9 @@ StepStats StageExecutor::step() {
   // The groups this rank reduces in (pcomm_.pipe only sends and receives).
   auto reduced = [this] {
     int64_t b = pcomm_.world->bytesReduced();
-    for (const Communicator* c : {pcomm_.stage, pcomm_.tied})
-      if (c && c != pcomm_.world) b += c->bytesReduced();
+    if (pcomm_.stage && pcomm_.stage != pcomm_.world) b += pcomm_.stage->bytesReduced();
+    for (const auto& [set, c] : pcomm_.tied)
+      if (c != pcomm_.world) b += c->bytesReduced();
     return b;
   };
   const int64_t bytes0 = reduced();
@@ -503,8 +547,8 @@ StepStats StageExecutor::step() {
 
 void StageExecutor::abandonStep() { core_.abandonBuffer(); }
 
-// Stage gradients among replicas and the tied weight between first and last
-// stage, with flags and control values (MAX) over every rank while they run;
+// Stage gradients among replicas and shared weights among the stages that
+// hold them, with flags and control values (MAX) over every rank while they run;
 // then loss statistics (SUM) over every rank. That sum comes last: a rank
 // finishes it only if every rank entered it, that is, had finished its own
 // stage's sums. Started together, a replica killed between the world's sum
@@ -523,8 +567,7 @@ void StageExecutor::reduce(std::vector<double>& flags) {
   };
   if (pcomm_.stage)
     for (auto [a, b] : own_runs_) launch(pcomm_.stage, a, b);
-  if (pcomm_.tied)
-    for (size_t s : tied_segs_) launch(pcomm_.tied, s, s + 1);
+  for (const auto& [s, set] : tied_segs_) launch(pcomm_.tied.at(set), s, s + 1);
   core_.reduceFlags(*pcomm_.world, flags);
   finish();
   core_.markPrepared(flags);
@@ -717,8 +760,14 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
     for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
       for (const auto& p : model->layer(l).parameters()) own.push_back(p);
       for (const auto& t : model->layer(l).buffers()) buffer_bytes += t.numel() * t.element_size();
-      for (auto& [alias, owner] : model->layer(l).tiedLeaves())
-        if (k > 0) own.push_back(owner);
+      for (auto& [alias, owner] : model->layer(l).tiedLeaves()) {
+        bool held_here = false;  // the owner's layer is on this stage, or a copy is counted already
+        for (size_t o = cuts[k]; o < cuts[k + 1]; ++o)
+          for (const auto& p : model->layer(o).parameters())
+            held_here = held_here || p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl();
+        for (const auto& p : own) held_here = held_here || p.unsafeGetTensorImpl() == owner.unsafeGetTensorImpl();
+        if (!held_here) own.push_back(owner);
+      }
       for (const auto& sub : model->layer(l).modules(true))
         if (auto* bn = dynamic_cast<VnBatchNorm*>(sub.get())) bn_values += 2 * bn->channels();
     }

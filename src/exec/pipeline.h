@@ -32,7 +32,11 @@ struct PipelinePlacement {
 struct PipelineComms {
   Communicator* world = nullptr;  // every rank: flags, loss, clipping, evaluation sums
   Communicator* stage = nullptr;  // this stage's replicas (rank = replica); null when replicas == 1
-  Communicator* tied = nullptr;   // first and last stage (tied parameters); null elsewhere
+  // Per set of stages that hold a shared weight (its owner's layer and the
+  // layers that use it; StageExecutor::tiedStageSets), the group of those
+  // stages of every replica that this stage is in (rank = the stage's place
+  // in the set * replicas + replica).
+  std::map<std::vector<int>, Communicator*> tied;
   Communicator* pipe = nullptr;   // this replica's stages (rank = stage): activations and gradients
 };
 
@@ -67,9 +71,11 @@ class StageExecutor : public Executor {
   // keeping its shapes).
   StageExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train);
   ~StageExecutor() override;
-  // Whether some layer uses a weight another layer owns (then the first and
-  // last stage need a process group of their own).
-  bool sharesWeights();
+  // For a pipeline cut (stages + 1 layer boundaries): the sets of stages,
+  // sorted, that hold a weight shared between layers on different stages
+  // (the owner's and its users'), each set once, in order. Each set needs a
+  // process group of its own, which sums the weight's gradient exactly.
+  std::vector<std::vector<int>> tiedStageSets(const std::vector<size_t>& cuts);
   // Runs stage placement.stage of replica placement.replica over the
   // replica's VNs [vn_begin, vn_end), following the schedule's action list
   // (validated here; InputError if it is not valid). Builds the stage's
@@ -114,7 +120,7 @@ class StageExecutor : public Executor {
   int64_t vn_begin_ = 0, vn_end_ = 0;
   std::vector<Action> actions_;     // this rank's list for one step
   std::vector<std::pair<size_t, size_t>> own_runs_;  // segment runs reduced among replicas
-  std::vector<size_t> tied_segs_;   // segments summed between first and last stage
+  std::vector<std::pair<size_t, std::vector<int>>> tied_segs_;  // segment, the stages that sum it
   std::vector<std::vector<int64_t>> cut_shapes_;  // this stage's input [k-1] and output [k]
   bool tracing_ = false;
   std::vector<TraceEvent> trace_;

@@ -479,6 +479,8 @@ std::vector<GraphSegment> ModelGraph::segments(const std::vector<size_t>& cuts) 
   bounds.push_back(nodes_.size());
   std::vector<GraphSegment> out;
   std::map<std::string, int> seen;
+  // Each parameter's owner: the first segment that reads it, and the name it reads it by.
+  std::unordered_map<const c10::TensorImpl*, std::pair<size_t, std::string>> owner_of;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     GraphSegment seg;
     seg.begin = bounds[s];
@@ -521,8 +523,11 @@ std::vector<GraphSegment> ModelGraph::segments(const std::vector<size_t>& cuts) 
         x->replaceAllUsesAfterNodeWith(copy->node(), copy);
       }
     }
-    // The parameters and buffers it reads.
+    // The parameters and buffers it reads; those an earlier segment owns
+    // are read from inputs of their own (below).
     std::set<std::string> listed;
+    std::set<const c10::TensorImpl*> listed_here;
+    std::vector<std::pair<Node*, size_t>> tie_reads;  // GetAttr node, index in seg.tied
     std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
       for (Node* node : b->nodes()) {
         for (torch::jit::Block* sub : node->blocks()) walk(sub);
@@ -533,7 +538,6 @@ std::vector<GraphSegment> ModelGraph::segments(const std::vector<size_t>& cuts) 
         t.name = chain.back();
         chain.pop_back();
         t.module_path = chain;
-        if (!listed.insert(t.fullName()).second) continue;
         auto m = moduleAt(root_, chain, chain.size());
         if (!m) continue;
         bool known = false;
@@ -541,13 +545,54 @@ std::vector<GraphSegment> ModelGraph::segments(const std::vector<size_t>& cuts) 
           if (p.name == t.name) t.value = p.value, t.parameter = known = true;
         for (const auto& p : m->named_buffers(false))
           if (p.name == t.name) t.value = p.value, known = true;
-        if (known) seg.tensors.push_back(t);
+        if (!known) continue;
+        const c10::TensorImpl* impl = t.value.unsafeGetTensorImpl();
+        if (t.parameter) {
+          auto [it, fresh] = owner_of.emplace(impl, std::make_pair(s, t.fullName()));
+          if (!fresh && it->second.first != s) {
+            // A shared weight an earlier segment owns.
+            size_t k = 0;
+            while (k < seg.tied.size() && seg.tied[k].value.unsafeGetTensorImpl() != impl) ++k;
+            if (k == seg.tied.size()) seg.tied.push_back({{}, it->second.second, it->second.first, t.value});
+            if (std::find(seg.tied[k].names.begin(), seg.tied[k].names.end(), t.fullName()) == seg.tied[k].names.end())
+              seg.tied[k].names.push_back(t.fullName());
+            tie_reads.emplace_back(node, k);
+            continue;
+          }
+        }
+        if (!listed.insert(t.fullName()).second) continue;
+        // One tensor read by two names (a tie inside the segment): listed once.
+        if (t.parameter && !listed_here.insert(impl).second) continue;
+        seg.tensors.push_back(t);
       }
     };
     walk(g->block());
+    if (!seg.tied.empty()) {
+      std::vector<Value*> inputs;
+      for (size_t k = 0; k < seg.tied.size(); ++k) {
+        inputs.push_back(g->addInput("tied_" + std::to_string(k)));
+        inputs.back()->setType(c10::TensorType::get());
+      }
+      for (auto [node, k] : tie_reads) node->output()->replaceAllUsesWith(inputs[k]);
+      torch::jit::EliminateDeadCode(g);
+    }
     seg.graph = g;
     out.push_back(std::move(seg));
   }
+  return out;
+}
+
+std::vector<std::vector<std::string>> ModelGraph::sharedWeights() const {
+  std::vector<std::vector<std::string>> groups;
+  std::unordered_map<const c10::TensorImpl*, size_t> group_of;
+  for (const auto& p : root_.named_parameters(/*recurse=*/true)) {
+    auto [it, fresh] = group_of.emplace(p.value.unsafeGetTensorImpl(), groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(p.name);
+  }
+  std::vector<std::vector<std::string>> out;
+  for (auto& g : groups)
+    if (g.size() > 1) out.push_back(std::move(g));
   return out;
 }
 

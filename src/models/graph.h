@@ -43,12 +43,25 @@ struct GraphBatchNorm {
   double momentum = 0.1, eps = 1e-5;
 };
 
+// A parameter the segment reads that an earlier segment owns: a weight
+// shared between layers (a head tied to the embedding), found by tensor
+// identity. The segment reads it from its graph input
+// 2 + 2 * batch_norms.size() + k (k its index in `tied`), not from the
+// module, so that the layer can give it a leaf of its own (Layer::tiedLeaves).
+struct GraphTie {
+  std::vector<std::string> names;  // the names this segment reads it by ("head.weight")
+  std::string owner;               // its name in the segment that owns it ("embed.weight")
+  size_t owner_segment = 0;
+  torch::Tensor value;             // the module's tensor (the owner's)
+};
+
 struct GraphSegment {
   std::string name;  // "layer1.0", "conv1..maxpool" (docs/models.md)
   size_t begin = 0, end = 0;  // top-level node positions [begin, end)
   std::shared_ptr<torch::jit::Graph> graph;  // (self, x) -> y
-  std::vector<GraphTensor> tensors;  // in first-read order
+  std::vector<GraphTensor> tensors;  // in first-read order; a tensor read by two names once
   std::vector<GraphBatchNorm> batch_norms;
+  std::vector<GraphTie> tied;        // parameters an earlier segment owns
 };
 
 class ModelGraph {
@@ -70,8 +83,14 @@ class ModelGraph {
   // ("layer2", "layer3.1"). InputError naming the path when it runs no
   // computation or is not a cut point (saying what else is live there).
   std::vector<size_t> cutsAt(const std::vector<std::string>& paths) const;
-  // The segments between `cuts` (sorted, each a cut point).
+  // The segments between `cuts` (sorted, each a cut point). A parameter
+  // read by several segments belongs to the first (listed in its `tensors`
+  // under the name it reads it by first) and is `tied` in the others.
   std::vector<GraphSegment> segments(const std::vector<size_t>& cuts) const;
+  // Shared-weight discovery: the parameters that are one tensor under
+  // several state_dict() names ({"embed.weight", "head.weight"}), each
+  // group in the module's parameter order; empty when none is shared.
+  std::vector<std::vector<std::string>> sharedWeights() const;
 
   const torch::jit::Module& root() const { return root_; }
   size_t size() const { return nodes_.size(); }

@@ -96,18 +96,25 @@ class GraphLayer : public Layer {
       else
         m->register_buffer(t.name, t.value);
     }
+    // A weight an earlier layer owns: a leaf of its own on the owner's
+    // storage (the executor adds its gradient into the owner's).
+    for (const auto& t : seg.tied) {
+      tied_.emplace_back(t.value.detach().requires_grad_(true), t.value);
+    }
   }
   torch::Tensor forward(const torch::Tensor& x) override {
     // Off for good (the setting may be per thread: set where forward runs).
     if (torch::jit::getGraphExecutorOptimize()) torch::jit::setGraphExecutorOptimize(false);
     torch::jit::Stack stack;
-    stack.reserve(2 + stats_.size());
+    stack.reserve(2 + stats_.size() + tied_.size());
     stack.emplace_back(root_._ivalue());
     stack.emplace_back(x);
     for (const auto& t : stats_) stack.emplace_back(t);
+    for (const auto& t : tied_) stack.emplace_back(t.first);
     fn_->run(stack);
     return stack.back().toTensor();
   }
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> tiedLeaves() override { return tied_; }
   void train(bool on) override {
     Layer::train(on);
     root_.train(on);  // the scripted code reads `self.training` (dropout, batch norm)
@@ -117,6 +124,7 @@ class GraphLayer : public Layer {
   torch::jit::Module root_;
   std::unique_ptr<torch::jit::GraphFunction> fn_;
   std::vector<torch::Tensor> stats_;  // per batch norm: mean, unbiased variance
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> tied_;  // (alias, owner) per shared weight
 };
 
 }  // namespace
@@ -130,16 +138,7 @@ std::shared_ptr<LayerList> buildTorchScriptModel(const ModelSpec& spec, const st
     throw InputError(path + ": not a TorchScript module file (torch.jit.load: " + errorText(e) +
                      "); save one from Python with torch.jit.save(torch.jit.script(module), path)");
   }
-  // Every parameter once: a weight two modules share (tied in Python)
-  // would be updated twice.
-  std::map<const void*, std::string> owner;
-  for (const auto& p : root.named_parameters(true)) {
-    auto [it, fresh] = owner.emplace(p.value.unsafeGetTensorImpl(), p.name);
-    if (!fresh)
-      throw InputError(path + ": parameter '" + p.name + "' is the same tensor as '" + it->second +
-                       "' (a shared weight); Morph's TorchScript models do not share weights yet");
-  }
-  if (owner.empty()) throw InputError(path + ": the module has no parameters to train");
+  if (root.named_parameters(true).size() == 0) throw InputError(path + ": the module has no parameters to train");
   ModelGraph graph(root, path);
   const std::vector<GraphSegment> segments =
       graph.segments(spec.cuts.empty() ? graph.defaultCuts() : graph.cutsAt(spec.cuts));

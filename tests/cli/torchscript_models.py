@@ -130,10 +130,6 @@ def write(d):
         nested.add_module("head", nn.Linear(4 * 28 * 28, 10))
         save(nested, f"{d}/{name}.pt")
     save(TwoInputs(), f"{d}/twoin.pt")
-    torch.manual_seed(6)
-    shared = nn.Sequential(nn.Flatten(), nn.Linear(784, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 10))
-    shared[3].weight = shared[2].weight  # tied
-    save(shared, f"{d}/shared.pt")
     # Data: 32 samples, so that one step of a 32-sample global batch is the
     # whole set (any order: the mean is the same up to rounding).
     g = torch.Generator().manual_seed(6)

@@ -53,6 +53,7 @@ torch::Tensor runSegments(const ModelGraph& g, const std::vector<GraphSegment>& 
       st.emplace_back(torch::zeros({b.weight.size(0)}));
       st.emplace_back(torch::zeros({b.weight.size(0)}));
     }
+    for (const auto& t : s.tied) st.emplace_back(t.value);  // a shared weight: the owner's tensor itself
     fn.run(st);
     x = st.back().toTensor();
   }
@@ -247,6 +248,72 @@ TEST(ModelGraph, RefusesForwardsOfSeveralInputsAndBatchNormsWithoutRunningStatis
               std::string::npos)
         << e.what();
   }
+}
+
+// A weight shared between layers (a head tied to the embedding, as GPT-2
+// does): found by tensor identity, owned by the first layer that reads it,
+// read by the others from an input of their own, so that each use's
+// gradient arrives on a leaf of its own and their sum is the weight's.
+TEST(ModelGraph, TiedWeightIsOwnedByItsFirstReaderAndAnInputOfTheOthers) {
+  torch::manual_seed(5);
+  const torch::Tensor w = torch::randn({5, 4}).requires_grad_(true);
+  auto emb = makeModule("Emb");
+  emb.register_parameter("weight", w, false);
+  emb.define("def forward(self, x):\n  return torch.matmul(x, self.weight)\n");
+  auto head = makeModule("Head");
+  head.register_parameter("weight", w, false);  // the same tensor
+  head.define("def forward(self, x):\n  return torch.matmul(x, self.weight.t())\n");
+  torch::jit::Module root(c10::QualifiedName("__torch__.torch.nn.modules.container.___torch_mangle_9.Sequential"));
+  root.register_attribute("training", c10::BoolType::get(), true);
+  root.register_module("0", emb);
+  root.register_module("1", linear(4, 4));
+  root.register_module("2", head);
+  root.define(
+      "def forward(self, x):\n  x = getattr(self, '0').forward(x)\n  x = getattr(self, '1').forward(x)\n"
+      "  return getattr(self, '2').forward(x)\n");
+  ModelGraph g(root, "tied.pt");
+  EXPECT_EQ(g.sharedWeights(), (std::vector<std::vector<std::string>>{{"0.weight", "2.weight"}}));
+  const auto segs = g.segments(g.defaultCuts());
+  ASSERT_EQ(names(segs), (std::vector<std::string>{"0", "1", "2"}));
+  ASSERT_EQ(segs[0].tensors.size(), 1u);
+  EXPECT_EQ(segs[0].tensors[0].fullName(), "0.weight");
+  EXPECT_TRUE(segs[0].tied.empty());
+  EXPECT_TRUE(segs[2].tensors.empty());  // 2.weight is not the head's own
+  ASSERT_EQ(segs[2].tied.size(), 1u);
+  EXPECT_EQ(segs[2].tied[0].names, (std::vector<std::string>{"2.weight"}));
+  EXPECT_EQ(segs[2].tied[0].owner, "0.weight");
+  EXPECT_EQ(segs[2].tied[0].owner_segment, 0u);
+  EXPECT_TRUE(segs[2].tied[0].value.is_same(w));
+  EXPECT_EQ(segs[2].graph->inputs().size(), 3u);  // self, x, the tied weight
+  const torch::Tensor x = torch::randn({3, 5});
+  const torch::Tensor whole = root.forward({x}).toTensor();
+  EXPECT_TRUE(torch::equal(runSegments(g, segs, x), whole));
+  // Gradients: the owner's use on w, the head's on a leaf of its own on
+  // w's storage; their sum is w's gradient through the whole forward.
+  const torch::Tensor want = torch::autograd::grad({whole.square().sum()}, {w})[0];
+  const torch::Tensor alias = w.detach().requires_grad_(true);
+  torch::Tensor y = x;
+  for (const auto& s : segs) {
+    torch::jit::GraphFunction fn("seg", s.graph, nullptr);
+    torch::jit::Stack st{root._ivalue(), y};
+    if (!s.tied.empty()) st.emplace_back(alias);
+    fn.run(st);
+    y = st.back().toTensor();
+  }
+  const auto got = torch::autograd::grad({y.square().sum()}, {w, alias});
+  EXPECT_TRUE(got[0].defined() && got[1].defined());
+  EXPECT_GT(got[1].abs().sum().item<double>(), 0.0);
+  EXPECT_TRUE(torch::allclose(got[0] + got[1], want, 1e-5, 1e-6));
+  // In one layer, the weight is read by both names and listed once.
+  const auto one = g.segments({});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_TRUE(one[0].tied.empty());
+  size_t reads = 0;
+  for (const auto& t : one[0].tensors) reads += t.value.is_same(w);
+  EXPECT_EQ(reads, 1u);
+  EXPECT_TRUE(torch::equal(runSegments(g, one, x), whole));
+  // A module without shared weights has none.
+  EXPECT_TRUE(ModelGraph(skipAndBranch(), "m.pt").sharedWeights().empty());
 }
 
 }  // namespace

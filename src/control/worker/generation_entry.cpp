@@ -3,6 +3,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <algorithm>
+
 #include "control/checkpoints.h"
 #include "core/error.h"
 #include "core/sys.h"
@@ -66,8 +68,16 @@ void setUpPipeline(StageExecutor& tr, const PipelineLayout& p, int rank, const V
     return comms.back().get();
   };
   if (pl.replicas > 1) pc.stage = group("stage/" + std::to_string(pl.stage), pl.replica, pl.replicas);
-  if (pl.stages > 1 && tr.sharesWeights() && (pl.stage == 0 || pl.stage == pl.stages - 1))
-    pc.tied = group("tied", pl.stage == 0 ? pl.replica : pl.replicas + pl.replica, 2 * pl.replicas);
+  // A group per set of stages sharing a weight, in the same order everywhere.
+  if (pl.stages > 1)
+    for (const std::vector<int>& set : tr.tiedStageSets(pl.cuts)) {
+      const auto at = std::find(set.begin(), set.end(), pl.stage);
+      if (at == set.end()) continue;
+      std::string name = "tied";
+      for (int k : set) name += "/" + std::to_string(k);
+      pc.tied[set] = group(name, static_cast<int>(at - set.begin()) * pl.replicas + pl.replica,
+                           static_cast<int>(set.size()) * pl.replicas);
+    }
   pc.pipe = group("pipe/" + std::to_string(pl.replica), pl.stage, pl.stages);
   tr.setTracing(p.trace);
   tr.place(pl, range.begin, range.end, pc);
