@@ -23,6 +23,17 @@ tests/cli/torchscript_test.sh (needs python3-torch).
       (no fusion, no autodiff subgraphs: eager's arithmetic), or, with ARCH
       (a torchvision model name), torchvision's eager module itself, loaded
       with the file's weights.
+  torchscript_models.py gradient MODEL.pt X.npy Y.npy SEED VNS LR CKPT ARCH
+      Morph's first step of plain SGD (no momentum, no weight decay, at
+      learning rate LR) on the whole data set as one global batch of VNS
+      VNs, read back as a gradient, (before - after) / LR, against PyTorch's
+      gradient accumulated over the same VNS micro-batches (the samples
+      Morph's sampler gives each VN: docs/job_file.md, "Which samples a
+      step sees") of torchvision's eager module ARCH; and every batch norm's
+      running statistics against (1 - momentum) * running + momentum * the
+      mean over the micro-batches of each one's batch statistics, as
+      PyTorch computes them. Exit 1 when a tensor differs by more than 1e-5
+      relative to its largest value.
   torchscript_models.py exported FILE X.npy Y.npy SUMMARY
       loads an exported TorchScript model (morph run --export) with
       torch.jit.load and checks its test loss and accuracy on X, Y (one
@@ -32,6 +43,9 @@ tests/cli/torchscript_test.sh (needs python3-torch).
       tensors are the checkpoint's (a step-... folder), named LAYER.NAME.
   torchscript_models.py same FILE FILE
       checks that two exported TorchScript models hold equal tensors.
+  torchscript_models.py each 'COMMAND ARGS' ...
+      runs several of the above in one process (torch imported once);
+      exit 1 when any failed.
 """
 import json
 import os
@@ -288,6 +302,98 @@ def reference(model_path, x_path, y_path, loss, optim, lr, ckpt, steps=1, tol=1e
     return 1
 
 
+MASK64 = (1 << 64) - 1
+
+
+class SplitMix64:
+    """src/data/sampler.h's generator (a fully specified PRNG)."""
+
+    def __init__(self, seed):
+        self.state = seed & MASK64
+
+    def next(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        return z ^ (z >> 31)
+
+    def below(self, n):
+        limit = MASK64 - MASK64 % n
+        while True:
+            v = self.next()
+            if v < limit:
+                return v % n
+
+
+def mix_seed(a, b, c, d):
+    h = SplitMix64(a).next()
+    for v in (b, c, d):
+        h = SplitMix64(h ^ ((v * 0xD6E8FEB86659FD93) & MASK64)).next()
+    return h
+
+
+def epoch_permutation(seed, n, epoch):
+    """The training stream's permutation of epoch `epoch` (docs/job_file.md)."""
+    p = list(range(n))
+    rng = SplitMix64(mix_seed(seed, 0x5A3B1E, epoch, 0))
+    for i in range(n - 1, 0, -1):  # Fisher-Yates
+        j = rng.below(i + 1)
+        p[i], p[j] = p[j], p[i]
+    return p
+
+
+def gradient(model_path, x_path, y_path, seed, vns, lr, ckpt, arch):
+    """Morph's 4-VN step read back as a gradient against PyTorch's
+    accumulation over the same micro-batches (see the module's doc)."""
+    import torchvision
+
+    torch.set_num_threads(1)
+    x = torch.from_numpy(np.load(x_path))
+    y = torch.from_numpy(np.load(y_path))
+    n = x.shape[0]
+    order = epoch_permutation(seed, n, 0)  # step 0 is the whole first epoch
+    model = getattr(torchvision.models, arch)(num_classes=10)
+    initial = torch.jit.load(model_path).state_dict()
+    model.load_state_dict(initial)
+    for sub in model.modules():
+        if isinstance(sub, nn.Dropout):
+            sub.p = 0.0  # the _nodrop files
+    model.train()
+    bns = {name: m for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+    momentum = {name: m.momentum for name, m in bns.items()}
+    stats = {name: [] for name in bns}
+    for m in bns.values():
+        m.momentum = 1.0  # running statistics := the micro-batch's own (mean, unbiased variance)
+    b = n // vns
+    for v in range(vns):
+        idx = torch.tensor(order[v * b : (v + 1) * b])
+        loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / n  # the global batch's mean
+        loss.backward()
+        for name, m in bns.items():
+            stats[name].append((m.running_mean.clone(), m.running_var.clone()))
+    want, got = {}, {}
+    after = morph_state(ckpt)
+    for name, p in model.named_parameters():
+        want[name] = p.grad.double()
+        got[name] = (initial[name].double() - after[name].double()) / lr
+    for name, m in bns.items():
+        k = momentum[name]
+        for i, buf in enumerate(("running_mean", "running_var")):
+            mean = torch.stack([s[i].double() for s in stats[name]]).mean(0)
+            want[f"{name}.{buf}"] = (1 - k) * initial[f"{name}.{buf}"].double() + k * mean
+            got[f"{name}.{buf}"] = after[f"{name}.{buf}"].double()
+    errs = {k: ((got[k] - w).abs().max() / w.abs().max().clamp_min(1e-12)).item() for k, w in want.items()}
+    worst = max(errs, key=errs.get)
+    print(f"{model_path}: {vns} VNs, gradient and running statistics over {len(want)} tensors: "
+          f"max relative difference {errs[worst]:.3g} ({worst})")
+    if errs[worst] > 1e-5:
+        for k in sorted(errs, key=errs.get, reverse=True)[:5]:
+            print(f"FAIL: {k}: {errs[k]:.3g}")
+        return 1
+    return 0
+
+
 def exported(path, x_path, y_path, summary_path):
     torch.set_num_threads(1)
     model = torch.jit.load(path)
@@ -338,22 +444,36 @@ def same(a_path, b_path):
     return 0
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "write":
-        write(sys.argv[2])
-    elif sys.argv[1] == "torchvision":
-        write_torchvision(sys.argv[2])
-    elif sys.argv[1] == "reference":
-        a = sys.argv[2:]
+def command(argv):
+    """One subcommand (see the module's doc); its exit code."""
+    if argv[0] == "write":
+        return write(argv[1])
+    if argv[0] == "torchvision":
+        return write_torchvision(argv[1])
+    if argv[0] == "reference":
+        a = argv[1:]
         steps = int(a[7]) if len(a) > 7 else 1
         tol = float(a[8]) if len(a) > 8 else 1e-6
         arch = a[9] if len(a) > 9 else None
-        sys.exit(reference(a[0], a[1], a[2], a[3], a[4], float(a[5]), a[6], steps, tol, arch))
-    elif sys.argv[1] == "exported":
-        sys.exit(exported(*sys.argv[2:6]))
-    elif sys.argv[1] == "exported-dict":
-        sys.exit(exported_dict(*sys.argv[2:4]))
-    elif sys.argv[1] == "same":
-        sys.exit(same(*sys.argv[2:4]))
-    else:
-        sys.exit(__doc__)
+        return reference(a[0], a[1], a[2], a[3], a[4], float(a[5]), a[6], steps, tol, arch)
+    if argv[0] == "gradient":
+        a = argv[1:]
+        return gradient(a[0], a[1], a[2], int(a[3]), int(a[4]), float(a[5]), a[6], a[7])
+    if argv[0] == "exported":
+        return exported(*argv[1:5])
+    if argv[0] == "exported-dict":
+        return exported_dict(*argv[1:3])
+    if argv[0] == "same":
+        return same(*argv[1:3])
+    if argv[0] == "each":
+        # Several subcommands in one process (one import of torch): each
+        # argument is one command line; all run, the exit code is 1 if any
+        # failed.
+        import shlex
+
+        return 1 if any([command(shlex.split(c)) for c in argv[1:]]) else 0
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(command(sys.argv[1:]))

@@ -62,6 +62,10 @@ void PipelineMorpher::setUpPipeline() {
     if (o_.stages > 1 && o_.stages != pf.stages())
       throw InputError("--stages " + std::to_string(o_.stages) + " disagrees with " + o_.plan + " (" +
                        std::to_string(pf.stages()) + " stages)");
+  } else if (job_.model.name == "torchscript" && static_cast<size_t>(o_.stages) > model->size()) {
+    throw InputError(job_.model.path + ": --stages " + std::to_string(o_.stages) + ", but the model has " +
+                     std::to_string(model->size()) + " layers (each stage needs at least one; model.cuts " +
+                     "can cut at other cut points: docs/models.md)");
   } else {
     pf.cuts = evenCuts(model->size(), o_.stages);
   }
