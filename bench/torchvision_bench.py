@@ -28,12 +28,17 @@ torch.set_num_threads(1)).
    (the even split by layer count), both with 2 workers, the same window,
    interleaved rounds; per-round ratio of step times planner / even.
 
+3. lm: section 1 for the GPT-style LM of tests/cli/lm_models.py (tied
+   head, a weight shared by two blocks; 16-token windows of the fortunes
+   text, the loss the mean over every position), one exact-mode and one
+   float-mode Morph against the same loop.
+
 The cut points and the analysis time of each model are the C++
 `build/bench/graph_bench` (this script prints its command line with the
 files it wrote).
 
   /usr/bin/python3 bench/torchvision_bench.py [--morph build/morph] [--rounds 3] [--short 5] [--extra 20]
-      [--only steps,stages] [--keep DIR]   (--only files: only write the files, for graph_bench)
+      [--only steps,lm,stages] [--keep DIR]   (--only files: only write the files, for graph_bench)
 """
 import argparse
 import json
@@ -60,10 +65,10 @@ steps = {steps}
 threads = 1
 [data]
 dataset = "npy"
-train_x = "x.npy"
-train_y = "y.npy"
-test_x = "tx.npy"
-test_y = "ty.npy"
+train_x = "{p}x.npy"
+train_y = "{p}y.npy"
+test_x = "{p}tx.npy"
+test_y = "{p}ty.npy"
 [model]
 name = "torchscript"
 path = "{model}"
@@ -94,12 +99,20 @@ def write_files(work):
     np.save(os.path.join(work, "y.npy"), torch.randint(0, 10, (256,), generator=g).numpy())
     np.save(os.path.join(work, "tx.npy"), torch.rand(32, 3, 32, 32, generator=g).numpy())
     np.save(os.path.join(work, "ty.npy"), torch.randint(0, 10, (32,), generator=g).numpy())
+    # The GPT-style LM of tests/cli/lm_models.py (tied head, a weight shared
+    # by two blocks) and its token data: lm.pt, lm_x.npy (32 windows of 16
+    # bytes of the fortunes text), lm_y.npy, lm_tx.npy, lm_ty.npy.
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "cli"))
+    import lm_models
+
+    lm_models.write(work)
 
 
-def job_file(work, name, steps, mode="exact", model="resnet18.pt"):
+def job_file(work, name, steps, mode="exact", net="resnet18"):
     p = os.path.join(work, f"{name}.toml")
     with open(p, "w") as f:
-        f.write(JOB.format(steps=steps, model=model, g=GLOBAL, v=VNS, lr=LR, mode=mode))
+        f.write(JOB.format(steps=steps, model=f"{net}.pt", g=GLOBAL, v=VNS, lr=LR, mode=mode,
+                           p="lm_" if net == "lm" else ""))
     return p
 
 
@@ -134,10 +147,11 @@ def loop_main(a):
     rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     torch.set_num_threads(1)
     torch._C._set_graph_executor_optimize(False)
-    model = torch.jit.load(os.path.join(a.work, "resnet18.pt"))
+    pre = "lm_" if a.net == "lm" else ""
+    model = torch.jit.load(os.path.join(a.work, f"{a.net}.pt"))
     model.train()
-    x = torch.from_numpy(np.load(os.path.join(a.work, "x.npy")))
-    y = torch.from_numpy(np.load(os.path.join(a.work, "y.npy")))
+    x = torch.from_numpy(np.load(os.path.join(a.work, f"{pre}x.npy")))
+    y = torch.from_numpy(np.load(os.path.join(a.work, f"{pre}y.npy")))
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     n, b = x.shape[0], GLOBAL // VNS
@@ -150,7 +164,10 @@ def loop_main(a):
                 perm, pos = torch.randperm(n, generator=g), 0
             idx = perm[pos : pos + b]
             pos += b
-            loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / GLOBAL
+            # (b, classes), or (b, T, vocab) for the LM: the mean over every position of the global batch
+            out = model(x[idx])
+            positions = GLOBAL * (y[idx].numel() // b)
+            loss = F.cross_entropy(out.reshape(-1, out.size(-1)), y[idx].reshape(-1), reduction="sum") / positions
             loss.backward()
         opt.step()
         times[step] = time.time()
@@ -158,10 +175,10 @@ def loop_main(a):
     json.dump({"times": times, "peak_rss_bytes": rss, "rss_after_import": rss_import}, open(a.result, "w"))
 
 
-def loop_run(work, steps, first, extra):
+def loop_run(work, net, steps, first, extra):
     result = os.path.join(work, "loop.json")
     subprocess.run([sys.executable, os.path.abspath(__file__), "--loop", "--work", work, "--steps", str(steps),
-                    "--result", result], check=True)
+                    "--net", net, "--result", result], check=True)
     r = json.load(open(result))
     times = {int(k): v for k, v in r["times"].items()}
     return times, r
@@ -171,10 +188,10 @@ def spread(xs):
     return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
 
 
-def steps_section(a, work):
+def steps_section(a, work, net):
     steps = a.short + a.extra
     modes = a.modes.split(",")
-    jobs = {m: job_file(work, f"steps-{m}", steps, m) for m in modes}
+    jobs = {m: job_file(work, f"steps-{net}-{m}", steps, m, net) for m in modes}
     ms = {k: [] for k in ["loop"] + modes}
     speed = {m: [] for m in modes}
     rss_ratio = {m: [] for m in modes}
@@ -187,7 +204,7 @@ def steps_section(a, work):
         got = {}
         for k in order:
             if k == "loop":
-                t, res = loop_run(work, steps, a.short, a.extra)
+                t, res = loop_run(work, net, steps, a.short, a.extra)
                 loop_import.append(res["rss_after_import"])
             else:
                 t, res = morph_run(a.morph, jobs[k], os.path.join(work, "out"), a.short, a.extra)
@@ -199,7 +216,8 @@ def steps_section(a, work):
             rss_ratio[m].append(got[m][1] / got["loop"][1])
         print(f"round {r + 1}: " + ", ".join(f"{k} {1e3 * got[k][0]:.1f} ms/step {got[k][1] / 2**20:.0f} MiB"
                                             for k in order), flush=True)
-    print(f"\nresnet18, 3x32x32, global batch {GLOBAL} in {VNS} VNs, steps {a.short}..{steps} timed, "
+    what = "the LM (tests/cli/lm_models.py), 16 tokens" if net == "lm" else "resnet18, 3x32x32"
+    print(f"\n{what}, global batch {GLOBAL} in {VNS} VNs, steps {a.short}..{steps} timed, "
           f"{a.rounds} rounds, 1 thread, one process")
     print("| system | ms/step (median) | peak RSS MiB (median) | speed vs loop (min / median / max) | "
           "RSS vs loop (min / median / max) |")
@@ -225,12 +243,16 @@ def stages_section(a, work):
     cands = [p for p in plans["plans"] if p["stages"] == 2 and p.get("replicas", 1) == 1]
     if not cands:
         sys.exit(f"no 2-stage plan among morph plan's: {out[:2000]}")
-    best = min(cands, key=lambda p: p["predicted_step_seconds"])
+    best = min(cands, key=lambda p: p["step_seconds"])
+    # A plan file names each stage's first and last layer (docs/planner.md);
+    # the profile lists the layers in order.
+    names = [layer["name"] for layer in json.load(open(profile))["layers"]]
+    c = best["cuts"]
     plan_path = os.path.join(work, "plan2.json")
-    json.dump({"stages": best["cut"], "schedule": best["schedule"], "recompute": best["recompute"]},
-              open(plan_path, "w"))
-    print(f"planner's 2-stage plan: {best['cut']}, {best['schedule']}, recompute {best['recompute']}, "
-          f"predicted {1e3 * best['predicted_step_seconds']:.1f} ms/step")
+    json.dump({"stages": [[names[c[k]], names[c[k + 1] - 1]] for k in range(len(c) - 1)],
+               "schedule": best["schedule"], "recompute": best["recompute"]}, open(plan_path, "w"))
+    print(f"planner's 2-stage plan: cuts {c}, {best['schedule']}, recompute {best['recompute']}, "
+          f"predicted {1e3 * best['step_seconds']:.1f} ms/step")
     runs = {"planner": ["--plan", plan_path, "--workers", "2"],
             "even": ["--stages", "2", "--workers", "2", "--schedule", best["schedule"]]
             + (["--recompute"] if best["recompute"] else [])}
@@ -261,23 +283,33 @@ def main():
     ap.add_argument("--short", type=int, default=5, help="steps before the window")
     ap.add_argument("--extra", type=int, default=20, help="steps in the window")
     ap.add_argument("--modes", default="exact,float", help="Morph's reduction modes in the steps section")
-    ap.add_argument("--only", default="steps,stages")
+    ap.add_argument("--only", default="steps,lm,stages", help="steps (resnet18), lm (the LM's steps), stages")
+    ap.add_argument("--net", default="resnet18", help=argparse.SUPPRESS)
     ap.add_argument("--keep", help="work in DIR and keep it")
     ap.add_argument("--loop", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
     ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--write", help=argparse.SUPPRESS)  # the files' process
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.loop:
         return loop_main(a)
+    if a.write:
+        return write_files(a.write)
     a.morph = os.path.abspath(a.morph)
     work = a.keep or tempfile.mkdtemp(prefix="morph-tvbench-")
     os.makedirs(work, exist_ok=True)
-    write_files(work)
+    # In a child process: this one must not import torch. A child forked
+    # from it would start with its RSS, and ru_maxrss (Morph's
+    # peak_rss_bytes, the loop's) survives exec: every figure would be at
+    # least this process's size (304 MiB with torch imported).
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--write", work], check=True)
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.2f}")
     only = a.only.split(",")
     if "steps" in only:
-        steps_section(a, work)
+        steps_section(a, work, "resnet18")
+    if "lm" in only:
+        steps_section(a, work, "lm")
     if "stages" in only:
         stages_section(a, work)
     print(f"\ncut points and analysis time: build/bench/graph_bench {work}/resnet18.pt {work}/mobilenet_v2.pt "
