@@ -119,8 +119,15 @@ void Heartbeat::lost(const std::string& why) {
 }
 
 bool PeerWatch::keepWaiting(double waited) {
+  double now = nowSeconds();
+  // Probes start before the deadline: a peer that refuses or ignores a
+  // connect is cut off, not busy (the kernel answers for a busy process).
+  if (waited >= std::min(deadline_, kProbeAfterS) && now - last_probe_ >= kProbeEveryS) {
+    last_probe_ = now;
+    probe();
+    now = nowSeconds();
+  }
   if (waited < deadline_) return true;
-  const double now = nowSeconds();
   if (now - last_check_ < every_) return true;
   const bool first = last_check_ == 0;
   last_check_ = now;
@@ -132,7 +139,6 @@ bool PeerWatch::keepWaiting(double waited) {
     if (!first && v == seen) return false;  // silent for a heartbeat timeout: dead
     seen = v;
   }
-  probe();
   if (!first && now - last_note_ > deadline_) {
     last_note_ = now;
     std::fprintf(stderr,

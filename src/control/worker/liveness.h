@@ -63,10 +63,12 @@ class Heartbeat {
 
 // Whether a member waiting in a collective should go on waiting: before its
 // deadline, yes; after it, while every other member's heartbeat still
-// moves (read every heartbeat timeout), yes — it is busy, not dead. Each
-// time it looks, it also probes the members (reachability.h) and reports
-// the ones it cannot connect to (a partition: ReachReport under
-// workers/<id>/reach; the manager decides, docs/distributed.md, "Partitions").
+// moves (read every heartbeat timeout), yes — it is busy, not dead. From
+// min(deadline, kProbeAfterS) of waiting on, every kProbeEveryS, it also
+// probes the members (reachability.h) and reports the ones it cannot
+// connect to (a partition: ReachReport under workers/<id>/reach; the
+// manager decides, docs/distributed.md, "Partitions").
+constexpr double kProbeAfterS = 1.0, kProbeEveryS = 1.0;
 class PeerWatch {
  public:
   PeerWatch(c10::intrusive_ptr<StoreClient> store, std::vector<int64_t> peers, int64_t me, int64_t generation,
@@ -83,7 +85,7 @@ class PeerWatch {
   int64_t me_, gen_;
   std::vector<int64_t> reported_;  // the peers last reported unreachable
   double deadline_, every_;
-  double last_check_ = 0, last_note_ = 0;
+  double last_check_ = 0, last_note_ = 0, last_probe_ = 0;
   std::map<int64_t, std::string> beats_;
 };
 
