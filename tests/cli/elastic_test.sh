@@ -124,7 +124,7 @@ momentum = 0.9
 straggler_replan = false
 TOML
 cnn_ref=$("$MORPH" run "$work/cnn.toml" --quiet --out "$work/cnn-ref" | tail -n 1)
-"$MORPH" run "$work/cnn.toml" --quiet --workers 3 --out "$work/cnn" > "$work/cnn.log" 2>&1 &
+"$MORPH" run "$work/cnn.toml" --quiet --workers 3 --spawn 0 --out "$work/cnn" > "$work/cnn.log" 2>&1 &
 mpid=$!
 cnn_lines() { [[ -f "$work/cnn/metrics.jsonl" ]] && (( $(wc -l < "$work/cnn/metrics.jsonl") >= $1 )); }
 cnn_generation() { grep -q "\"generation\":$1[,}]" "$work/cnn/metrics.jsonl"; }
@@ -132,9 +132,16 @@ wait_for "the CNN job's manager" grep -q "manager on port" "$work/cnn.log"
 port=$(sed -n 's/.*manager on port \([0-9]*\).*/\1/p' "$work/cnn.log")
 # Until the joiner is in, the workers emulate devices 300x slower (timing
 # only; some 1 s a step): the short job must not end while the joiner
-# loads. Each is slowed as soon as it has registered, before its first step.
+# loads. The workers start one at a time and each is slowed once it has
+# registered, before the next starts: the job begins when the third
+# registers, already paced by the first two, however long `morph slow`
+# takes to start (with --workers 3 they registered at once, and under load
+# the job ran ahead before any slowdown took effect).
 slow_cnn() { "$MORPH" slow --join "127.0.0.1:$port" --worker "$1" --factor 300 --token-file "$work/cnn/token"; }
-for id in 0 1 2; do wait_for "CNN worker $id to register" slow_cnn "$id"; done
+for id in 0 1 2; do
+  "$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/cnn/token" > "$work/cnn-w$id.log" 2>&1 &
+  wait_for "CNN worker $id to register" slow_cnn "$id"
+done
 wait_for "the CNN job to train" cnn_lines 1
 mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
 (( ${#pids[@]} == 3 )) || { echo "expected 3 CNN workers, found ${#pids[@]}"; exit 1; }

@@ -124,7 +124,7 @@ bool PeerWatch::keepWaiting(double waited) {
   // connect is cut off, not busy (the kernel answers for a busy process).
   if (waited >= std::min(deadline_, kProbeAfterS) && now - last_probe_ >= kProbeEveryS) {
     last_probe_ = now;
-    probe();
+    probe(/*refused_counts=*/false);  // a refusal may be a death: heartbeats tell, after the deadline
     now = nowSeconds();
   }
   if (waited < deadline_) return true;
@@ -139,6 +139,9 @@ bool PeerWatch::keepWaiting(double waited) {
     if (!first && v == seen) return false;  // silent for a heartbeat timeout: dead
     seen = v;
   }
+  // Every peer still heart-beats: one that refuses connects is cut off
+  // (a firewall that rejects), not dead.
+  probe(/*refused_counts=*/true);
   if (!first && now - last_note_ > deadline_) {
     last_note_ = now;
     std::fprintf(stderr,
@@ -149,8 +152,8 @@ bool PeerWatch::keepWaiting(double waited) {
   return true;
 }
 
-void PeerWatch::probe() {
-  const std::vector<int64_t> cut = unreachablePeers(*store_, peers_, me_);
+void PeerWatch::probe(bool refused_counts) {
+  const std::vector<int64_t> cut = unreachablePeers(*store_, peers_, me_, refused_counts);
   if (cut == reported_) return;
   reported_ = cut;
   setString(*store_, keys::workerReach(me_), ReachReport{gen_, cut}.toJson().dump());
@@ -163,7 +166,8 @@ void PeerWatch::probe() {
                static_cast<long long>(me_), ids.c_str());
 }
 
-std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me) {
+std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me,
+                                      bool refused_counts) {
   std::vector<int64_t> ids, cut;
   std::vector<std::string> addrs;
   for (int64_t p : members) {
@@ -172,7 +176,7 @@ std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int6
     ids.push_back(p);
     addrs.push_back(store.check({k}) ? getString(store, k) : std::string());  // none: unreachable
   }
-  for (size_t i : unreachable(addrs)) cut.push_back(ids[i]);
+  for (size_t i : unreachable(addrs, refused_counts)) cut.push_back(ids[i]);
   std::sort(cut.begin(), cut.end());
   return cut;
 }

@@ -21,7 +21,8 @@ namespace morph {
 // Probes the members of generation `gen` (their workers/<id>/probe
 // addresses; `me` is skipped) and returns the ids that did not answer,
 // ascending (reachability.h).
-std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me);
+std::vector<int64_t> unreachablePeers(StoreClient& store, const std::vector<int64_t>& members, int64_t me,
+                                      bool refused_counts);
 
 // Installs the handler of kManagerDeathSignal (a local worker's manager
 // ended): the watchdog of every Heartbeat then gives the job up at once.
@@ -78,7 +79,7 @@ class PeerWatch {
   bool keepWaiting(double waited);
 
  private:
-  void probe();
+  void probe(bool refused_counts);
 
   c10::intrusive_ptr<StoreClient> store_;
   std::vector<int64_t> peers_;

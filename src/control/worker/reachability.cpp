@@ -62,7 +62,7 @@ ProbeListener::~ProbeListener() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::vector<size_t> unreachable(const std::vector<std::string>& addresses, double timeout_s) {
+std::vector<size_t> unreachable(const std::vector<std::string>& addresses, bool refused_counts, double timeout_s) {
   const size_t n = addresses.size();
   std::vector<int> fds(n, -1);
   std::vector<bool> done(n, false), ok(n, false);
@@ -81,6 +81,7 @@ std::vector<size_t> unreachable(const std::vector<std::string>& addresses, doubl
       done[i] = ok[i] = true;
     } else if (errno != EINPROGRESS) {
       done[i] = true;
+      ok[i] = !refused_counts && errno == ECONNREFUSED;  // the host answered
     }
   }
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -102,7 +103,7 @@ std::vector<size_t> unreachable(const std::vector<std::string>& addresses, doubl
       socklen_t len = sizeof err;
       ::getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
       done[i] = true;
-      ok[i] = err == 0;
+      ok[i] = err == 0 || (!refused_counts && err == ECONNREFUSED);
     }
   }
   std::vector<size_t> out;

@@ -35,8 +35,14 @@ class ProbeListener {
 };
 
 // Connects to every "ip:port" of `addresses` at once and waits at most
-// `timeout_s`: the indices that did not connect (refused, unroutable or no
-// answer in time), ascending. A malformed address counts as unreachable.
-std::vector<size_t> unreachable(const std::vector<std::string>& addresses, double timeout_s = kProbeTimeoutS);
+// `timeout_s`: the indices that could not be reached (unroutable, or no
+// answer in time), ascending. A refused connect counts only when
+// `refused_counts`: it is an answer from the peer's host, either because
+// its worker is gone (a failure, which its heartbeats tell the manager) or
+// because a firewall rejects (a partition); the caller tells the two apart
+// by whether the peer still heart-beats. A malformed address counts as
+// unreachable.
+std::vector<size_t> unreachable(const std::vector<std::string>& addresses, bool refused_counts,
+                                double timeout_s = kProbeTimeoutS);
 
 }  // namespace morph

@@ -202,7 +202,7 @@ void WorkerJob::probeWhileAside(int64_t cur) {
   const ReachReport mine = ReachReport::fromJson(json::parse(getString(*store_, k), nullptr, false));
   if (mine.unreachable.empty() && mine.generation >= cur) return;  // said already
   last_aside_probe_ = now;
-  const ReachReport now_seen{cur, unreachablePeers(*store_, readPlan(*store_, cur).members, id_)};
+  const ReachReport now_seen{cur, unreachablePeers(*store_, readPlan(*store_, cur).members, id_, /*refused_counts=*/true)};
   if (now_seen.unreachable == mine.unreachable && now_seen.generation == mine.generation) return;
   setString(*store_, k, now_seen.toJson().dump());
   if (now_seen.unreachable.empty())
