@@ -23,7 +23,13 @@ steps counts (for Morph: the control plane's store round trips and the
 metrics line). Morph's evaluation runs only after
 the last step (eval.every = 0), so it cancels too.
 
-A round runs every system (DDP, exact, float) once short and once long, in
+Exact mode runs in both fixed-point formats: "exact" is the default 64-bit
+one (int64 reduce-scatter + float all-gather, 12 bytes per value), "exact32"
+the 32-bit one (reduce.bits = 32: int32 reduce-scatter + float all-gather,
+8 bytes per value, as DDP's float all-reduce; docs/exact_reduction.md);
+`--no-exact32` leaves it out.
+
+A round runs every system (DDP, exact, exact32, float) once short and once long, in
 an order that rotates from round to round; each round gives one ratio
 Morph/DDP in samples per second, and the table shows the median samples/s
 of each system and the min/median/max of the per-round ratios. The exact
@@ -100,6 +106,7 @@ virtual_nodes = {vns}
 {optim}
 [reduce]
 mode = "{mode}"
+bits = {bits}
 [eval]
 every = 0
 batch = {eval_batch}
@@ -144,9 +151,12 @@ def timed(cmd, env=None):
 def write_job(model, mode, steps, tmp, extra=""):
     m = MODELS[model]
     path = os.path.join(tmp, f"{model}-{mode}-{steps}.toml")
+    # "exact32": exact mode in the 32-bit format (reduce.bits = 32, issue 31).
+    bits = 32 if mode == "exact32" else 64
     with open(path, "w") as f:
-        f.write(JOB.format(name=model, steps=steps, mode=mode, data=m["data"], model=m["model"], batch=m["batch"],
-                           vns=m["vns"], optim=m["optim"], eval_batch=m["eval_batch"], extra=extra))
+        f.write(JOB.format(name=model, steps=steps, mode="exact" if mode == "exact32" else mode, bits=bits,
+                           data=m["data"], model=m["model"], batch=m["batch"], vns=m["vns"], optim=m["optim"],
+                           eval_batch=m["eval_batch"], extra=extra))
     return path
 
 
@@ -446,8 +456,8 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
         for workers in workers_list:
             load0 = load()
             sps = {k: [] for k in systems + extra}
-            red = {"exact": [], "float": []}
-            payload = {"exact": 0, "float": 0}
+            red = {k: [] for k in ("exact", "exact32", "float") if k in systems}
+            payload = {k: 0 for k in red}
             wire = {k: [] for k in systems + extra}
             cpu = {k: [] for k in systems + extra}
             faults = {k: [] for k in systems + extra}
@@ -470,6 +480,12 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                   f"{spread(ex):>17} {spread(fl):>17} {statistics.median(red['exact']) * 1e3:9.2f} "
                   f"{statistics.median(red['float']) * 1e3:9.2f} {payload['exact']:10.0f} {payload['float']:10.0f} "
                   f"{load0 + '-' + load():>9}", flush=True)
+            if "exact32" in sps:
+                e32 = [e / d for e, d in zip(sps["exact32"], sps["ddp"])]
+                print(f"{'':7} {'':>2} {'exact32:':>15} {med['exact32']:7.0f} samples/s, exact32/ddp {spread(e32)}, "
+                      f"exact32/exact {spread([e / b for e, b in zip(sps['exact32'], sps['exact'])])}, "
+                      f"red {statistics.median(red['exact32']) * 1e3:.2f} ms, {payload['exact32']:.0f} B/step",
+                      flush=True)
             # Wall clock and CPU time per step side by side: where a ratio
             # of samples/s is not a ratio of work, one side waited (for its
             # peers, a lock, the scheduler) rather than computed.
@@ -503,6 +519,8 @@ def main():
                    help="comma-separated RATE[:DELAY] (e.g. 1gbit,10gbit): run the workers in network namespaces "
                         "on a bridge with every link shaped to RATE (root, iproute2)")
     p.add_argument("--extra", type=int, default=0, help="extra steps E (default: the model's)")
+    p.add_argument("--no-exact32", action="store_true",
+                   help="leave out exact mode's 32-bit format (reduce.bits = 32; the row under each model's)")
     p.add_argument("--ddp-glibc", action="store_true",
                    help="an extra system: DDP with glibc's own malloc thresholds (row 'ddp-glibc'); the baseline "
                         "'ddp' has Morph's")
@@ -514,7 +532,7 @@ def main():
             p.error(f"unknown model {m!r}: expected mlp, cnn or gptmini")
     workers_list = [int(w) for w in (a.workers or ("4" if a.link else "1,2")).split(",")]
     links = [x for x in a.link.split(",") if x]
-    systems = ["ddp", "exact", "float"]
+    systems = ["ddp", "exact", "float"] + ([] if a.no_exact32 else ["exact32"])
     extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
     extra += [f"exact~{w}" for w in a.exact_wires.split(",") if w]
     extra += ["ddp-glibc"] if a.ddp_glibc else []

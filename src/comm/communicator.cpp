@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <type_traits>
 #include <mutex>
 #include <thread>
 
@@ -67,6 +68,9 @@ class GlooCommunicator : public Communicator {
   }
   std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) override {
     return start(torch::from_blob(data, {n}, torch::kFloat32), c10d::ReduceOp::SUM);
+  }
+  std::unique_ptr<PendingWork> allreduceSumAsync(int32_t* data, int64_t n) override {
+    return start(torch::from_blob(data, {n}, torch::kInt32), c10d::ReduceOp::SUM);
   }
   std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag) override {
     return p2p(t, [&](std::vector<torch::Tensor>& ts) { return pg_->send(ts, peer, tag); });
@@ -276,7 +280,13 @@ class GlooCommunicator : public Communicator {
 // are waited on as the pipeline's in-step ones are: a dead peer's closed
 // connection fails them, and the group's watchdog aborts them once the
 // generation is (a live neighbour that gave the sum up never sends).
+// T: the integers summed (int64_t, or int32_t for reduce.bits = 32); the
+// floats are 4 bytes either way, float i at byte 4 i of `data`.
+template <class T, class ToFloat>
 class ShardedSum : public PendingWork {
+  using U = std::make_unsigned_t<T>;
+  static constexpr auto kDtype = sizeof(T) == 8 ? torch::kInt64 : torch::kInt32;
+
  public:
   // Tags of the sum's transfers: two per sum (reduce-scatter, all-gather)
   // from its ordinal, above the pipeline's small fixed tags. Gloo matches
@@ -290,7 +300,7 @@ class ShardedSum : public PendingWork {
   static constexpr int64_t kTagWrap = int64_t{1} << 22;
   static constexpr int64_t kPieceBytes = 256 << 10;
 
-  ShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep, ShardScratch& scratch, ShardToFloat to_float)
+  ShardedSum(Communicator& comm, T* data, int64_t n, int64_t keep, ShardScratch& scratch, ToFloat to_float)
       : comm_(comm), data_(data), floats_end_(n - keep), scratch_(scratch), to_float_(std::move(to_float)) {
     const int ordinal = static_cast<int>(comm.nextShardedSum() % kTagWrap);
     reduce_tag_ = kTagBase + 2 * ordinal;
@@ -303,9 +313,10 @@ class ShardedSum : public PendingWork {
     for (int j = 0; j <= D_; ++j) begin_.push_back(static_cast<int64_t>(static_cast<__int128>(n) * j / D_));
     for (int j = 0; j < D_; ++j) longest = std::max(longest, len(j));
     pieces_ = static_cast<int>(std::clamp<int64_t>(longest * 8 / kPieceBytes, 1, 16));
-    scratch_.recv.resize(static_cast<size_t>(2 * longest));  // steps alternate halves
+    // Steps alternate halves of it (int64 storage; T-sized halves).
+    scratch_.recv.resize(static_cast<size_t>((2 * longest * static_cast<int64_t>(sizeof(T)) + 7) / 8));
     scratch_.floats.resize(static_cast<size_t>(len(mod(r_ + 1))));
-    comm.addBytesReduced(n * 8);
+    comm.addBytesReduced(n * static_cast<int64_t>(sizeof(T)));
     // The first step needs nothing but this rank's values.
     postReduceRecvs(0);
     for (int p = 0; p < pieces_; ++p) postReduceSend(0, p);
@@ -315,8 +326,8 @@ class ShardedSum : public PendingWork {
     for (int t = 0; t + 1 < D_; ++t) {
       if (t + 2 < D_) postReduceRecvs(t + 1);  // into the other half, free since step t - 1
       const int j = mod(r_ - t - 1);
-      const uint64_t* in = reinterpret_cast<const uint64_t*>(recvBuf(t));
-      uint64_t* acc = reinterpret_cast<uint64_t*>(data_ + begin_[static_cast<size_t>(j)]);
+      const U* in = reinterpret_cast<const U*>(recvBuf(t));
+      U* acc = reinterpret_cast<U*>(data_ + begin_[static_cast<size_t>(j)]);
       for (int p = 0; p < pieces_; ++p) {
         recvs_[static_cast<size_t>(t * pieces_ + p)]->wait();
         // Unsigned: a step that overflowed the agreed bound (it is redone)
@@ -363,7 +374,10 @@ class ShardedSum : public PendingWork {
   int64_t len(int j) const { return begin_[static_cast<size_t>(j) + 1] - begin_[static_cast<size_t>(j)]; }
   // Piece p of chunk j: values [pieceBegin(j, p), pieceBegin(j, p + 1)) of the chunk.
   int64_t pieceBegin(int j, int p) const { return len(j) * p / pieces_; }
-  int64_t* recvBuf(int t) const { return scratch_.recv.data() + (t % 2) * (scratch_.recv.size() / 2); }
+  T* recvBuf(int t) const {
+    const size_t half = scratch_.recv.size() * 8 / sizeof(T) / 2;
+    return reinterpret_cast<T*>(scratch_.recv.data()) + (t % 2) * half;
+  }
   // How many of chunk j's values become floats: those before n - keep.
   int64_t floatsIn(int j) const {
     return std::clamp<int64_t>(floats_end_ - begin_[static_cast<size_t>(j)], 0, len(j));
@@ -378,27 +392,27 @@ class ShardedSum : public PendingWork {
       const int64_t lo = nf * p / pieces_, hi = nf * (p + 1) / pieces_;
       if (hi > lo) parts.push_back(torch::from_blob(floats + 4 * lo, {hi - lo}, torch::kFloat32));
     }
-    if (nf < len(j)) parts.push_back(torch::from_blob(data_ + b + nf, {len(j) - nf}, torch::kInt64));
+    if (nf < len(j)) parts.push_back(torch::from_blob(data_ + b + nf, {len(j) - nf}, kDtype));
     return parts;
   }
   void postReduceRecvs(int t) {
     const int j = mod(r_ - t - 1);
     for (int p = 0; p < pieces_; ++p)
       recvs_.push_back(comm_.recv(torch::from_blob(recvBuf(t) + pieceBegin(j, p),
-                                                   {pieceBegin(j, p + 1) - pieceBegin(j, p)}, torch::kInt64),
+                                                   {pieceBegin(j, p + 1) - pieceBegin(j, p)}, kDtype),
                                   mod(r_ - 1), reduce_tag_));
   }
   void postReduceSend(int t, int p) {
     const int s = mod(r_ - t);
     sends_.push_back(comm_.send(torch::from_blob(data_ + begin_[static_cast<size_t>(s)] + pieceBegin(s, p),
-                                                 {pieceBegin(s, p + 1) - pieceBegin(s, p)}, torch::kInt64),
+                                                 {pieceBegin(s, p + 1) - pieceBegin(s, p)}, kDtype),
                                 mod(r_ + 1), reduce_tag_));
   }
   Communicator& comm_;
-  int64_t* data_;
+  T* data_;
   int64_t floats_end_;  // n - keep
   ShardScratch& scratch_;
-  ShardToFloat to_float_;
+  ToFloat to_float_;
   int D_ = 1, r_ = 0, pieces_ = 1, reduce_tag_ = 0, gather_tag_ = 0;
   std::vector<int64_t> begin_;
   std::vector<std::unique_ptr<PendingWork>> sends_, recvs_;
@@ -409,7 +423,16 @@ class ShardedSum : public PendingWork {
 
 std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep,
                                              ShardScratch& scratch, ShardToFloat to_float) {
-  return std::make_unique<ShardedSum>(comm, data, n, keep, scratch, std::move(to_float));
+  return std::make_unique<ShardedSum<int64_t, ShardToFloat>>(comm, data, n, keep, scratch, std::move(to_float));
+}
+
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int32_t* data, int64_t n, int64_t keep,
+                                             ShardScratch& scratch, ShardToFloat32 to_float) {
+  return std::make_unique<ShardedSum<int32_t, ShardToFloat32>>(comm, data, n, keep, scratch, std::move(to_float));
+}
+
+std::unique_ptr<PendingWork> Communicator::allreduceSumAsync(int32_t*, int64_t) {
+  throw std::logic_error("allreduceSumAsync(int32): not implemented by this communicator");
 }
 
 std::unique_ptr<PendingWork> Communicator::send(torch::Tensor, int, int) {

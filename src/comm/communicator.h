@@ -46,6 +46,8 @@ class PendingWork {
 // What a sharded exact sum (startShardedSum) turns its shard of summed
 // integers into: the floats for values [begin, begin + len) of the buffer.
 using ShardToFloat = std::function<void(int64_t begin, const int64_t* sums, int64_t len, float* out)>;
+// The same for a sum of int32 values (reduce.bits = 32).
+using ShardToFloat32 = std::function<void(int64_t begin, const int32_t* sums, int64_t len, float* out)>;
 
 // Scratch memory of one sharded sum, owned by the caller so that it
 // outlives the transfers even when the caller abandons them: a chunk
@@ -53,6 +55,9 @@ using ShardToFloat = std::function<void(int64_t begin, const int64_t* sums, int6
 struct ShardScratch {
   std::vector<int64_t> recv;
   std::vector<float> floats;
+  // reduce.bits = 32: the bucket's values narrowed to int32 for the wire
+  // (the caller's; StepCore::startSum).
+  std::vector<int32_t> wire;
 };
 
 class Communicator {
@@ -67,6 +72,9 @@ class Communicator {
   // until wait(). Every worker starts them in the same order.
   virtual std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* data, int64_t n) = 0;
   virtual std::unique_ptr<PendingWork> allreduceSumAsync(float* data, int64_t n) = 0;
+  // int32 (reduce.bits = 32): the sums must fit (the caller's bound); the
+  // default throws (a communicator without it).
+  virtual std::unique_ptr<PendingWork> allreduceSumAsync(int32_t* data, int64_t n);
   // Point to point (pipeline stages): start sending `t` (contiguous) to rank
   // `peer`, or receiving into `t` from it; the work keeps `t` alive.
   // Messages with the same tag between two ranks match in order. wait()
@@ -110,6 +118,10 @@ class LocalCommunicator : public Communicator {
     bytes_ += n * 4;
     return std::make_unique<Done>();
   }
+  std::unique_ptr<PendingWork> allreduceSumAsync(int32_t*, int64_t n) override {
+    bytes_ += n * 4;
+    return std::make_unique<Done>();
+  }
 };
 
 // The exact sum of data[0, n) over `comm` as a reduce-scatter then an
@@ -141,6 +153,12 @@ class LocalCommunicator : public Communicator {
 // work is done or abandoned for good.
 std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int64_t* data, int64_t n, int64_t keep,
                                              ShardScratch& scratch, ShardToFloat to_float);
+// The same over int32 values (reduce.bits = 32): 4 bytes per value in both
+// rings, (size() - 1) / size() x n x 8 bytes sent, as a float all-reduce.
+// The partial sums must fit in int32 (the caller's bound; they are added
+// modulo 2^32). The kept values stay int32 sums in their place.
+std::unique_ptr<PendingWork> startShardedSum(Communicator& comm, int32_t* data, int64_t n, int64_t keep,
+                                             ShardScratch& scratch, ShardToFloat32 to_float);
 
 
 struct GlooOptions {

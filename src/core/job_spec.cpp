@@ -502,6 +502,9 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
                       ? ReduceMode::kExact
                       : ReduceMode::kFloat;
   j.headroom_bits = static_cast<int>(r.integer("reduce.headroom_bits", 3, 0, 20));
+  j.reduce_bits = static_cast<int>(r.integer("reduce.bits", 64, 32, 64));
+  if (j.reduce_bits != 32 && j.reduce_bits != 64)
+    r.fail("reduce.bits", "expected 32 or 64, got " + std::to_string(j.reduce_bits));
   // Each VN's quantised values stay below 2^51, so 2^12 VNs fit in int64.
   if (j.reduce_mode == ReduceMode::kExact && j.virtual_nodes > 4096)
     r.fail("batch.virtual_nodes", "exact reduction supports at most 4096 virtual nodes");

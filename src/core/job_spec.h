@@ -80,6 +80,9 @@ struct JobSpec {
   OptimSpec optim;
   ReduceMode reduce_mode = ReduceMode::kExact;
   int headroom_bits = 3;
+  // reduce.bits: the exact sum's fixed-point width on the wire, 64 or 32
+  // (docs/exact_reduction.md, "The 32-bit format").
+  int reduce_bits = 64;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
   int64_t log_every = 10;

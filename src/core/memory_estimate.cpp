@@ -67,6 +67,10 @@ MemoryEstimate estimateJobMemory(const JobSpec& job) {
   const bool exact = job.reduce_mode == ReduceMode::kExact;
   e.bytes_per_parameter = 4 + 4 + (exact ? 8 : 4) + 4 * state;
   e.per_parameter = std::string("value 4 + gradient 4 + ") + (exact ? "int64 accumulator 8" : "float accumulator 4");
+  if (exact && job.reduce_bits == 32) {  // the bucket's int32 wire copy (StepCore::startSum32)
+    e.bytes_per_parameter += 4;
+    e.per_parameter += " + int32 wire 4";
+  }
   if (state > 0) e.per_parameter += " + " + std::string(state == 2 ? "adamw state 8" : "momentum 4");
   if (job.checkpoint_every > 0) {
     e.bytes_per_parameter += 4 + 4 * state;

@@ -21,15 +21,15 @@ inline int64_t roundMagic(double d) {
 }
 
 template <bool kStore>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound);
 
 // kStore: acc[i] = q (a segment's first VN of the step: no zeroing pass,
 // no read of acc), else acc[i] += q.
 template <bool kStore>
 __attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int64_t n, int scale_exp,
-                                                            int64_t* acc) {
+                                                            int64_t* acc, double bound) {
   const __m256d vscale = _mm256_set1_pd(std::ldexp(1.0, scale_exp));
-  const __m256d vbound = _mm256_set1_pd(kFixedBound);
+  const __m256d vbound = _mm256_set1_pd(bound);
   const __m256d vmagic = _mm256_set1_pd(kMagic);
   const __m256i vmagic_i = _mm256_castpd_si256(vmagic);
   const __m256d vabs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
@@ -61,7 +61,7 @@ __attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int6
   r.nonfinite = _mm256_movemask_pd(vnonfinite) != 0;
   r.max_abs = std::ldexp(max_scaled, -scale_exp);
   if (i < n) {
-    QuantizeResult tail = quantizeScalar<kStore>(g + i, n - i, scale_exp, acc + i);
+    QuantizeResult tail = quantizeScalar<kStore>(g + i, n - i, scale_exp, acc + i, bound);
     r.overflow = r.overflow || tail.overflow;
     r.nonfinite = r.nonfinite || tail.nonfinite;
     r.max_abs = std::fmax(r.max_abs, tail.max_abs);
@@ -75,14 +75,14 @@ bool haveAvx2() {
 }
 
 template <bool kStore>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
   const double scale = std::ldexp(1.0, scale_exp);
   double max_scaled = 0.0;
   QuantizeResult r;
   for (int64_t i = 0; i < n; ++i) {
     double d = static_cast<double>(g[i]) * scale;
     double a = std::fabs(d);
-    if (!(a < kFixedBound)) {  // the step will be redone: leave acc alone
+    if (!(a < bound)) {  // the step will be redone: leave acc alone
       if constexpr (kStore) acc[i] = 0;  // (but defined)
       r.overflow = true;
       if (std::isfinite(a)) {
@@ -105,22 +105,22 @@ QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t*
 
 }  // namespace
 
-QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
-  return quantizeScalar<false>(g, n, scale_exp, acc);
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
+  return quantizeScalar<false>(g, n, scale_exp, acc, bound);
 }
 
-QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc) {
-  return quantizeScalar<true>(g, n, scale_exp, acc);
+QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
+  return quantizeScalar<true>(g, n, scale_exp, acc, bound);
 }
 
-QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc) {
-  if (haveAvx2()) return quantizeAvx2<false>(g, n, scale_exp, acc);
-  return quantizeScalar<false>(g, n, scale_exp, acc);
+QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
+  if (haveAvx2()) return quantizeAvx2<false>(g, n, scale_exp, acc, bound);
+  return quantizeScalar<false>(g, n, scale_exp, acc, bound);
 }
 
-QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc) {
-  if (haveAvx2()) return quantizeAvx2<true>(g, n, scale_exp, acc);
-  return quantizeScalar<true>(g, n, scale_exp, acc);
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
+  if (haveAvx2()) return quantizeAvx2<true>(g, n, scale_exp, acc, bound);
+  return quantizeScalar<true>(g, n, scale_exp, acc, bound);
 }
 
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out) {
@@ -128,11 +128,51 @@ void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, fl
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * f);
 }
 
-int scaleFor(double max_abs, int headroom_bits) {
-  if (!(max_abs > 0.0) || !std::isfinite(max_abs)) return 51 - headroom_bits;
+void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, float* out) {
+  const double f = std::ldexp(1.0, -scale_exp) / divisor;
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * f);
+}
+
+int scaleFor(double max_abs, int headroom_bits, int top) {
+  if (!(max_abs > 0.0) || !std::isfinite(max_abs)) return top - headroom_bits;
   int e;
   std::frexp(max_abs, &e);  // max_abs < 2^e
-  return 51 - headroom_bits - e;
+  return top - headroom_bits - e;
+}
+
+int fixedTop(int bits, int64_t vns) {
+  if (bits == 64) return 51;
+  int c = 0;  // ceil(log2 vns)
+  while ((int64_t{1} << c) < vns) ++c;
+  return 30 - c;
+}
+
+double fixedBound(int bits, int64_t vns) {
+  if (bits == 64) return kFixedBound;
+  return std::ldexp(1.0, fixedTop(bits, vns));
+}
+
+void narrowTo32(const int64_t* in, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(in[i])));
+}
+
+void widenFrom32(const int32_t* in, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
+}
+
+void splitLanes(const int64_t* in, int64_t n, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t v = static_cast<uint64_t>(in[i]);
+    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<int32_t>((v >> (16 * j)) & 0xFFFFu);
+  }
+}
+
+void joinLanes(const int32_t* lane_sums, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t v = 0;
+    for (int j = 0; j < 4; ++j) v += static_cast<uint64_t>(static_cast<uint32_t>(lane_sums[4 * i + j])) << (16 * j);
+    out[i] = static_cast<int64_t>(v);
+  }
 }
 
 }  // namespace morph

@@ -24,19 +24,43 @@ struct QuantizeResult {
 // acc[i] += round(g[i] * 2^scale_exp) for i < n; one fused pass that also
 // finds max |g| and checks the bound. When `overflow` is set, acc is garbage.
 // Picks AVX2 at run time where the CPU has it; results are bitwise identical.
-QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc);
+// `bound` (at most 2^51): the bound on |g * 2^s| (fixedBound(bits, vns)).
+QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound = kFixedBound);
 // The portable reference implementation (also used for the tail).
-QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int64_t* acc,
+                                 double bound = kFixedBound);
 // The same with acc[i] = round(...) (acc is not read): a segment's first
 // VN of a step, which so needs no zeroed buffer. Where `overflow` is set,
 // acc is garbage here too.
-QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc);
-QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc);
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound = kFixedBound);
+QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc,
+                                   double bound = kFixedBound);
 
 // out[i] = float(double(acc[i]) * 2^-scale_exp / divisor).
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out);
+void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, float* out);
 
-// The scale exponent that maps |g| <= max_abs below 2^(51 - headroom_bits).
-int scaleFor(double max_abs, int headroom_bits);
+// The scale exponent that maps |g| <= max_abs below 2^(top - headroom_bits)
+// (top = fixedTop(bits, vns)).
+int scaleFor(double max_abs, int headroom_bits, int top = 51);
+
+// The 32-bit format (reduce.bits = 32, docs/exact_reduction.md): with V VNs
+// and c = ceil(log2 V), each VN's |g * 2^s| stays below 2^(30 - c), so each
+// rounded value is at most 2^(30 - c) in magnitude and any sum of up to V
+// of them (every partial sum of the step, on any mapping) at most
+// 2^30 < 2^31: it fits in int32. 64 bits: 2^51, as above.
+int fixedTop(int bits, int64_t vns);        // 51, or 30 - c
+double fixedBound(int bits, int64_t vns);   // 2^top
+
+// Wire helpers of the 32-bit format. narrow: out[i] = int32(in[i]) (values
+// that fit; others wrap, as a step that overflowed is redone anyway).
+void narrowTo32(const int64_t* in, int64_t n, int32_t* out);
+void widenFrom32(const int32_t* in, int64_t n, int64_t* out);
+// Any int64 values carried exactly in int32 sums: 4 lanes of 16 bits each
+// (out[4i + j] = bits 16j..16j+15 of in[i], as a non-negative int32). The
+// lane sums of up to 2^15 summands fit in int32, and joinLanes adds them
+// back with their carries: the int64 sum modulo 2^64, as an int64 SUM.
+void splitLanes(const int64_t* in, int64_t n, int32_t* out);
+void joinLanes(const int32_t* lane_sums, int64_t n, int64_t* out);
 
 }  // namespace morph

@@ -15,14 +15,21 @@ namespace {
 constexpr double kInitialMaxGuess = 16.0;
 }  // namespace
 
-GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode,
-                                 int headroom_bits)
-    : sizes_(std::move(segment_sizes)), mode_(mode), headroom_bits_(headroom_bits) {
+GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits, int bits,
+                                 int64_t vns)
+    : sizes_(std::move(segment_sizes)),
+      mode_(mode),
+      headroom_bits_(headroom_bits),
+      bits_(bits),
+      vns_(vns),
+      top_(fixedTop(bits, vns)),
+      bound_(fixedBound(bits, vns)) {
+  MORPH_CHECK(bits == 64 || bits == 32, "reduce.bits is 32 or 64");
   for (int64_t s : sizes_) {
     offsets_.push_back(total_);
     total_ += s;
   }
-  scales_.assign(sizes_.size(), scaleFor(kInitialMaxGuess, headroom_bits_));
+  scales_.assign(sizes_.size(), scaleFor(kInitialMaxGuess, headroom_bits_, top_));
   next_scales_ = scales_;
   // The buffer itself is allocated by the first beginStep(): a pipeline
   // stage replaces the whole-model accumulator before it is used.
@@ -61,8 +68,8 @@ void GradAccumulator::add(size_t seg, const float* values) {
   const bool first = fresh_[seg];
   fresh_[seg] = 0;
   if (mode_ == ReduceMode::kExact) {
-    QuantizeResult r = first ? quantizeStore(values, n, scales_[seg], exact_.data() + off)
-                             : quantizeAdd(values, n, scales_[seg], exact_.data() + off);
+    QuantizeResult r = first ? quantizeStore(values, n, scales_[seg], exact_.data() + off, bound_)
+                             : quantizeAdd(values, n, scales_[seg], exact_.data() + off, bound_);
     max_[seg] = std::max(max_[seg], r.max_abs);
     overflow_ = overflow_ || r.overflow;
     nonfinite_ = nonfinite_ || r.nonfinite;
@@ -115,7 +122,7 @@ void GradAccumulator::updateScales(const std::vector<double>& reduced) {
   MORPH_CHECK_EQ(reduced.size(), 2 + scales_.size());
   if (mode_ != ReduceMode::kExact) return;
   for (size_t s = 0; s < scales_.size(); ++s)
-    if (reduced[2 + s] > 0.0) next_scales_[s] = scaleFor(reduced[2 + s], headroom_bits_);
+    if (reduced[2 + s] > 0.0) next_scales_[s] = scaleFor(reduced[2 + s], headroom_bits_, top_);
 }
 
 void GradAccumulator::read(size_t seg, double divisor, float* out) const {
@@ -138,6 +145,15 @@ void GradAccumulator::read(size_t seg, double divisor, float* out) const {
 
 void GradAccumulator::dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
                                       const int64_t* sums, int64_t len, float* out) const {
+  MORPH_CHECK_EQ(divisors.size(), end - first);
+  for (size_t seg = first; seg < end; ++seg) {
+    const int64_t lo = std::max(begin, offsets_[seg]), hi = std::min(begin + len, offsets_[seg] + sizes_[seg]);
+    if (lo < hi) dequantize(sums + (lo - begin), hi - lo, scales_[seg], divisors[seg - first], out + (lo - begin));
+  }
+}
+
+void GradAccumulator::dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
+                                      const int32_t* sums, int64_t len, float* out) const {
   MORPH_CHECK_EQ(divisors.size(), end - first);
   for (size_t seg = first; seg < end; ++seg) {
     const int64_t lo = std::max(begin, offsets_[seg]), hi = std::min(begin + len, offsets_[seg] + sizes_[seg]);

@@ -23,7 +23,11 @@ namespace morph {
 
 class GradAccumulator {
  public:
-  GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits);
+  // bits (reduce.bits) and vns (batch.virtual_nodes) set the exact mode's
+  // bound: 64, or 32 (every sum of the step's VNs fits in int32; the
+  // buffer itself stays int64, narrowed for the wire by StepCore::startSum).
+  GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits, int bits = 64,
+                  int64_t vns = 1);
 
   void beginStep();
   // Adds one VN's values of segment `seg` (segmentSize(seg) floats). The
@@ -54,6 +58,8 @@ class GradAccumulator {
   // divisors[seg - first]: the floats read() would give.
   void dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
                        const int64_t* sums, int64_t len, float* out) const;
+  void dequantizeRange(size_t first, size_t end, const std::vector<double>& divisors, int64_t begin,
+                       const int32_t* sums, int64_t len, float* out) const;
   // The run's sums are (once its sum is done) floats in place of its
   // integers, already divided: read() copies them and checks the divisor.
   // Until the next beginStep().
@@ -61,6 +67,8 @@ class GradAccumulator {
   double readScalar(size_t seg, int64_t i) const;  // one summed value, unscaled
 
   ReduceMode mode() const { return mode_; }
+  int bits() const { return bits_; }
+  int64_t vns() const { return vns_; }
   size_t segments() const { return sizes_.size(); }
   int64_t segmentSize(size_t seg) const { return sizes_[seg]; }
   const std::vector<int64_t>& segmentSizes() const { return sizes_; }
@@ -99,6 +107,10 @@ class GradAccumulator {
   int64_t tail_ = 0, tail_next_ = 0;  // values after the segments (setTail)
   ReduceMode mode_;
   int headroom_bits_;
+  int bits_;
+  int64_t vns_;
+  int top_;        // fixedTop(bits_, vns_)
+  double bound_;   // fixedBound(bits_, vns_)
   std::vector<int> scales_;       // in use by the current attempt
   std::vector<int> next_scales_;  // from the last updateScales()
   std::vector<int64_t> exact_;

@@ -3,11 +3,13 @@
 #include <cstring>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "core/model_hash.h"
 #include "core/parse_number.h"
 #include "core/sys.h"
+#include "exec/fixed_point.h"
 #include "models/loss.h"
 
 namespace morph {
@@ -74,7 +76,8 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
   // stage gives it its segments.
   std::vector<int64_t> acc_sizes = sizes;
   if (stage_local) std::fill(acc_sizes.begin(), acc_sizes.begin() + static_cast<std::ptrdiff_t>(stats_seg_), 0);
-  acc_ = std::make_unique<GradAccumulator>(acc_sizes, job.reduce_mode, job.headroom_bits);
+  acc_ = std::make_unique<GradAccumulator>(acc_sizes, job.reduce_mode, job.headroom_bits, job.reduce_bits,
+                                           job.virtual_nodes);
   opt_ = makeOptimizer(job.optim, params_);
   seg_ready_.assign(sizes.size(), 0);
   seg_need_.assign(sizes.size(), 1);
@@ -145,8 +148,9 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   // slots after them are read as integers' sums, so they stay integers.
   const size_t float_end = std::min(end, stats_seg_);
   const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + tail : 0;
-  if (float_end <= first || !useShardedSum(total - keep, comm.size()))
-    return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
+  const bool sharded = float_end > first && useShardedSum(total - keep, comm.size());
+  if (acc.bits() == 32) return startSum32(comm, first, end, float_end, total, keep, sharded);
+  if (!sharded) return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
   std::vector<double> divisors;
@@ -160,6 +164,66 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
                          });
 }
 
+namespace {
+// A sum whose result is unpacked once it is done (reduce.bits = 32: the
+// int32 wire back into the int64 buffer).
+class UnpackedSum : public PendingWork {
+ public:
+  UnpackedSum(std::unique_ptr<PendingWork> inner, std::function<void()> unpack)
+      : inner_(std::move(inner)), unpack_(std::move(unpack)) {}
+  void advance() override { inner_->advance(); }
+  void wait() override {
+    inner_->wait();
+    if (unpack_) std::exchange(unpack_, nullptr)();
+  }
+
+ private:
+  std::unique_ptr<PendingWork> inner_;
+  std::function<void()> unpack_;
+};
+}  // namespace
+
+std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t first, size_t end, size_t float_end,
+                                                  int64_t total, int64_t keep, bool sharded) {
+  // docs/exact_reduction.md, "The 32-bit format": each value of the run
+  // (its sums over every VN of the step fit in int32 by the bound) narrowed
+  // to int32, the kept integers (loss statistics, slots: any int64) as
+  // 4 lanes of 16 bits each; one int32 sum; then the int32 sums widened
+  // back (or, sharded, the owner's floats) and the lanes joined.
+  GradAccumulator& acc = *acc_;
+  const int64_t off = acc.segmentOffset(first);
+  const int64_t nq = total - keep;
+  ShardScratch& sc = scratch_[first];
+  sc.wire.resize(static_cast<size_t>(nq + 4 * keep));
+  int64_t* src = acc.exactBuffer() + off;
+  int32_t* wire = sc.wire.data();
+  narrowTo32(src, nq, wire);
+  splitLanes(src + nq, keep, wire + nq);
+  if (!sharded) {
+    return std::make_unique<UnpackedSum>(comm.allreduceSumAsync(wire, nq + 4 * keep), [src, wire, nq, keep] {
+      widenFrom32(wire, nq, src);
+      joinLanes(wire + nq, keep, src + nq);
+    });
+  }
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+  const double V = static_cast<double>(job_.virtual_nodes);
+  std::vector<double> divisors;
+  for (size_t s = first; s < float_end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
+  acc.markFloats(first, float_end, divisors);
+  const GradAccumulator* a = acc_.get();
+  auto inner = startShardedSum(comm, wire, nq + 4 * keep, 4 * keep, sc,
+                               [a, first, float_end, off, divisors](int64_t begin, const int32_t* sums, int64_t len,
+                                                                    float* out) {
+                                 a->dequantizeRange(first, float_end, divisors, off + begin, sums, len, out);
+                               });
+  // The floats in the run's memory as markFloats says (float i at byte 4 i),
+  // the kept integers in their place after them.
+  return std::make_unique<UnpackedSum>(std::move(inner), [src, wire, nq, keep] {
+    std::memcpy(src, wire, static_cast<size_t>(nq) * 4);
+    joinLanes(wire + nq, keep, src + nq);
+  });
+}
+
 void StepCore::abandonBuffer() {
   std::vector<int> scales = acc_->scales();
   graveyard_acc_.push_back(std::move(acc_));
@@ -167,7 +231,8 @@ void StepCore::abandonBuffer() {
   prepared_ = false;
   graveyard_scratch_.push_back(std::move(scratch_));
   scratch_.clear();
-  acc_ = std::make_unique<GradAccumulator>(graveyard_acc_.back()->segmentSizes(), job_.reduce_mode, job_.headroom_bits);
+  acc_ = std::make_unique<GradAccumulator>(graveyard_acc_.back()->segmentSizes(), job_.reduce_mode, job_.headroom_bits,
+                                           job_.reduce_bits, job_.virtual_nodes);
   acc_->setScales(scales);
   accumulating_ = false;
 }
@@ -175,7 +240,8 @@ void StepCore::abandonBuffer() {
 void StepCore::resizeBuffer(std::vector<int64_t> sizes) {
   const std::vector<int> scales = acc_->scales();
   scratch_.clear();  // no sum is in flight between steps
-  acc_ = std::make_unique<GradAccumulator>(std::move(sizes), job_.reduce_mode, job_.headroom_bits);
+  acc_ = std::make_unique<GradAccumulator>(std::move(sizes), job_.reduce_mode, job_.headroom_bits, job_.reduce_bits,
+                                           job_.virtual_nodes);
   acc_->setScales(scales);
 }
 
@@ -369,6 +435,7 @@ nlohmann::json StepCore::meaning() const {
       {"optim.clip_norm", j.optim.clip_norm},
       {"reduce.mode", toString(j.reduce_mode)},
       {"reduce.headroom_bits", j.headroom_bits},
+      {"reduce.bits", j.reduce_bits},
   };
   // Only npy jobs carry these, so checkpoints of the built-in datasets
   // written before they existed still resume.
@@ -446,7 +513,10 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
     const nlohmann::json mine = meaning(), theirs = d.meta.at("job");
     std::string changed;
     for (const auto& [key, value] : mine.items()) {
-      const nlohmann::json was = theirs.contains(key) ? theirs.at(key) : nlohmann::json();
+      // Checkpoints from before reduce.bits were all 64-bit.
+      const nlohmann::json was = theirs.contains(key) ? theirs.at(key)
+                                 : key == "reduce.bits" ? nlohmann::json(64)
+                                                        : nlohmann::json();
       if (was != value) changed += (changed.empty() ? "" : ", ") + key + " (checkpoint " + was.dump() + ", now " + value.dump() + ")";
     }
     if (!changed.empty())
@@ -541,7 +611,8 @@ int64_t StepCore::modelBytes() const {
 VnExecutor::VnExecutor(const JobSpec& job, int64_t total_steps, const Dataset& train, Communicator& comm)
     : Executor(job, total_steps, train, /*stage_local=*/false), comm_(&comm) {
   const std::vector<int64_t>& sizes = core_.seg_sizes_;
-  const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
+  // Bytes on the wire per value: the bucket size is DDP's.
+  const int64_t elem = job.reduce_mode == ReduceMode::kExact && job.reduce_bits == 64 ? 8 : 4;
   const int64_t kBucketBytes = bucketBytes();
   for (size_t s = 0; s < core_.bn_seg_;) {
     Bucket b{s, s};

@@ -418,5 +418,215 @@ TEST(ShardedSum, ReadingWithAnotherDivisorIsCaught) {
   EXPECT_NO_THROW(acc.read(0, 8.0, out.data()));
 }
 
+// --- The 32-bit format (reduce.bits = 32, issue 31) --------------------------
+
+// By construction: for every VN count the exact mode allows, V values each
+// at the bound sum below 2^31 (every partial sum of a step fits in int32).
+TEST(Exact32, EveryVnCountsSumsOfBoundedValuesFitInInt32) {
+  for (int64_t V = 1; V <= 4096; ++V) {
+    ASSERT_LE(static_cast<double>(V) * fixedBound(32, V), std::ldexp(1.0, 31) - 1) << V << " VNs";
+    ASSERT_GE(fixedTop(32, V), 18) << V << " VNs";  // at least 18 bits for the largest value
+  }
+  EXPECT_EQ(fixedBound(64, 4096), kFixedBound);
+  EXPECT_EQ(fixedTop(32, 1), 30);
+  EXPECT_EQ(fixedTop(32, 8), 27);
+  EXPECT_EQ(fixedTop(32, 9), 26);
+}
+
+// The largest gradients the bound allows, fed to many VNs, all of one sign
+// (the worst case) and of alternating signs: no overflow is flagged, the
+// int64 sums are V times the rounded value, and they fit in int32 (the
+// narrowing for the wire keeps them). A value at the bound is flagged.
+TEST(Exact32, LargestAllowedGradientsOfManyVnsSumWithoutOverflow) {
+  for (int64_t V : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{100}, int64_t{256}, int64_t{1000}, int64_t{4096}}) {
+    const int s = 7;
+    const double bound = fixedBound(32, V);
+    // The largest float below the bound at scale s.
+    const float big = std::nextafter(static_cast<float>(std::ldexp(bound, -s)), 0.0f);
+    ASSERT_LT(std::ldexp(static_cast<double>(big), s), bound);
+    GradAccumulator acc(std::vector<int64_t>{4}, ReduceMode::kExact, 0, 32, V);
+    acc.setScales({s});
+    acc.beginStep();
+    for (int64_t v = 0; v < V; ++v) {
+      const float g[4] = {big, -big, v % 2 ? big : -big, v == 0 ? big : 0.0f};
+      acc.add(0, g);
+    }
+    const std::vector<double> f = acc.flagsAndMax();
+    ASSERT_FALSE(GradAccumulator::overflowOf(f)) << V << " VNs";
+    const int64_t q = static_cast<int64_t>(std::nearbyint(std::ldexp(static_cast<double>(big), s)));
+    const int64_t* sums = acc.exactBuffer();
+    EXPECT_EQ(sums[0], V * q) << V << " VNs";
+    EXPECT_EQ(sums[1], -V * q) << V << " VNs";
+    EXPECT_EQ(sums[2], V % 2 ? q : 0) << V << " VNs";
+    EXPECT_EQ(sums[3], q) << V << " VNs";
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_LE(sums[i], int64_t{INT32_MAX}) << V << " VNs, value " << i;
+      EXPECT_GE(sums[i], int64_t{INT32_MIN}) << V << " VNs, value " << i;
+    }
+    int32_t wire[4];
+    int64_t back[4];
+    narrowTo32(sums, 4, wire);
+    widenFrom32(wire, 4, back);
+    EXPECT_EQ(0, std::memcmp(back, sums, sizeof back)) << V << " VNs";
+    // At the bound: flagged (the step is redone with the exact maxima).
+    GradAccumulator over(std::vector<int64_t>{1}, ReduceMode::kExact, 0, 32, V);
+    over.setScales({s});
+    over.beginStep();
+    const float at = static_cast<float>(std::ldexp(bound, -s));
+    over.add(0, &at);
+    EXPECT_TRUE(GradAccumulator::overflowOf(over.flagsAndMax())) << V << " VNs";
+    // The redo's scale (from the exact maximum, headroom 0) takes it.
+    over.updateScales(over.flagsAndMax());
+    over.beginStep();
+    over.add(0, &at);
+    EXPECT_FALSE(GradAccumulator::overflowOf(over.flagsAndMax())) << V << " VNs";
+  }
+}
+
+// The 32-bit sum is order independent too, and within its resolution (one
+// quantum of the agreed scale per VN) of the float64 sum.
+TEST(Exact32, SumIsOrderIndependentAndWithinItsResolution) {
+  const int vns = 8;
+  const int64_t n = 1003;
+  auto g = makeVnGrads(vns, n, 17);
+  std::vector<int> order(vns), reversed(vns);
+  std::iota(order.begin(), order.end(), 0);
+  std::iota(reversed.rbegin(), reversed.rend(), 0);
+  GradAccumulator a(std::vector<int64_t>{n}, ReduceMode::kExact, 3, 32, vns);
+  GradAccumulator b(std::vector<int64_t>{n}, ReduceMode::kExact, 3, 32, vns);
+  int attempts;
+  accumulate(a, g, order, &attempts);  // settles the scale
+  auto ra = accumulate(a, g, order, &attempts);
+  EXPECT_EQ(attempts, 1);
+  accumulate(b, g, reversed, &attempts);
+  EXPECT_EQ(accumulate(b, g, reversed, &attempts), ra);
+  std::vector<float> mean(n);
+  a.read(0, vns, mean.data());
+  const double quantum = std::ldexp(1.0, -a.scales()[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    double ref = 0;
+    for (int v = 0; v < vns; ++v) ref += g[v][i];
+    ref /= vns;
+    ASSERT_NEAR(mean[i], ref, std::fabs(ref) * 0x1p-23 + quantum / 2) << "element " << i;
+  }
+}
+
+// Any int64 values (doubles' bits in slots, loss sums) go through int32
+// sums exactly as 16-bit lanes: 4096 summands, as many as exact mode's VNs.
+TEST(Exact32, LanesCarryInt64SumsThroughInt32Sums) {
+  SplitMix64 rng(99);
+  const int64_t k = 5, W = 4096;
+  std::vector<int32_t> lane_sums(static_cast<size_t>(4 * k), 0);
+  std::vector<uint64_t> want(static_cast<size_t>(k), 0);
+  std::vector<int32_t> lanes(static_cast<size_t>(4 * k));
+  for (int64_t w = 0; w < W; ++w) {
+    std::vector<int64_t> v(static_cast<size_t>(k));
+    for (auto& x : v) x = static_cast<int64_t>(rng.next());
+    v[0] = w == 7 ? static_cast<int64_t>(0x400921FB54442D18LL) : 0;  // a slot: one writer
+    v[1] = -1;                                                      // carries through every lane
+    splitLanes(v.data(), k, lanes.data());
+    for (int64_t i = 0; i < 4 * k; ++i) {
+      ASSERT_GE(lanes[static_cast<size_t>(i)], 0);
+      const int64_t sum = int64_t{lane_sums[static_cast<size_t>(i)]} + lanes[static_cast<size_t>(i)];
+      ASSERT_LE(sum, int64_t{INT32_MAX});  // no int32 overflow in the lanes
+      lane_sums[static_cast<size_t>(i)] = static_cast<int32_t>(sum);
+    }
+    for (int64_t i = 0; i < k; ++i) want[static_cast<size_t>(i)] += static_cast<uint64_t>(v[static_cast<size_t>(i)]);
+  }
+  std::vector<int64_t> got(static_cast<size_t>(k));
+  joinLanes(lane_sums.data(), k, got.data());
+  for (int64_t i = 0; i < k; ++i) EXPECT_EQ(static_cast<uint64_t>(got[static_cast<size_t>(i)]), want[static_cast<size_t>(i)]) << i;
+  EXPECT_EQ(got[0], static_cast<int64_t>(0x400921FB54442D18LL));
+  EXPECT_EQ(got[1], -W);
+}
+
+// startSum32's wire over real Gloo groups of 2-4 ranks: each rank's
+// 32-bit accumulator narrowed to int32 plus kept int64 values as lanes; the
+// int32 sharded sum gives every rank the floats of one accumulator over all
+// VNs and the kept values' int64 sums; so does the int32 all-reduce.
+TEST(ShardedSum, Int32WireReadsTheFloatsOfOneAccumulatorAndKeepsLanes) {
+  for (int D : {2, 3, 4}) {
+    const std::vector<int64_t> sizes = {1000, 3, 301};
+    const std::vector<double> divisors = {256.0, 256.0, 8.0};
+    const int vns_per_rank = 2;
+    const int64_t V = vns_per_rank * D, keep = 3;
+    std::vector<std::vector<std::vector<float>>> g;
+    for (int r = 0; r < D; ++r) {
+      g.emplace_back();
+      for (size_t s = 0; s < sizes.size(); ++s) {
+        auto v = makeVnGrads(vns_per_rank, sizes[s], 300 * D + 10 * r + s);
+        std::vector<float> flat;
+        for (auto& x : v) flat.insert(flat.end(), x.begin(), x.end());
+        g.back().push_back(flat);
+      }
+    }
+    auto kept = [](int r, int64_t i) { return i == 0 ? int64_t{-123456789012345} * (r + 1) : (i == 1 && r == 1 ? int64_t{0x400921FB54442D18LL} : int64_t{0}); };
+    auto fill = [&](GradAccumulator& acc, int r) {
+      for (int k = 0; k < vns_per_rank; ++k)
+        for (size_t s = 0; s < sizes.size(); ++s) acc.add(s, g[static_cast<size_t>(r)][s].data() + k * sizes[s]);
+    };
+    const int sc = scaleFor(512.0, 3, fixedTop(32, V));
+    const std::vector<int> scales = {sc, sc - 2, sc};
+    GradAccumulator ref(sizes, ReduceMode::kExact, 3, 32, V);
+    ref.setScales(scales);
+    ref.beginStep();
+    for (int r = 0; r < D; ++r) fill(ref, r);
+    ASSERT_FALSE(GradAccumulator::overflowOf(ref.flagsAndMax()));
+    std::vector<std::vector<float>> want;
+    for (size_t s = 0; s < 3; ++s) {
+      want.emplace_back(static_cast<size_t>(sizes[s]));
+      ref.read(s, divisors[s], want.back().data());
+    }
+    for (bool sharded : {true, false}) {
+      std::vector<std::vector<std::vector<float>>> got(static_cast<size_t>(D));
+      std::vector<std::vector<int64_t>> got_kept(static_cast<size_t>(D));
+      const std::vector<std::string> errors = onGlooRanks(D, [&](Communicator& comm, int r) {
+        GradAccumulator acc(sizes, ReduceMode::kExact, 3, 32, V);
+        acc.setScales(scales);
+        acc.beginStep();
+        fill(acc, r);
+        const int64_t n = acc.totalElements();
+        std::vector<int64_t> k64(static_cast<size_t>(keep));
+        for (int64_t i = 0; i < keep; ++i) k64[static_cast<size_t>(i)] = kept(r, i);
+        ShardScratch scratch;
+        scratch.wire.resize(static_cast<size_t>(n + 4 * keep));
+        narrowTo32(acc.exactBuffer(), n, scratch.wire.data());
+        splitLanes(k64.data(), keep, scratch.wire.data() + n);
+        std::vector<float> floats(static_cast<size_t>(n));
+        if (sharded) {
+          auto w = startShardedSum(comm, scratch.wire.data(), n + 4 * keep, 4 * keep, scratch,
+                                   [&](int64_t begin, const int32_t* sums, int64_t len, float* out) {
+                                     acc.dequantizeRange(0, 3, divisors, begin, sums, len, out);
+                                   });
+          w->advance();
+          w->wait();
+          std::memcpy(floats.data(), scratch.wire.data(), static_cast<size_t>(n) * 4);
+        } else {
+          comm.allreduceSumAsync(scratch.wire.data(), n + 4 * keep)->wait();
+          acc.dequantizeRange(0, 3, divisors, 0, scratch.wire.data(), n, floats.data());
+        }
+        joinLanes(scratch.wire.data() + n, keep, k64.data());
+        got_kept[static_cast<size_t>(r)] = k64;
+        for (size_t s = 0; s < 3; ++s) {
+          const float* f = floats.data() + acc.segmentOffset(s);
+          got[static_cast<size_t>(r)].emplace_back(f, f + sizes[s]);
+        }
+      });
+      for (int r = 0; r < D; ++r) {
+        ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+        for (size_t s = 0; s < 3; ++s)
+          EXPECT_EQ(std::memcmp(got[static_cast<size_t>(r)][s].data(), want[s].data(), want[s].size() * 4), 0)
+              << D << " ranks, sharded " << sharded << ", rank " << r << ", segment " << s;
+        for (int64_t i = 0; i < keep; ++i) {
+          int64_t sum = 0;
+          for (int q = 0; q < D; ++q) sum += kept(q, i);
+          EXPECT_EQ(got_kept[static_cast<size_t>(r)][static_cast<size_t>(i)], sum)
+              << D << " ranks, sharded " << sharded << ", rank " << r << ", kept " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace morph
