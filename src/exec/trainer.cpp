@@ -149,7 +149,7 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   const size_t float_end = std::min(end, stats_seg_);
   const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + tail : 0;
   const bool sharded = float_end > first && useShardedSum(total - keep, comm.size());
-  if (acc.bits() == 32) return startSum32(comm, first, end, float_end, total, keep, sharded);
+  if (acc.bits() == 32) return startSum32(comm, first, float_end, total, keep, sharded);
   if (!sharded) return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
@@ -183,7 +183,7 @@ class UnpackedSum : public PendingWork {
 };
 }  // namespace
 
-std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t first, size_t end, size_t float_end,
+std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t first, size_t float_end,
                                                   int64_t total, int64_t keep, bool sharded) {
   // docs/exact_reduction.md, "The 32-bit format": each value of the run
   // (its sums over every VN of the step fit in int32 by the bound) narrowed
