@@ -62,6 +62,8 @@ def run(a, tmp, model, fmt, seed):
     subprocess.run([a.morph, "run", path, "--quiet", "--out", out], check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
+    if s.get("reduce_mode") != mode or s.get("reduce_bits") != bits:
+        raise RuntimeError(f"{out}: ran {s.get('reduce_mode')} {s.get('reduce_bits')}-bit, not {mode} {bits}-bit")
     return s["test_accuracy"], s["test_loss"]
 
 

@@ -15,6 +15,7 @@ void writeSummary(const std::string& dir, const JobSpec& job, int64_t steps, int
             {"workers", workers},
             {"stages", 1},
             {"reduce_mode", toString(job.reduce_mode)},
+            {"reduce_bits", job.reduce_bits},
             {"final_loss", log.finalLoss()},
             {"test_accuracy", log.testAccuracy()},
             {"test_loss", log.testLoss()},
