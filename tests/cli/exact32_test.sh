@@ -163,7 +163,7 @@ rs_workers() { tail -n 1 "$work/rs/metrics.jsonl" 2>/dev/null | grep -q "\"worke
 rs_lines() { [[ -f "$work/rs/metrics.jsonl" ]] && (( $(wc -l < "$work/rs/metrics.jsonl") >= $1 )); }
 slow() { "$MORPH" slow --join "127.0.0.1:$port" --worker "$1" --factor "$2" --token-file "$work/rs/token" > /dev/null; }
 wait_for "the resize job to train" rs_lines 1
-slow 0 40; slow 1 40  # the job must outlast the new worker's start
+slow 0 40 || echo "note: morph slow 0 failed"; slow 1 40 || echo "note: morph slow 1 failed"  # the job must outlast the new worker's start
 "$MORPH" resize --join "127.0.0.1:$port" --workers 3 --token-file "$work/rs/token"
 wait_for "the job to grow to 3 workers" rs_workers 3
 "$MORPH" resize --join "127.0.0.1:$port" --workers 2 --token-file "$work/rs/token"
