@@ -44,10 +44,11 @@ void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, fl
 // (top = fixedTop(bits, vns)).
 int scaleFor(double max_abs, int headroom_bits, int top = 51);
 
-// The 32-bit format (reduce.bits = 32, docs/exact_reduction.md): with V VNs
-// and c = ceil(log2 V), each VN's |g * 2^s| stays below 2^(30 - c), so each
-// rounded value is at most 2^(30 - c) in magnitude and any sum of up to V
-// of them (every partial sum of the step, on any mapping) at most
+// The 32-bit format (reduce.bits = 32, docs/exact_reduction.md): with V
+// quantised terms per summed value in a step (VNs x contributions per VN)
+// and c = ceil(log2 V), each term's |g * 2^s| stays below 2^(30 - c), so
+// each rounded term is at most 2^(30 - c) in magnitude and any sum of up to
+// V of them (every partial sum of the step, on any mapping) at most
 // 2^30 < 2^31: it fits in int32. 64 bits: 2^51, as above.
 int fixedTop(int bits, int64_t vns);        // 51, or 30 - c
 double fixedBound(int bits, int64_t vns);   // 2^top

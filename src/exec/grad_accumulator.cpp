@@ -16,14 +16,14 @@ constexpr double kInitialMaxGuess = 16.0;
 }  // namespace
 
 GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits, int bits,
-                                 int64_t vns)
+                                 int64_t terms)
     : sizes_(std::move(segment_sizes)),
       mode_(mode),
       headroom_bits_(headroom_bits),
       bits_(bits),
-      vns_(vns),
-      top_(fixedTop(bits, vns)),
-      bound_(fixedBound(bits, vns)) {
+      terms_(terms),
+      top_(fixedTop(bits, terms)),
+      bound_(fixedBound(bits, terms)) {
   MORPH_CHECK(bits == 64 || bits == 32, "reduce.bits is 32 or 64");
   for (int64_t s : sizes_) {
     offsets_.push_back(total_);

@@ -23,11 +23,13 @@ namespace morph {
 
 class GradAccumulator {
  public:
-  // bits (reduce.bits) and vns (batch.virtual_nodes) set the exact mode's
-  // bound: 64, or 32 (every sum of the step's VNs fits in int32; the
-  // buffer itself stays int64, narrowed for the wire by StepCore::startSum).
+  // bits (reduce.bits) and terms (the most quantised terms a summed value
+  // has over a step: VNs x contributions per VN, 2 for a tied weight) set
+  // the exact mode's bound: 64, or 32 (every sum of up to `terms` terms fits
+  // in int32; the buffer itself stays int64, narrowed for the wire by
+  // StepCore::startSum).
   GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits, int bits = 64,
-                  int64_t vns = 1);
+                  int64_t terms = 1);
 
   void beginStep();
   // Adds one VN's values of segment `seg` (segmentSize(seg) floats). The
@@ -68,7 +70,7 @@ class GradAccumulator {
 
   ReduceMode mode() const { return mode_; }
   int bits() const { return bits_; }
-  int64_t vns() const { return vns_; }
+  int64_t terms() const { return terms_; }
   size_t segments() const { return sizes_.size(); }
   int64_t segmentSize(size_t seg) const { return sizes_[seg]; }
   const std::vector<int64_t>& segmentSizes() const { return sizes_; }
@@ -108,9 +110,9 @@ class GradAccumulator {
   ReduceMode mode_;
   int headroom_bits_;
   int bits_;
-  int64_t vns_;
-  int top_;        // fixedTop(bits_, vns_)
-  double bound_;   // fixedBound(bits_, vns_)
+  int64_t terms_;
+  int top_;        // fixedTop(bits_, terms_)
+  double bound_;   // fixedBound(bits_, terms_)
   std::vector<int> scales_;       // in use by the current attempt
   std::vector<int> next_scales_;  // from the last updateScales()
   std::vector<int64_t> exact_;

@@ -1,5 +1,6 @@
 #include "exec/trainer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -76,8 +77,6 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
   // stage gives it its segments.
   std::vector<int64_t> acc_sizes = sizes;
   if (stage_local) std::fill(acc_sizes.begin(), acc_sizes.begin() + static_cast<std::ptrdiff_t>(stats_seg_), 0);
-  acc_ = std::make_unique<GradAccumulator>(acc_sizes, job.reduce_mode, job.headroom_bits, job.reduce_bits,
-                                           job.virtual_nodes);
   opt_ = makeOptimizer(job.optim, params_);
   seg_ready_.assign(sizes.size(), 0);
   seg_need_.assign(sizes.size(), 1);
@@ -104,6 +103,11 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
       ++seg_need_[segOf(i)];
       alias.register_hook([hook, i](const torch::Tensor& g) { hook(i, g); });
     }
+  // A tied weight's segment gets two quantised terms per VN: the 32-bit
+  // format's bound counts every term of a sum (docs/exact_reduction.md).
+  exact_terms_ = job.virtual_nodes * *std::max_element(seg_need_.begin(), seg_need_.end());
+  acc_ = std::make_unique<GradAccumulator>(acc_sizes, job.reduce_mode, job.headroom_bits, job.reduce_bits,
+                                           exact_terms_);
   // One worker updates every parameter and batch norm (a pipeline stage
   // narrows these).
   own_params_.resize(params_.size());
@@ -232,7 +236,7 @@ void StepCore::abandonBuffer() {
   graveyard_scratch_.push_back(std::move(scratch_));
   scratch_.clear();
   acc_ = std::make_unique<GradAccumulator>(graveyard_acc_.back()->segmentSizes(), job_.reduce_mode, job_.headroom_bits,
-                                           job_.reduce_bits, job_.virtual_nodes);
+                                           job_.reduce_bits, exact_terms_);
   acc_->setScales(scales);
   accumulating_ = false;
 }
@@ -241,7 +245,7 @@ void StepCore::resizeBuffer(std::vector<int64_t> sizes) {
   const std::vector<int> scales = acc_->scales();
   scratch_.clear();  // no sum is in flight between steps
   acc_ = std::make_unique<GradAccumulator>(std::move(sizes), job_.reduce_mode, job_.headroom_bits, job_.reduce_bits,
-                                           job_.virtual_nodes);
+                                           exact_terms_);
   acc_->setScales(scales);
 }
 

@@ -245,6 +245,9 @@ class StepCore {
   size_t bn_seg_ = 0, stats_seg_ = 0;
   std::vector<int64_t> seg_sizes_;  // of the whole model
   std::vector<int> seg_need_;       // contributions per segment per VN (2 for a tied weight)
+  // Quantised terms a summed value may have over a step: VNs x the most
+  // contributions per VN (the 32-bit format's bound, GradAccumulator).
+  int64_t exact_terms_ = 1;
   std::vector<char> seg_ready_;     // per segment, for the current VN
   // Gradient hooks: while accumulating, each parameter's gradient of the
   // current VN goes into the buffer, then on_grad_ runs (the VN executor
