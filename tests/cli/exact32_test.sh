@@ -66,10 +66,11 @@ for case in "allreduce --workers 1" "allreduce --workers 3" "allreduce --stages 
   got=$(MORPH_EXACT_WIRE=$wire "$MORPH" run "$work/mlp.toml" --quiet $B32 $spec --out "$o" 2>&1 | tail -n 1)
   check "mlp $spec, $wire" "$got" "$want"
   check "mlp $spec, $wire, redos" "$(attempts "$o")" "$want_attempts"
+  if [[ "$case" == "sharded --workers 2" ]]; then o_sharded2=$o; fi
 done
 # The wire sends 4 bytes per value: the sharded 2-worker run's reduced bytes
 # are about half the 64-bit run's (the slots ride in 16-bit lanes).
-b32=$(grep -o '"reduced_bytes":[0-9]*' "$work/mlp-sharded-_workers_2/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+b32=$(grep -o '"reduced_bytes":[0-9]*' "$o_sharded2/metrics.jsonl" | tail -n 1 | cut -d: -f2)
 # shellcheck disable=SC2086
 MORPH_EXACT_WIRE=sharded "$MORPH" run "$work/mlp.toml" --quiet --workers 2 --out "$work/mlp64-w2" > /dev/null
 b64=$(grep -o '"reduced_bytes":[0-9]*' "$work/mlp64-w2/metrics.jsonl" | tail -n 1 | cut -d: -f2)
