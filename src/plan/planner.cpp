@@ -79,7 +79,6 @@ class Search {
   // stage's compute is that much longer.
   double lowerBound(const std::vector<size_t>& cuts, int64_t M, int D, ScheduleKind kind, bool rc,
                     const std::vector<double>& factors = {}) const {
-    const bool exact = p_.fingerprint.reduce_mode != "float";
     const size_t P = cuts.size() - 1;
     std::vector<double> f(P, 0.0), b(P, 0.0), values(P, -tied_values_);
     for (size_t k = 0; k < P; ++k) {
@@ -96,7 +95,7 @@ class Search {
       after -= f[k] + b[k];
       const double v = std::max(values[k], 0.0);
       const double reduce = P == 1 ? 0.0
-                                   : p_.exactOrFloatAllreduce(exact, v * (exact ? 8.0 : 4.0), D) +
+                                   : p_.reduceSeconds(v, D) +
                                          p_.optimizer_s_per_param * v;
       const double ahead = kind == ScheduleKind::k1F1B ? std::min<double>(static_cast<double>(P - k - 1), M - 1.0)
                                                        : M - 1.0;
@@ -129,10 +128,9 @@ class Search {
     double t = static_cast<double>(rq_.virtual_nodes) * per_vn * contention /
                static_cast<double>(std::max(1, p_.host_cores));
     if (P > 1) {
-      const bool exact = p_.fingerprint.reduce_mode != "float";
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       const double max_reduce = p_.allreduceSeconds(p_.allreduce_max, max_bytes, n);
-      t += max_reduce * (rq_.sim.clipping ? 2.0 : 1.0) + p_.exactOrFloatAllreduce(exact, 2.0 * (exact ? 8.0 : 4.0), n);
+      t += max_reduce * (rq_.sim.clipping ? 2.0 : 1.0) + p_.reduceSeconds(2.0, n);
     }
     return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
@@ -497,10 +495,9 @@ class DeviceSearch {
     double t = 0;
     for (const auto& [h, busy] : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
     if (P > 1) {
-      const bool exact = p_.fingerprint.reduce_mode != "float";
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       t += p_.allreduceSeconds(p_.allreduce_max, max_bytes, n) * (rq_.sim.clipping ? 2.0 : 1.0) +
-           p_.exactOrFloatAllreduce(exact, 2.0 * (exact ? 8.0 : 4.0), n);
+           p_.reduceSeconds(2.0, n);
     }
     return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
@@ -759,7 +756,6 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
     if (i == N || ds.classOf(by_speed[static_cast<size_t>(i)]) != ds.classOf(by_speed[static_cast<size_t>(i) - 1]))
       counts.push_back(i);
   std::vector<std::tuple<double, int, int>> shapes;  // (bound, P, D)
-  const bool exact = p.fingerprint.reduce_mode != "float";
   double params = 0, values = 0;
   for (const LayerCost& c : p.layers) {
     params += static_cast<double>(c.params);
@@ -776,7 +772,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
     // the D groups after its compute (data parallelism: every bucket, one
     // after another) and then stepped by the optimiser.
     const double share = (P == 1 ? params : values) / P;
-    double reduce = p.exactOrFloatAllreduce(exact, share * (exact ? 8.0 : 4.0), D);
+    double reduce = p.reduceSeconds(share, D);
     if (P > 1) {
       // Pipelines reduce after the compute: stage k is done no sooner than
       // its M VNs' compute plus its reduction and step. Averaged over the P

@@ -176,7 +176,9 @@ Fingerprint jobFingerprint(const JobSpec& job, const std::vector<std::string>& l
   f.layers = layer_names;
   f.dataset = job.data.dataset + (job.data.seq_len ? " seq_len=" + std::to_string(job.data.seq_len) : "");
   f.vn_size = job.vnSize();
-  f.reduce_mode = toString(job.reduce_mode);
+  // The 32-bit exact format costs another wire (Profile::reduceSeconds).
+  f.reduce_mode = job.reduce_mode == ReduceMode::kExact && job.reduce_bits == 32 ? "exact32"
+                                                                                   : toString(job.reduce_mode);
   f.optimizer = job.optim.name == "adamw" ? "adamw" : job.optim.momentum > 0 ? "sgd-momentum" : "sgd";
   f.threads = job.threads;
   f.cpu = readLine("/proc/cpuinfo", "model name");

@@ -79,6 +79,19 @@ struct Profile {
   double exactOrFloatAllreduce(bool exact, double bytes, int group) const {
     return allreduceSeconds(exact ? allreduce_exact : allreduce_float, bytes, group);
   }
+  // The job's reduction (fingerprint.reduce_mode): "exact" (64-bit: the
+  // allreduce_exact fit, measured over int64 sums, 8 bytes per value),
+  // "exact32" (reduce.bits = 32: an int32 reduce-scatter and a float
+  // all-gather carry a float all-reduce's bytes, so the allreduce_float fit
+  // at 4 bytes per value) or "float" (the same fit).
+  bool exact() const { return fingerprint.reduce_mode != "float"; }
+  // Bytes per summed value in the buffer a bucket is sized by (the runtime's
+  // VnExecutor: 8 for "exact", else 4).
+  double valueBytes() const { return fingerprint.reduce_mode == "exact" ? 8.0 : 4.0; }
+  // Seconds to sum `values` values among `group` ranks.
+  double reduceSeconds(double values, int group) const {
+    return exactOrFloatAllreduce(fingerprint.reduce_mode == "exact", values * valueBytes(), group);
+  }
   int64_t totalParams() const;
 };
 

@@ -205,8 +205,6 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
   return run;
 }
 
-double elemBytes(const Profile& p) { return p.fingerprint.reduce_mode == "float" ? 4.0 : 8.0; }
-
 void checkPlan(const Profile& prof, const PlanSpec& plan) {
   const size_t L = prof.layers.size();
   if (L == 0) throw InputError("the profile has no layers");
@@ -268,8 +266,9 @@ StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool r
   const int64_t optim = own_optim;
   // Exact mode: the int64 buffer, and the sharded sum's scratch among
   // replicas (at most 6 bytes per value; counted always, as
-  // estimateStageMemory does).
-  const int64_t accumulator = own_values * (elemBytes(p) == 8.0 ? 8 + 6 : 4);
+  // estimateStageMemory does); the 32-bit format adds the int32 wire copy
+  // (4) and needs half the scratch (3).
+  const int64_t accumulator = own_values * (!p.exact() ? 4 : p.valueBytes() == 8.0 ? 8 + 6 : 8 + 4 + 3);
   const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
   StageFootprint m;
   m.fixed_bytes = p.runtime_bytes + init + model + optim + accumulator + own;
@@ -296,7 +295,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   checkPlan(prof, plan);
   const int P = plan.stages, D = plan.replicas;
   const size_t L = prof.layers.size();
-  const double elem = elemBytes(prof);
+  const double elem = prof.valueBytes();
   // Worker processes of one host slow each other down when they compute at
   // the same time (all of a `morph run`'s workers are on one host).
   const double contention = opts.in_process || P * D < 2 ? 1.0 : prof.compute_contention;
@@ -307,10 +306,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(P * D))
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " +
                      std::to_string(P * D) + " ranks");
-  auto group = [&](int n, double bytes, bool exact) {
-    return opts.in_process ? 0.0 : prof.exactOrFloatAllreduce(exact, bytes, n);
-  };
-  const bool exact = elem == 8.0;
+  auto group = [&](int n, double values) { return opts.in_process ? 0.0 : prof.reduceSeconds(values, n); };
+  const bool exact = prof.exact();
   const double overhead = opts.in_process ? 0.0 : prof.step_overhead_s;
   const double max_bytes = 8.0 * (4.0 * static_cast<double>(L) + 4.0);  // flags and maxima of every segment
   auto maxReduce = [&](int n) { return opts.in_process ? 0.0 : prof.allreduceSeconds(prof.allreduce_max, max_bytes, n); };
@@ -335,8 +332,10 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     if (bytes > 0) buckets.push_back({low, bytes});
     // The statistics and each worker's slots of flags, maxima and control
     // values (VnExecutor::writeSlots: no MAX all-reduce) ride in the last
-    // gradient bucket, after the last VN.
-    double bn = 2 + static_cast<double>(D) * ((exact ? 4.0 * static_cast<double>(L) + 4.0 : 0.0) + 2.0 + D);
+    // gradient bucket, after the last VN (the 32-bit format sends each of
+    // these integers as 4 int32 lanes).
+    const double lanes = prof.fingerprint.reduce_mode == "exact32" ? 4.0 : 1.0;
+    double bn = lanes * (2 + static_cast<double>(D) * ((exact ? 4.0 * static_cast<double>(L) + 4.0 : 0.0) + 2.0 + D));
     for (const LayerCost& c : prof.layers) bn += static_cast<double>(c.bn_values);
     if (buckets.empty()) {
       buckets.push_back({0, bn * elem});
@@ -382,7 +381,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     }
     double prev = 0;
     for (size_t b = 0; b < buckets.size(); ++b)
-      prev = std::max(prev, bucket_ready[b]) + group(D, buckets[b].second, exact);
+      prev = std::max(prev, bucket_ready[b]) + group(D, buckets[b].second / elem);
     const double reduced = prev;
     double step = 0;
     for (int d = 0; d < D; ++d)
@@ -451,7 +450,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
   compute_end *= stretch, all_ready *= stretch;
   const double world_max = all_ready + maxReduce(P * D) + (opts.clipping ? maxReduce(P * D) : 0.0);
-  const double stats = world_max + group(P * D, 2 * elem, exact);
+  const double stats = world_max + group(P * D, 2);
   int64_t M_max = 0;  // the largest share stashes the most
   for (int64_t s : plan.vn_shares) M_max = std::max(M_max, s);
   double step = 0;
@@ -476,8 +475,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     }
     double ready = 0;
     for (const ReplicaRun& r : runs) ready = std::max(ready, r.end[static_cast<size_t>(k)] * stretch);
-    double done = std::max(stats, ready + group(D, values * elem, exact));
-    if (tied > 0) done = std::max(done, all_ready + group(2 * D, tied * elem, exact));
+    double done = std::max(stats, ready + group(D, values));
+    if (tied > 0) done = std::max(done, all_ready + group(2 * D, tied));
     for (int d = 0; d < D; ++d)
       step = std::max(step, done + prof.optimizer_s_per_param * params * slow(d, k));
     StageSim& st = out.stages[static_cast<size_t>(k)];

@@ -139,6 +139,31 @@ TEST(Simulator, DataParallelReductionByHand) {
   EXPECT_NEAR(simulate(prof, plan, alone).step_seconds, 24.0 + 0.2, 1e-12);
 }
 
+TEST(Simulator, Exact32SendsFloatBytesAndLanes) {
+  // DataParallelReductionByHand's job in the 32-bit exact format
+  // (reduce.bits = 32): the 200 parameter values as int32 and the 34
+  // integers of statistics and slots as 4 lanes each, 336 values of 4 bytes
+  // (1344 bytes), at the float all-reduce's cost (an int32 reduce-scatter
+  // and a float all-gather send its bytes): 0.1 + 1344 x 0.0005.
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.fingerprint.reduce_mode = "exact32";
+  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
+  prof.allreduce_float[2] = LinearFit{0.1, 0.0005, {}};
+  prof.optimizer_s_per_param = 0.001;
+  prof.step_overhead_s = 0.01;
+  PlanSpec plan;
+  plan.replicas = 2;
+  plan.vn_shares = {3, 1};
+  EXPECT_NEAR(simulate(prof, plan).step_seconds, 18.0 + 0.1 + 1344 * 0.0005 + 0.2 + 0.01, 1e-12);
+  EXPECT_DOUBLE_EQ(prof.reduceSeconds(1000, 2), 0.1 + 4000 * 0.0005);
+  // Memory: the int64 buffer, the int32 wire copy and half the scratch.
+  const int64_t b32 = stageBytes(prof, 0, 2, 1, false, {});
+  prof.fingerprint.reduce_mode = "exact";
+  EXPECT_DOUBLE_EQ(prof.reduceSeconds(1000, 2), 0.1 + 8000 * 0.001);
+  EXPECT_EQ(b32 - stageBytes(prof, 0, 2, 1, false, {}), (200 + 2) * (15 - 14));
+}
+
 TEST(Simulator, RanksShareTheHostsCores) {
   Profile prof = uniform(2, 1, 2, 0);
   prof.host_cores = 1;
