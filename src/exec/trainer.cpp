@@ -153,7 +153,9 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   const size_t float_end = std::min(end, stats_seg_);
   const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + tail : 0;
   const bool sharded = float_end > first && useShardedSum(total - keep, comm.size());
-  if (acc.bits() == 32) return startSum32(comm, first, float_end, total, keep, sharded);
+  // The 32-bit wire only where there is a wire: alone, the int64 buffer
+  // already holds the sums (narrowing and widening them back is the identity).
+  if (acc.bits() == 32 && comm.size() > 1) return startSum32(comm, first, float_end, total, keep, sharded);
   if (!sharded) return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
