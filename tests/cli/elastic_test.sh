@@ -7,6 +7,7 @@
 # worker (exit 3); a pipeline stage lost (a morph from the checkpoint).
 set -euo pipefail
 MORPH=$1
+source "$(dirname "$0")/shell_util.sh"
 work=$(mktemp -d)
 cleanup() {
   pkill -9 -f "morph worker --join 127.0.0.1:${port:-none}" 2>/dev/null || true
@@ -15,29 +16,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cat > "$work/job.toml" <<'TOML'
-[job]
-name = "elastic"
-seed = 4
-steps = 2500
-[data]
-dataset = "synthetic"
-train_size = 600
-test_size = 60
-[model]
-name = "mlp"
-hidden = [24]
-[batch]
-global = 36
-virtual_nodes = 12
-[optim]
-lr = 0.02
-momentum = 0.9
-# The generations counted below are the membership changes' alone: timing
-# noise on shared cores must not add straggler re-plans (straggler_test.sh).
-[elastic]
-straggler_replan = false
-TOML
+# The generations counted below are the membership changes' alone
+# (straggler_test.sh).
+elastic_mlp_job "$work/job.toml" elastic 4 2500
 
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 

@@ -125,29 +125,7 @@ refused "reduce.bits = 48" "reduce.bits" "$work/mlp.toml" --quiet --set reduce.b
 refused "reduce.bits = 16" "reduce.bits" "$work/mlp.toml" --quiet --set reduce.bits=16 --out "$work/x4"
 
 # A live resize 2 -> 3 -> 2 (elastic_test.sh's): the undisturbed hash.
-cat > "$work/rs.toml" <<'TOML'
-[job]
-name = "exact32-resize"
-seed = 4
-steps = 600
-[data]
-dataset = "synthetic"
-train_size = 600
-test_size = 60
-[model]
-name = "mlp"
-hidden = [24]
-[batch]
-global = 36
-virtual_nodes = 12
-[optim]
-lr = 0.02
-momentum = 0.9
-[reduce]
-bits = 32
-[elastic]
-straggler_replan = false
-TOML
+elastic_mlp_job "$work/rs.toml" exact32-resize 4 600 $'[reduce]\nbits = 32'
 rs_ref=$("$MORPH" run "$work/rs.toml" --quiet --out "$work/rs-ref" | tail -n 1)
 "$MORPH" run "$work/rs.toml" --quiet --workers 2 --out "$work/rs" > "$work/rs.log" 2>&1 &
 mpid=$!

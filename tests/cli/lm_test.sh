@@ -83,15 +83,6 @@ done
 "$PY" "$models" exported "$work/exp.pt" "$work/lm_tx.npy" "$work/lm_ty.npy" "$work/exp/summary.json"
 # Bad token data exits 2 naming the file: labels that are not one per
 # position; a token id the embedding does not have (the model file and layer).
-expect_bad() {
-  set +e
-  "$MORPH" run "$1" --quiet --out "$work/badout" > /dev/null 2> "$work/bad.err"
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || { echo "FAIL ($2): exit $rc, expected 2"; cat "$work/bad.err"; exit 1; }
-  grep -qF "$3" "$work/bad.err" || { echo "FAIL ($2): message does not name $3"; cat "$work/bad.err"; exit 1; }
-  grep -q "$2" "$work/bad.err" || { echo "FAIL ($2): message lacks it"; cat "$work/bad.err"; exit 1; }
-}
 job "$work/bad.toml" 1 16 4
 sed -i 's/^train_y = .*/train_y = "lm_y1.npy"/' "$work/bad.toml"
 expect_bad "$work/bad.toml" "expected int64 labels of the same shape" "$work/lm_y1.npy"

@@ -42,3 +42,44 @@ manager_port() {
   [[ -n "$p" ]] || { echo "FAIL: the manager did not start" >&2; cat "$1" >&2; return 1; }
   echo "$p"
 }
+
+# expect_bad JOB PATTERN FILE: `morph run JOB` exits 2 and its message names
+# FILE and matches PATTERN (uses $MORPH and $work).
+expect_bad() {
+  set +e
+  "$MORPH" run "$1" --quiet --out "$work/badout" > /dev/null 2> "$work/bad.err"
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { echo "FAIL ($2): exit $rc, expected 2"; cat "$work/bad.err"; exit 1; }
+  grep -qF "$3" "$work/bad.err" || { echo "FAIL ($2): message does not name $3"; cat "$work/bad.err"; exit 1; }
+  grep -q "$2" "$work/bad.err" || { echo "FAIL ($2): message lacks it"; cat "$work/bad.err"; exit 1; }
+}
+
+# elastic_mlp_job FILE NAME SEED STEPS [EXTRA TOML]: the 600-sample synthetic
+# MLP job of the elastic tests (12 VNs, global batch 36), with straggler
+# re-plans off so that only the membership changes a test makes (and
+# timing noise on shared cores never) start generations.
+elastic_mlp_job() {
+  cat > "$1" <<TOML
+[job]
+name = "$2"
+seed = $3
+steps = $4
+[data]
+dataset = "synthetic"
+train_size = 600
+test_size = 60
+[model]
+name = "mlp"
+hidden = [24]
+[batch]
+global = 36
+virtual_nodes = 12
+[optim]
+lr = 0.02
+momentum = 0.9
+${5:-}
+[elastic]
+straggler_replan = false
+TOML
+}

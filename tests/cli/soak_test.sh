@@ -11,28 +11,8 @@ source "$(dirname "$0")/shell_util.sh"
 make_work
 fail() { echo "FAIL: $1"; shift; for f in "$@"; do echo "--- $f"; tail -n 40 "$f"; done; exit 1; }
 
-cat > "$work/job.toml" <<'TOML'
-[job]
-name = "soak-test"
-seed = 5
-steps = 3000
-[data]
-dataset = "synthetic"
-train_size = 600
-test_size = 60
-[model]
-name = "mlp"
-hidden = [24]
-[batch]
-global = 36
-virtual_nodes = 12
-[optim]
-lr = 0.02
-momentum = 0.9
 # Only the membership changes below make generations.
-[elastic]
-straggler_replan = false
-TOML
+elastic_mlp_job "$work/job.toml" soak-test 5 3000
 ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
 [[ "$ref" == model_hash:* ]] || fail "no reference hash: $ref"
 

@@ -131,17 +131,6 @@ check_step reg.pt reg_x.npy reg_y.npy mse adamw 0.01
 grep -q '"test_loss"' "$work/ref-reg.pt/summary.json" || { echo "FAIL: an mse job reports no test_loss"; exit 1; }
 if grep -q '"test_accuracy"' "$work/ref-reg.pt/summary.json"; then echo "FAIL: an mse job reports test_accuracy"; exit 1; fi
 
-# expect_bad JOB PATTERN FILE: the job exits 2 and its message names FILE
-# and matches PATTERN.
-expect_bad() {
-  set +e
-  "$MORPH" run "$1" --quiet --out "$work/badout" > /dev/null 2> "$work/bad.err"
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || { echo "FAIL ($2): exit $rc, expected 2"; cat "$work/bad.err"; exit 1; }
-  grep -qF "$3" "$work/bad.err" || { echo "FAIL ($2): message does not name $3"; cat "$work/bad.err"; exit 1; }
-  grep -q "$2" "$work/bad.err" || { echo "FAIL ($2): message lacks it"; cat "$work/bad.err"; exit 1; }
-}
 for bad in "missing.pt:is missing" "notscript.pt:not a TorchScript module file" \
            "statedict.pt:not a TorchScript module file" "empty.pt:has no parameters to train" \
            "nomomentum.pt:batch norm 'layer3.bn' (BatchNorm2d) has momentum=None" \
