@@ -289,7 +289,14 @@ TEST(ManagerLogic, PartitionKeepsTheLargestGroupAndReadmitsTheOther) {
   reach(2, 0, {});  // nothing cut: no decision
   h.generations->watchPartitions(h.store, h.clock);
   EXPECT_FALSE(h.generations->inTransition());
+  reach(1, 0, {2});  // one side's report: the manager waits for the other's
+  h.generations->watchPartitions(h.store, h.clock);
+  EXPECT_FALSE(h.generations->inTransition());
+  h.clock.t += 1;
   reach(2, 0, {0, 1});
+  h.generations->watchPartitions(h.store, h.clock);
+  EXPECT_FALSE(h.generations->inTransition());
+  h.clock.t += Partitions::kSettleS;  // both reports in: keep {0, 1} (on 1's alone, {0, 2} and {0, 1} tie)
   h.generations->watchPartitions(h.store, h.clock);
   EXPECT_TRUE(h.store.check({keys::genAbort(0)}));
   ASSERT_TRUE(h.generations->inTransition());

@@ -481,7 +481,7 @@ void Generations::watchPartitions(c10d::Store& store, const Clock& clock) {
   std::map<int64_t, double> speed;  // VNs per second, where measured (ties between equal groups)
   for (int64_t id : members_)
     if (const auto e = straggler_.estimate(id)) speed[id] = 1.0 / *e;
-  const auto split = partitions_.poll(store, gen_, members_, speed);
+  const auto split = partitions_.poll(store, gen_, members_, speed, clock.now());
   if (!split) return;
   auto list = [](const std::vector<int64_t>& ids) {
     std::string t;

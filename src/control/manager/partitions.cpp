@@ -105,7 +105,7 @@ std::vector<int64_t> largestReachableGroup(const std::vector<int64_t>& members,
 }
 
 std::optional<Partitions::Split> Partitions::poll(c10d::Store& store, int64_t gen, const std::vector<int64_t>& members,
-                                                  const std::map<int64_t, double>& speed) {
+                                                  const std::map<int64_t, double>& speed, double now) {
   std::map<int64_t, std::vector<int64_t>> cut;
   size_t cuts = 0;
   std::string who;
@@ -128,6 +128,11 @@ std::optional<Partitions::Split> Partitions::poll(c10d::Store& store, int64_t ge
     cut[id] = std::move(r.unreachable);
   }
   if (cut.empty() || (gen == acted_gen_ && cuts <= acted_cuts_)) return std::nullopt;
+  if (seen_gen_ != gen) {
+    seen_gen_ = gen;
+    seen_at_ = now;
+  }
+  if (now - seen_at_ < kSettleS) return std::nullopt;  // the other side's reports are on their way
   std::vector<int64_t> live;
   for (int64_t id : members)
     if (!aside_.count(id)) live.push_back(id);

@@ -37,8 +37,14 @@ class Partitions {
     std::vector<int64_t> keep, aside;
     std::string describe;  // who cannot reach whom, for the manager's output
   };
+  // The first report of a cut in a generation is not acted on at once: the
+  // members on the other side of it probe within about a second too, and a
+  // decision made on one side's report alone may keep a group that the
+  // next report cuts again. poll waits kSettleS (`now`: the manager's
+  // clock) from the first such report, then decides on all of them.
+  static constexpr double kSettleS = 2.0;
   std::optional<Split> poll(c10d::Store& store, int64_t gen, const std::vector<int64_t>& members,
-                            const std::map<int64_t, double>& speed);
+                            const std::map<int64_t, double>& speed, double now);
   // Workers set aside whose latest report says they reach every member of
   // generation `gen`: no longer aside (returned, to be printed).
   std::vector<int64_t> readmit(c10d::Store& store, int64_t gen);
@@ -51,6 +57,8 @@ class Partitions {
   std::set<int64_t> aside_;
   int64_t acted_gen_ = -1;
   size_t acted_cuts_ = 0;  // cut pairs the last split of acted_gen_ was made from
+  int64_t seen_gen_ = -1;   // the generation of the first cut report seen, and when
+  double seen_at_ = 0;
 };
 
 }  // namespace morph
