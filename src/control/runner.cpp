@@ -136,6 +136,15 @@ int runJob(const RunOptions& given) {
   if (!pipeline && (o.recompute || !o.trace.empty() || o.memory_cap_mib > 0))
     throw InputError(std::string(o.recompute ? "--recompute" : !o.trace.empty() ? "--trace" : "--memory-cap") +
                      " needs a pipeline (--stages P > 1 or --plan FILE)");
+  if (job.sync_mode == SyncMode::kWsp) {
+    // docs/wsp.md: a virtual worker is one data-parallel worker process.
+    if (pipeline)
+      throw InputError(job.file + ": key 'sync.mode': \"wsp\" runs each virtual worker as one data-parallel worker; "
+                       "pipelines (--stages, --plan) are not supported in this mode");
+    if (o.workers < 2)
+      throw InputError(job.file + ": key 'sync.mode': \"wsp\" needs at least two virtual workers (--workers N, N >= 2), got " +
+                       std::to_string(std::max(1, o.workers)) + " (one virtual worker is synchronous training: use \"sync\")");
+  }
   if (o.workers == 0 && pipeline) {
     // One worker per stage by default.
     RunOptions p = o;

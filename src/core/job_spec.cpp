@@ -329,6 +329,7 @@ void readTorchScriptModel(Reader& r, JobSpec& j, const std::string& origin) {
 }  // namespace
 
 const char* toString(ReduceMode m) { return m == ReduceMode::kExact ? "exact" : "float"; }
+const char* toString(SyncMode m) { return m == SyncMode::kSync ? "sync" : "wsp"; }
 
 int64_t JobSpec::targetsPerSample() const {
   if (regression()) {
@@ -509,6 +510,27 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   if (j.reduce_mode == ReduceMode::kExact && j.virtual_nodes > 4096)
     r.fail("batch.virtual_nodes", "exact reduction supports at most 4096 virtual nodes");
 
+  // [sync] (docs/wsp.md). What needs the worker count (one virtual worker
+  // is no WSP job) is checked by `morph run`, which knows it.
+  j.sync_mode = r.choice("sync.mode", "sync", {"sync", "wsp"}) == "wsp" ? SyncMode::kWsp : SyncMode::kSync;
+  if (j.sync_mode == SyncMode::kSync) {
+    for (const char* k : {"sync.staleness", "sync.wave"})
+      if (r.has(k)) r.fail(k, "applies only to sync.mode = \"wsp\"");
+  } else {
+    j.staleness = r.integer("sync.staleness", 0, 0, 1 << 20);
+    // A wave's push sums wave x VNs quantised terms of each value, as a
+    // step sums VNs: the int64 format holds 2^12 of them (docs/wsp.md).
+    j.wave = r.integer("sync.wave", 1, 1, 4096);
+    if (j.reduce_mode != ReduceMode::kExact)
+      r.fail("reduce.mode", "sync.mode = \"wsp\" needs \"exact\" (the servers' sums are fixed point, so a run replays)");
+    if (j.reduce_bits != 64) r.fail("reduce.bits", "sync.mode = \"wsp\" needs 64 (a wave's sum may exceed the 32-bit bound)");
+    if (j.wave * j.virtual_nodes > 4096)
+      r.fail("sync.wave", "a wave sums sync.wave x batch.virtual_nodes = " + std::to_string(j.wave * j.virtual_nodes) +
+                              " VN gradients of each value, and exact sums hold at most 4096; expected at most " +
+                              std::to_string(4096 / j.virtual_nodes) + ", got " + std::to_string(j.wave));
+    if (j.optim.clip_norm > 0.0)
+      r.fail("optim.clip_norm", "does not apply to sync.mode = \"wsp\" (a server shard sees only its own parameters' norm)");
+  }
   j.eval_every = r.integer("eval.every", 0, 0, INT64_MAX / 2);
   j.eval_batch = r.integer("eval.batch", 1000, 1, 1 << 20);
   j.log_every = r.integer("log.every", 10, 1, INT64_MAX / 2);
@@ -516,6 +538,8 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.checkpoint_keep = r.integer("checkpoint.keep", 3, 1, 1000);
   j.checkpoint_dir = r.str("checkpoint.dir", "");
   j.checkpoint_max_failures = r.integer("checkpoint.max_failures", 3, 1, 1000000);
+  if (j.sync_mode == SyncMode::kWsp && j.checkpoint_every > 0)
+    r.fail("checkpoint.every", "is not supported with sync.mode = \"wsp\" yet (the servers' state is not checkpointed; docs/wsp.md)");
   j.straggler_factor = r.number("elastic.straggler_factor", 2.0, 1.0, 1000.0);
   if (j.straggler_factor <= 1.0) r.fail("elastic.straggler_factor", "expected a number > 1 (e.g. 1.5), got 1");
   j.straggler_steps = r.integer("elastic.straggler_steps", 10, 1, 1000000);

@@ -11,6 +11,9 @@
 namespace morph {
 
 enum class ReduceMode { kExact, kFloat };
+// [sync] mode: bulk-synchronous steps (every existing job), or Wave
+// Synchronous Parallel through parameter servers (docs/wsp.md).
+enum class SyncMode { kSync, kWsp };
 
 // Input paths (data.path, the npy files, model.path) are stored as parseJob
 // resolved them: a relative one given in the job file (or with --set) is
@@ -83,6 +86,12 @@ struct JobSpec {
   // reduce.bits: the exact sum's fixed-point width on the wire, 64 or 32
   // (docs/exact_reduction.md, "The 32-bit format").
   int reduce_bits = 64;
+  // [sync] (docs/wsp.md): mode; with "wsp", staleness D (waves a virtual
+  // worker may run ahead of the slowest, >= 0) and wave Nm (minibatches
+  // per wave, >= 1). Both apply only to "wsp".
+  SyncMode sync_mode = SyncMode::kSync;
+  int64_t staleness = 0;
+  int64_t wave = 1;
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
   int64_t log_every = 10;
@@ -129,5 +138,6 @@ JobSpec parseJob(const std::string& toml_text, const std::string& origin,
                  const std::vector<std::string>& overrides = {});
 
 const char* toString(ReduceMode m);
+const char* toString(SyncMode m);
 
 }  // namespace morph

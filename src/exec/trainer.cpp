@@ -451,6 +451,13 @@ nlohmann::json StepCore::meaning() const {
     m["model.input"] = j.model.input;
     m["model.classes"] = j.model.classes;
   }
+  // Only WSP jobs carry these (the same reason): the staleness bound and the
+  // wave change what is trained.
+  if (j.sync_mode == SyncMode::kWsp) {
+    m["sync.mode"] = toString(j.sync_mode);
+    m["sync.staleness"] = j.staleness;
+    m["sync.wave"] = j.wave;
+  }
   // Only TorchScript jobs carry these (the same reason): the module file's
   // bytes are its architecture and initial weights.
   if (j.model.name == "torchscript") {

@@ -77,6 +77,29 @@ TEST(JobSpec, StragglerKeysHaveDefaultsAndBounds) {
   expectInputError(kValid, {"elastic.grow_interval", "got -1"}, {"elastic.grow_interval=-1"});
 }
 
+// [sync] (docs/wsp.md): sync by default; the wsp keys' bad values exit 2
+// naming the key (the worker count is checked by `morph run`: wsp_test.sh).
+TEST(JobSpec, SyncKeysDefaultAndBounds) {
+  JobSpec j = parseJob(kValid, "job.toml");
+  EXPECT_EQ(j.sync_mode, SyncMode::kSync);
+  EXPECT_EQ(j.staleness, 0);
+  EXPECT_EQ(j.wave, 1);
+  j = parseJob(kValid, "job.toml", {"sync.mode=wsp", "sync.staleness=4", "sync.wave=3", "optim.name=sgd"});
+  EXPECT_EQ(j.sync_mode, SyncMode::kWsp);
+  EXPECT_EQ(j.staleness, 4);
+  EXPECT_EQ(j.wave, 3);
+  expectInputError(kValid, {"job.toml", "sync.staleness", "got -1"}, {"sync.mode=wsp", "sync.staleness=-1"});
+  expectInputError(kValid, {"sync.wave", "got 0"}, {"sync.mode=wsp", "sync.wave=0"});
+  // 4 VNs x 1025 minibatches is more than the 4096 terms an exact sum holds.
+  expectInputError(kValid, {"sync.wave", "at most 1024", "got 1025"}, {"sync.mode=wsp", "sync.wave=1025"});
+  expectInputError(kValid, {"sync.mode", "\"wsp\"", "got \"async\""}, {"sync.mode=async"});
+  expectInputError(kValid, {"sync.staleness", "only to sync.mode = \"wsp\""}, {"sync.staleness=2"});
+  expectInputError(kValid, {"sync.wave", "only to sync.mode = \"wsp\""}, {"sync.mode=sync", "sync.wave=2"});
+  expectInputError(kValid, {"reduce.mode", "exact"}, {"sync.mode=wsp", "reduce.mode=float"});
+  expectInputError(kValid, {"reduce.bits", "64"}, {"sync.mode=wsp", "reduce.bits=32"});
+  expectInputError(kValid, {"optim.clip_norm"}, {"sync.mode=wsp", "optim.clip_norm=1.0"});
+}
+
 TEST(JobSpec, RejectsUnknownKeyNamingFileAndKey) {
   expectInputError(std::string(kValid) + "[reduce]\nmodee = \"exact\"\n", {"job.toml", "reduce.modee", "unknown key"});
 }
