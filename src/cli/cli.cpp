@@ -82,6 +82,9 @@ int morph::morphMain(int argc, char** argv) {
                       "where checkpoints go (default: checkpoint.dir, else OUT/checkpoints); shared by every host");
   run_cmd->add_option("--resume", run.resume,
                       "continue from the newest intact checkpoint in this folder (e.g. runs/NAME/checkpoints)");
+  run_cmd->add_option("--replay", run.replay,
+                      "a WSP run's OUT/wsp_log.jsonl: every pull gets what that run's got (same job and mapping; "
+                      "docs/wsp.md)");
   run_cmd->add_option("--heartbeat-interval", run.heartbeat_interval_s, "seconds between worker heartbeats")
       ->check(CLI::Range(0.001, 60.0));
   run_cmd->add_option("--heartbeat-timeout", run.heartbeat_timeout_s,

@@ -4,7 +4,9 @@
 // checkpoints.h, fault_seams.h, run_log.h, run_setup.h.
 #include "control/runner.h"
 
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "control/after_step.h"
 #include "control/checkpoints.h"
@@ -21,6 +23,7 @@
 #include "exec/pipeline.h"
 #include "plan/resources.h"
 #include "status/status_server.h"
+#include "wsp/wsp_log.h"
 
 namespace morph {
 
@@ -144,6 +147,18 @@ int runJob(const RunOptions& given) {
     if (o.workers < 2)
       throw InputError(job.file + ": key 'sync.mode': \"wsp\" needs at least two virtual workers (--workers N, N >= 2), got " +
                        std::to_string(std::max(1, o.workers)) + " (one virtual worker is synchronous training: use \"sync\")");
+    if (!o.resume.empty())
+      throw InputError("--resume: a WSP job (sync.mode = \"wsp\") has no checkpoints to resume from yet (docs/wsp.md)");
+  }
+  if (!o.replay.empty()) {
+    if (job.sync_mode != SyncMode::kWsp)
+      throw InputError("--replay " + o.replay + ": replays a WSP run; " + job.file + " has sync.mode = \"sync\"");
+    std::ifstream in(o.replay, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) throw InputError("--replay " + o.replay + ": cannot read the file");
+    o.replay_text = ss.str();
+    ReplayPlan::parse(o.replay_text, o.replay, o.workers);  // exit 2 before any work when it does not fit
   }
   if (o.workers == 0 && pipeline) {
     // One worker per stage by default.

@@ -51,6 +51,8 @@ struct RunOptions {
   std::string self_exe;  // path of the morph binary (to start workers)
   bool quiet = false;    // no progress output
   std::string resume;    // checkpoint folder to continue from ("" = start fresh)
+  std::string replay;    // a WSP run's OUT/wsp_log.jsonl to replay (docs/wsp.md); its text once runJob read it
+  std::string replay_text;
   std::string checkpoint_dir;  // where checkpoints go ("" = checkpoint.dir, else OUT/checkpoints)
   double heartbeat_interval_s = 0.1;  // workers' pulse
   double heartbeat_timeout_s = 2.0;   // silence after which a worker is declared dead

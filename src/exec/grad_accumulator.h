@@ -101,6 +101,9 @@ class GradAccumulator {
   // Scale state for the next step: part of the training state (checkpointed
   // and migrated).
   const std::vector<int>& scales() const { return next_scales_; }
+  // The scales the current step's values are quantised with (until the next
+  // beginStep(); WSP pushes them with the sums, docs/wsp.md).
+  const std::vector<int>& usedScales() const { return scales_; }
   void setScales(std::vector<int> s) { scales_ = next_scales_ = std::move(s); }
 
  private:

@@ -339,7 +339,11 @@ StepStats StepCore::runStep(const std::function<void(int attempt)>& run,
     // Redo with the scales from the exact maxima just agreed.
   }
   prepared_ = false;
-  finishStep(*acc_, st, true, norm_world);
+  if (local_sgd_) {
+    finishLocal(*acc_, st);
+  } else {
+    finishStep(*acc_, st, true, norm_world);
+  }
   st.seconds = nowSeconds() - t0;
   return st;
 }
@@ -395,6 +399,31 @@ void StepCore::finishStep(GradAccumulator& acc, StepStats& st, bool stats, Commu
   }
   opt_->step(st.lr);  // parameters without a gradient (other stages') stay
   ++step_;
+}
+
+void StepCore::finishLocal(GradAccumulator& acc, StepStats& st) {
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+  torch::NoGradGuard no_grad;
+  for (size_t i : own_params_) {
+    torch::Tensor& g = params_[i].mutable_grad();
+    if (!g.defined()) g = torch::empty_like(params_[i]);
+    acc.read(segOf(i), B, g.data_ptr<float>());
+    params_[i].add_(g, -st.lr);
+  }
+  st.loss = acc.readScalar(stats_seg_, 0) / B;
+  st.train_accuracy = acc.readScalar(stats_seg_, 1) / B;
+  ++step_;
+}
+
+std::vector<StepCore::Segment> StepCore::segments() const {
+  std::vector<Segment> out(seg_sizes_.size());
+  for (size_t i = 0; i < params_.size(); ++i) out[segOf(i)] = {Segment::kParam, params_[i], 0.0};
+  for (size_t k = 0; k < bns_.size(); ++k) {
+    out[bn_seg_ + 2 * k] = {Segment::kBnMean, bns_[k]->runningMean(), bns_[k]->momentum()};
+    out[bn_seg_ + 2 * k + 1] = {Segment::kBnVar, bns_[k]->runningVar(), bns_[k]->momentum()};
+  }
+  out[stats_seg_] = {Segment::kStats, torch::Tensor(), 0.0};
+  return out;
 }
 
 void StepCore::scoreBatch(const torch::Tensor& out, const torch::Tensor& targets, double& loss, int64_t& correct) const {
@@ -804,6 +833,26 @@ StepStats VnExecutor::step() {
   const int64_t bytes0 = comm_->bytesReduced();
   StepStats st = core_.runStep(run, reduce, nullptr);
   st.reduced_bytes = comm_->bytesReduced() - bytes0;
+  return st;
+}
+
+StepStats VnExecutor::localStep() {
+  Communicator* world = comm_;
+  comm_ = &alone_;
+  core_.setLocalSgd(true);
+  struct Restore {
+    VnExecutor* ex;
+    Communicator* world;
+    ~Restore() {
+      ex->comm_ = world;
+      ex->core_.setLocalSgd(false);
+    }
+  } restore{this, world};
+  StepStats st = step();
+  // Means over this worker's own samples (finishLocal divides by the global batch).
+  const double share = static_cast<double>(core_.job_.virtual_nodes) / static_cast<double>(vn_end_ - vn_begin_);
+  st.loss *= share;
+  st.train_accuracy *= share;
   return st;
 }
 

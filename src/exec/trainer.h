@@ -176,9 +176,28 @@ class StepCore {
   void finishPrepared();
   void discardPrepared() { prepared_acc_ = nullptr; }
 
+  // Wave Synchronous Parallel (docs/wsp.md). Per segment of the buffer, in
+  // its order: what kind of value it sums and the live tensor holding the
+  // state behind it (a parameter; a batch norm's running mean or variance;
+  // none for the loss statistics), with the batch norm's momentum.
+  struct Segment {
+    enum Kind { kParam, kBnMean, kBnVar, kStats } kind;
+    torch::Tensor state;
+    double momentum = 0.0;
+  };
+  std::vector<Segment> segments() const;
+  GradAccumulator& buffer() { return *acc_; }
+  // The minibatch of this step, without any optimiser: a step's VNs and
+  // their local redo as runStep does them, then plain SGD on the local
+  // weights, w -= lr(step) x sum / B, batch norms left as they are; the
+  // buffer keeps the sums until the next step.
+  void setLocalSgd(bool on) { local_sgd_ = on; }
+  void setStepCounter(int64_t step) { step_ = step; }
+
  private:
   friend class VnExecutor;
   friend class StageExecutor;
+  void finishLocal(GradAccumulator& acc, StepStats& st);
 
   // One step: for each attempt, `run` (the VNs' forward and backward,
   // quantised into the buffer) and `reduce` (the buffer's sums and the
@@ -269,6 +288,7 @@ class StepCore {
   std::map<size_t, ShardScratch> scratch_;
   std::vector<std::map<size_t, ShardScratch>> graveyard_scratch_;
   int64_t step_ = 0;
+  bool local_sgd_ = false;  // setLocalSgd
   bool prepared_ = false;  // the step in flight is prepared (markPrepared)
   std::vector<double> prepared_flags_;
   GradAccumulator* prepared_acc_ = nullptr;  // a prepared step's buffer, in graveyard_acc_
@@ -322,6 +342,10 @@ class VnExecutor : public Executor {
   void setVnRange(int64_t begin, int64_t end);
 
   StepStats step() override;
+  // WSP (docs/wsp.md): this worker's minibatch of step core().nextStep()
+  // alone, summed over its VNs only and applied as local SGD
+  // (StepCore::setLocalSgd); the buffer then holds its sums.
+  StepStats localStep();
   void abandonStep() override;
   EvalStats evaluate(const Dataset& test, int64_t batch) override;
   CheckpointData exportState() const override { return core_.exportState(0, core_.model_->size()); }
@@ -350,6 +374,7 @@ class VnExecutor : public Executor {
     size_t first_seg, end_seg;
   };
   Communicator* comm_;
+  LocalCommunicator alone_;  // localStep's
   std::vector<Bucket> buckets_;  // the last one holds the statistics
   size_t next_bucket_ = 0;       // next bucket to launch
   bool launching_ = false;       // last local VN: start reductions early

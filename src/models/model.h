@@ -43,6 +43,11 @@ class VnBatchNorm : public Layer {
   // running = (1 - m) running + m * stat, with the step's mean statistics.
   void commitRunningStats(const torch::Tensor& mean, const torch::Tensor& var);
   int64_t channels() const { return channels_; }
+  // The live running statistics and the update's momentum (WSP's servers
+  // apply commitRunningStats' formula to their own copies, docs/wsp.md).
+  const torch::Tensor& runningMean() const { return running_mean_; }
+  const torch::Tensor& runningVar() const { return running_var_; }
+  double momentum() const { return momentum_; }
 
  private:
   int64_t channels_;

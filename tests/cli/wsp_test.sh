@@ -2,7 +2,12 @@
 # Wave Synchronous Parallel (docs/wsp.md, issue 28). Bad [sync] values exit
 # 2 naming the key: staleness < 0, wave < 1, a wave whose sums exceed the
 # exact format's 4096 terms, "wsp" with one virtual worker or a pipeline;
-# the sync default keeps the hash of a job without [sync].
+# the sync default keeps the hash of a job without [sync]. Then the runtime:
+# D = 0, wave = 1 gives the sync hash on the same workers (MLP with
+# momentum on 2 and 3 workers, a CNN with batch norm on 2); with one
+# worker emulated 6x slower and D = 2 the log's clock gap reaches 2 and
+# never exceeds it, and --replay of that log (without the slowdown, so the
+# timing differs) reproduces the run's hash.
 set -euo pipefail
 MORPH=$1
 source "$(dirname "$0")/shell_util.sh"
@@ -29,4 +34,92 @@ set -e
 [[ $rc == 2 ]] && grep -q "sync.mode.*pipelines" "$work/bad.err" \
   || { echo "FAIL: wsp with a pipeline: exit $rc"; cat "$work/bad.err"; exit 1; }
 
+# --- the runtime ----------------------------------------------------------
+# summary_wsp DIR: prints summary.json's wsp as "gap pushes pulls".
+summary_wsp() {
+  python3 -c 'import json,sys; w=json.load(open(sys.argv[1]+"/summary.json"))["wsp"]; print(w["max_clock_gap"], w["pushes"], w["pulls"])' "$1"
+}
+for workers in 2 3; do
+  elastic_mlp_job "$work/m.toml" wsp-mlp 4 24
+  elastic_mlp_job "$work/m0.toml" wsp-mlp 4 24 $'[sync]\nmode = "wsp"\nstaleness = 0\nwave = 1'
+  ref=$("$MORPH" run "$work/m.toml" --quiet --workers $workers --out "$work/ms$workers" | tail -n 1)
+  got=$("$MORPH" run "$work/m0.toml" --quiet --workers $workers --out "$work/mw$workers" | tail -n 1)
+  echo "mlp on $workers workers: sync $ref, wsp D=0 $got"
+  [[ "$ref" == "$got" ]] || { echo "FAIL: D = 0, wave = 1 differs from sync on $workers workers"; exit 1; }
+  read -r gap pushes pulls < <(summary_wsp "$work/mw$workers")
+  (( gap == 0 && pushes == 24 * workers && pulls == 24 * workers )) \
+    || { echo "FAIL: summary wsp = $gap $pushes $pulls on $workers workers"; exit 1; }
+  [[ $(wc -l < "$work/mw$workers/wsp_log.jsonl") == $(( 24 * workers )) ]] || { echo "FAIL: log lines"; exit 1; }
+done
+
+cat > "$work/cnn.toml" <<TOML
+[job]
+name = "wsp-cnn"
+seed = 2
+steps = 8
+[data]
+dataset = "synthetic"
+train_size = 96
+test_size = 16
+[model]
+name = "cnn"
+channels = [4, 8]
+fc = 16
+[batch]
+global = 16
+virtual_nodes = 4
+[optim]
+lr = 0.05
+momentum = 0.9
+weight_decay = 0.001
+TOML
+ref=$("$MORPH" run "$work/cnn.toml" --quiet --workers 2 --out "$work/cs" | tail -n 1)
+got=$("$MORPH" run "$work/cnn.toml" --quiet --workers 2 --out "$work/cw" --set sync.mode=wsp | tail -n 1)
+echo "cnn on 2 workers: sync $ref, wsp D=0 $got"
+[[ "$ref" == "$got" ]] || { echo "FAIL: the CNN (batch norm) with D = 0 differs from sync"; exit 1; }
+
+# Drift: worker 1 emulates a device 6x slower; D = 2, waves of 2 minibatches.
+cat > "$work/res.toml" <<TOML
+[types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+slowdown = 6.0
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+cat > "$work/res1.toml" <<TOML
+[types.fast]
+memory_mib = 4096
+[[devices]]
+type = "fast"
+count = 2
+TOML
+elastic_mlp_job "$work/d2.toml" wsp-d2 6 60 $'[sync]\nmode = "wsp"\nstaleness = 2\nwave = 2'
+h1=$("$MORPH" run "$work/d2.toml" --quiet --resources "$work/res.toml" --out "$work/d2" | tail -n 1)
+python3 - "$work/d2/wsp_log.jsonl" <<'PY' || { echo "FAIL: the clock gap"; exit 1; }
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+gaps = [r["clock"] - min(r["versions"]) for r in recs]
+assert all(g == r["gap"] for g, r in zip(gaps, recs)), "gap field"
+print("pulls", len(recs), "largest gap", max(gaps), "pulls at gap 2:", sum(g == 2 for g in gaps))
+sys.exit(0 if max(gaps) == 2 else 1)
+PY
+read -r gap pushes pulls < <(summary_wsp "$work/d2")
+(( gap == 2 && pushes == 60 && pulls == 60 )) || { echo "FAIL: summary wsp = $gap $pushes $pulls"; exit 1; }
+h2=$("$MORPH" run "$work/d2.toml" --quiet --resources "$work/res1.toml" --replay "$work/d2/wsp_log.jsonl" \
+  --out "$work/d2r" | tail -n 1)
+echo "D = 2 run: $h1, its replay: $h2"
+[[ "$h1" == "$h2" ]] || { echo "FAIL: the replay differs"; exit 1; }
+cmp "$work/d2/wsp_log.jsonl" "$work/d2r/wsp_log.jsonl" || { echo "FAIL: the replay's pulls differ"; exit 1; }
+# A log of another mapping is refused before any work.
+set +e
+"$MORPH" run "$work/d2.toml" --quiet --workers 3 --replay "$work/d2/wsp_log.jsonl" --out "$work/badout" > /dev/null 2> "$work/bad.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "wsp_log.jsonl.*same mapping" "$work/bad.err" || { echo "FAIL: replay on 3 workers: exit $rc"; cat "$work/bad.err"; exit 1; }
 echo "wsp test passed"

@@ -212,6 +212,7 @@ void Manager::publishJob() {
   // A pipeline worker builds only its stage's layers once it is placed.
   setString(*store_, keys::kJobStageLocal, pipeline_.pipelined() ? "1" : "0");
   setString(*store_, keys::kJobResume, o_.resume.empty() ? "" : std::filesystem::absolute(o_.resume).string());
+  setString(*store_, keys::kJobWspReplay, o_.replay_text);
   setString(*store_, keys::kJobHeartbeat, json({{"interval", hb_interval_}, {"timeout", hb_timeout_}}).dump());
   // --quiet: worker 0 prints no progress (data and checkpoint loading) either.
   setString(*store_, keys::kJobQuiet, o_.quiet ? "1" : "0");

@@ -1,6 +1,8 @@
 #include "control/manager/outputs.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 
 #include "control/manager/generations.h"
 #include "control/manager/membership.h"
@@ -15,6 +17,29 @@ namespace morph {
 using namespace detail;
 
 namespace {
+// A WSP job's log, OUT/wsp_log.jsonl (docs/wsp.md): every member's pull
+// records, by virtual worker then pull; returns summary.json's "wsp".
+json writeWspLog(const std::string& dir, const std::vector<json>& results) {
+  std::vector<json> recs;
+  int64_t pushes = 0, pulls = 0, gap = 0;
+  for (const json& r : results) {
+    if (!r.contains("wsp")) continue;
+    const json& w = r.at("wsp");
+    pushes += w.at("pushes").get<int64_t>();
+    pulls += w.at("pulls").get<int64_t>();
+    gap = std::max(gap, w.at("max_clock_gap").get<int64_t>());
+    for (const json& rec : w.at("records")) recs.push_back(rec);
+  }
+  std::sort(recs.begin(), recs.end(), [](const json& a, const json& b) {
+    return std::make_pair(a.at("vw").get<int>(), a.at("pull").get<int64_t>()) <
+           std::make_pair(b.at("vw").get<int>(), b.at("pull").get<int64_t>());
+  });
+  std::ofstream out(dir + "/wsp_log.jsonl");
+  for (const json& rec : recs) out << rec.dump() << "\n";
+  if (!out) throw JobError("cannot write " + dir + "/wsp_log.jsonl");
+  return {{"max_clock_gap", gap}, {"pushes", pushes}, {"pulls", pulls}};
+}
+
 // The status record (`morph status`, the status page) is rewritten at most
 // this often.
 constexpr double kStatusIntervalS = 0.5;
@@ -92,6 +117,8 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
     bytes = std::max(bytes, res.at("bytes_reduced").get<int64_t>());
   }
   if (pm.pipelined() && !results.empty()) hash = pm.pipelineHash(stage_hashes);
+  json wsp;
+  if (job_.sync_mode == SyncMode::kWsp) wsp = writeWspLog(dir_, results);
   setString(store, keys::kJobFinished, "1");
   m.waitLocal();
   json extra = json::object();
@@ -108,6 +135,7 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
   // All-reduce payload per step of a worker that stayed throughout.
   if (g.resizes().empty() && steps_ > first_step_)
     extra["reduce_payload_bytes_per_step"] = static_cast<double>(bytes) / static_cast<double>(steps_ - first_step_);
+  if (!wsp.is_null()) extra["wsp"] = wsp;
   if (pm.pipelined()) {
     extra.update(pm.pipelineResults(results, first_step_, steps_));
     if (!o_.trace.empty()) pm.writeTrace(store, g.members());

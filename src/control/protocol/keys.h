@@ -17,7 +17,7 @@ inline const std::string kJobText = "job/text", kJobOrigin = "job/origin", kJobO
                          kJobCkptDir = "job/ckpt_dir", kJobCkptMarker = "job/ckpt_marker",
                          kJobStageLocal = "job/stage_local", kJobResumeCommand = "job/resume_command",
                          kJobSteps = "job/steps", kJobStartStep = "job/start_step", kJobFinished = "job/finished",
-                         kJobQuiet = "job/quiet";
+                         kJobQuiet = "job/quiet", kJobWspReplay = "job/wsp_replay";
 // Membership.
 inline const std::string kNextWorkerId = "workers/next_id", kEvents = "events", kGenCurrent = "gen/current",
                          kGenWant = "gen/want";

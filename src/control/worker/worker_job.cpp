@@ -21,6 +21,7 @@
 #include "core/memory_estimate.h"
 #include "core/sys.h"
 #include "store/abortable_store.h"
+#include "wsp/wsp_worker.h"
 
 namespace morph {
 
@@ -272,7 +273,32 @@ WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int r
   return pl;
 }
 
+bool WorkerJob::trainWsp(const Placement& p) {
+  if (!vn_ex_ || core_->nextStep() != 0)
+    throw JobError("a WSP job (sync.mode = \"wsp\") cannot go on from step " + std::to_string(core_->nextStep()) +
+                   " after a change of its workers: WSP faults are not handled yet (docs/wsp.md)");
+  std::optional<ReplayPlan> replay;
+  if (store_->check({keys::kJobWspReplay})) {
+    const std::string text = getString(*store_, keys::kJobWspReplay);
+    if (!text.empty()) replay = ReplayPlan::parse(text, "--replay", p.world);
+  }
+  core_->setControl({});
+  tr_->setSpeedSlot(-1);  // no straggler re-plans: WSP is how this job absorbs slow workers
+  WspWorker w(job_, steps_, *vn_ex_, *p.comm, replay ? &*replay : nullptr);
+  w.run([&](const StepStats& st) {
+    last_line_ = commitLine(job_, st, p.world, gen_);
+    if (p.rank != 0) return;
+    // Rank 0's own minibatches (its loss; evaluations of its local weights,
+    // the last one of the final model).
+    json line = stepLine(job_, steps_, st, *tr_, *data_.test, p.world, gen_);
+    setString(*store_, keys::metrics(st.step), line.dump());
+  });
+  wsp_result_ = w.result();
+  return false;
+}
+
 bool WorkerJob::trainLoop(const Placement& p) {
+  if (job_.sync_mode == SyncMode::kWsp) return trainWsp(p);
   StepCore& core = *core_;
   while (core.nextStep() < steps_) {
     const GenerationWant want = readWant();
@@ -323,6 +349,7 @@ void WorkerJob::finish(const Placement& p) {
               {"bytes_reduced", p.comm->bytesReduced()},
               {"generation", gen_}};
   if (ckpt_) res["checkpoint"] = checkpointTiming(*ckpt_);
+  if (!wsp_result_.is_null()) res["wsp"] = wsp_result_;
   if (stage_ex_) {
     const StageExecutor& st = *stage_ex_;
     res["stage"] = st.placement().stage;

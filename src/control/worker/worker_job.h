@@ -58,6 +58,9 @@ class WorkerJob {
   Placement joinGeneration(const GenerationPlan& plan, int rank);
   // Phase 4b: trains until the last step (false) or a regroup (true).
   bool trainLoop(const Placement& p);
+  // The same for a WSP job (docs/wsp.md): every minibatch of this virtual
+  // worker, through the parameter servers; never regroups.
+  bool trainWsp(const Placement& p);
   // Phase 5: posts the result and waits for the job to finish.
   void finish(const Placement& p);
   // Reports the committed step when leaving a generation (ready or left).
@@ -127,6 +130,7 @@ class WorkerJob {
   LeaveGroupsAtExit leave_finished_at_exit_{finished_groups_};
   int64_t gen_ = -1;
   nlohmann::json last_line_;  // metrics of the last step this worker committed
+  nlohmann::json wsp_result_;  // a WSP job's pushes, pulls and log records (WspWorker::result)
   HeldLayers held_;  // pipeline: the layers this worker holds at its committed step
 };
 

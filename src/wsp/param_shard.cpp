@@ -1,0 +1,165 @@
+// ParamShard (param_shard.h).
+#include "wsp/param_shard.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "exec/fixed_point.h"
+
+namespace morph {
+
+ShardMap ShardMap::balance(const std::vector<int64_t>& sizes, int shards) {
+  MORPH_CHECK(shards >= 1, "no shards");
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  ShardMap m;
+  m.first.push_back(0);
+  int64_t acc = 0;
+  size_t seg = 0;
+  for (int r = 1; r < shards; ++r) {
+    // Shard r - 1 ends at the first boundary at or past r / W of the values.
+    const int64_t goal = total * r / shards;
+    while (seg < sizes.size() && acc < goal) acc += sizes[seg++];
+    m.first.push_back(seg);
+  }
+  m.first.push_back(sizes.size());
+  return m;
+}
+
+ParamShard::ParamShard(const JobSpec& job, int64_t steps, int vws, const std::vector<StepCore::Segment>& segs,
+                       const std::vector<int64_t>& sizes, size_t first, size_t end, const std::vector<int>& scales)
+    : job_(job), steps_(steps), vws_(vws) {
+  torch::NoGradGuard no_grad;
+  for (size_t s = first; s < end; ++s) {
+    sizes_.push_back(sizes[s]);
+    kinds_.push_back(segs[s].kind);
+    momenta_.push_back(segs[s].momentum);
+    scales_.push_back(scales[s]);
+    values_ += sizes[s];
+    torch::Tensor t;
+    if (segs[s].state.defined()) {
+      t = segs[s].state.detach().clone();
+      state_floats_ += t.numel();
+      if (segs[s].kind == StepCore::Segment::kParam) {
+        t.requires_grad_(true);
+        params_.push_back(t);
+      }
+    }
+    state_.push_back(t);
+  }
+  opt_ = makeOptimizer(job.optim, params_);
+}
+
+void ParamShard::packPush(const ScaledValues& sum, size_t first, size_t end, std::vector<int64_t>& out) {
+  out.clear();
+  for (size_t s = first; s < end; ++s) out.push_back(sum.scales[s]);
+  for (size_t s = first; s < end; ++s) {
+    int64_t bits;
+    std::memcpy(&bits, &sum.maxima[s], sizeof bits);
+    out.push_back(bits);
+  }
+  int64_t off = 0;
+  for (size_t s = 0; s < first; ++s) off += sum.sizes[s];
+  int64_t n = 0;
+  for (size_t s = first; s < end; ++s) n += sum.sizes[s];
+  out.insert(out.end(), sum.values.begin() + off, sum.values.begin() + off + n);
+  out.push_back(sum.terms);
+}
+
+void ParamShard::push(int vw, int64_t clock, const int64_t* payload) {
+  const size_t n = sizes_.size();
+  ScaledValues v(sizes_);
+  for (size_t s = 0; s < n; ++s) {
+    v.scales[s] = static_cast<int>(payload[s]);
+    std::memcpy(&v.maxima[s], &payload[n + s], sizeof(double));
+  }
+  std::copy(payload + 2 * n, payload + 2 * n + values_, v.values.begin());
+  v.terms = payload[2 * n + values_];  // minibatches in the wave
+  std::lock_guard<std::mutex> l(mu_);
+  MORPH_CHECK(clock >= version_, "a push of a clock already applied");
+  auto& at = pending_[clock];
+  MORPH_CHECK(!at.count(vw), "two pushes of one wave from one virtual worker");
+  at.emplace(vw, std::move(v));
+  applyReady();
+}
+
+void ParamShard::applyReady() {
+  while (true) {
+    auto it = pending_.find(version_);
+    if (it == pending_.end() || static_cast<int>(it->second.size()) < vws_) return;
+    if (replay_ && served_[version_] < expected_[version_]) return;
+    applyClock(version_);
+    pending_.erase(it);
+    ++version_;
+    cv_.notify_all();
+  }
+}
+
+void ParamShard::applyClock(int64_t k) {
+  std::vector<const ScaledValues*> parts;
+  for (const auto& [vw, v] : pending_.at(k)) parts.push_back(&v);
+  const ScaledValues sum = sumAll(parts);
+  const int64_t minibatches = parts.front()->terms;  // every VW's wave k has the same length
+  const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+  const double V = static_cast<double>(job_.virtual_nodes * minibatches);
+  torch::NoGradGuard no_grad;
+  int64_t off = 0;
+  for (size_t s = 0; s < sizes_.size(); ++s) {
+    const int64_t n = sizes_[s];
+    const int64_t* q = sum.values.data() + off;
+    off += n;
+    switch (kinds_[s]) {
+      case StepCore::Segment::kParam: {
+        torch::Tensor& g = state_[s].mutable_grad();
+        if (!g.defined()) g = torch::empty_like(state_[s]);
+        dequantize(q, n, sum.scales[s], B, g.data_ptr<float>());
+        break;
+      }
+      case StepCore::Segment::kBnMean:
+      case StepCore::Segment::kBnVar: {
+        // As VnBatchNorm::commitRunningStats, from the mean of the clock's VN statistics.
+        torch::Tensor mean = torch::empty({n});
+        dequantize(q, n, sum.scales[s], V, mean.data_ptr<float>());
+        state_[s].mul_(1.0 - momenta_[s]).add_(mean, momenta_[s]);
+        break;
+      }
+      case StepCore::Segment::kStats:
+        break;
+    }
+    // The next scales from the clock's exact maxima (GradAccumulator::updateScales).
+    if (sum.maxima[s] > 0.0) scales_[s] = scaleFor(sum.maxima[s], job_.headroom_bits, fixedTop(64, 1));
+  }
+  opt_->step(learningRate(job_.optim, k * job_.wave, steps_));
+}
+
+ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly) {
+  std::unique_lock<std::mutex> l(mu_);
+  const int64_t want = exactly >= 0 ? exactly : at_least;
+  cv_.wait(l, [&] { return version_ >= want; });
+  MORPH_CHECK(exactly < 0 || version_ == exactly, "a replayed pull found a version past the logged one");
+  Pulled p;
+  p.version = version_;
+  p.scales = scales_;
+  p.state.reserve(static_cast<size_t>(state_floats_));
+  for (const torch::Tensor& t : state_)
+    if (t.defined()) p.state.insert(p.state.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  if (replay_) {
+    ++served_[version_];
+    applyReady();
+  }
+  return p;
+}
+
+void ParamShard::expectPulls(std::map<int64_t, int64_t> per_version) {
+  std::lock_guard<std::mutex> l(mu_);
+  replay_ = true;
+  expected_ = std::move(per_version);
+}
+
+int64_t ParamShard::version() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return version_;
+}
+
+}  // namespace morph

@@ -1,0 +1,97 @@
+// ParamShard: one parameter-server shard of a WSP job (docs/wsp.md): the
+// global weights (parameters, batch-norm running statistics) of a
+// contiguous run of the buffer's segments, their optimiser state and scales,
+// and the pushes of clocks not yet applied. It applies clock k once every
+// virtual worker's push of wave k is in: their exact sum at the common
+// scale, one optimiser step, the next scales; its version is then k + 1.
+// Pulls wait for a version. Thread-safe (each peer's requests arrive on a
+// thread of their own); it never talks to the network itself.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/job_spec.h"
+#include "exec/optimizer.h"
+#include "exec/trainer.h"
+#include "wsp/scaled_sum.h"
+
+namespace morph {
+
+// Which segments each shard holds: W runs of whole segments, contiguous,
+// balanced by values (a shard may be empty when there are fewer segments
+// than workers). first[r] .. first[r + 1].
+struct ShardMap {
+  std::vector<size_t> first;
+  static ShardMap balance(const std::vector<int64_t>& segment_sizes, int shards);
+  int shards() const { return static_cast<int>(first.size()) - 1; }
+  size_t begin(int r) const { return first[static_cast<size_t>(r)]; }
+  size_t end(int r) const { return first[static_cast<size_t>(r) + 1]; }
+};
+
+class ParamShard {
+ public:
+  // Segments [first, end) of a core's buffer (`segs`: StepCore::segments(),
+  // whose state tensors are cloned as the global weights at version 0;
+  // `scales`: the buffer's scales, of every segment). `vws` virtual workers
+  // push to it; `steps` and job.wave give the clocks and learning rates.
+  ParamShard(const JobSpec& job, int64_t steps, int vws, const std::vector<StepCore::Segment>& segs,
+             const std::vector<int64_t>& sizes, size_t first, size_t end, const std::vector<int>& scales);
+
+  // int64 values of a push (the wire's payload): per segment its scale and
+  // max |g| (as the double's bits), then the values, then the wave's
+  // minibatch count.
+  int64_t pushValues() const { return 2 * static_cast<int64_t>(sizes_.size()) + values_ + 1; }
+  // Floats of a pull's state (parameters and running statistics).
+  int64_t stateFloats() const { return state_floats_; }
+  size_t segments() const { return sizes_.size(); }
+
+  // VW `vw`'s push of wave `clock`; applies every clock that is complete.
+  void push(int vw, int64_t clock, const int64_t* payload);
+
+  struct Pulled {
+    int64_t version = 0;
+    std::vector<int> scales;  // of the shard's segments
+    std::vector<float> state; // stateFloats()
+  };
+  // Blocks until the version is at least `at_least` (and, `exactly` >= 0,
+  // is exactly that: a replay), then copies it.
+  Pulled pull(int64_t at_least, int64_t exactly);
+  // Replay: the number of pulls the log says received each version; clock
+  // k is applied only once every pull of version k was served.
+  void expectPulls(std::map<int64_t, int64_t> per_version);
+  int64_t version() const;
+
+  // Helpers of the wire format.
+  static void packPush(const ScaledValues& sum, size_t first, size_t end, std::vector<int64_t>& out);
+
+ private:
+  void applyReady();  // with mu_ held
+  void applyClock(int64_t k);
+
+  const JobSpec job_;
+  const int64_t steps_;
+  const int vws_;
+  std::vector<int64_t> sizes_;
+  std::vector<StepCore::Segment::Kind> kinds_;
+  std::vector<double> momenta_;
+  std::vector<torch::Tensor> state_;   // per segment (undefined for the statistics)
+  std::vector<torch::Tensor> params_;  // the parameters among them, for the optimiser
+  std::unique_ptr<Optimizer> opt_;
+  std::vector<int> scales_;
+  int64_t values_ = 0, state_floats_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t version_ = 0;
+  // Pushes not yet applied: clock -> per VW.
+  std::map<int64_t, std::map<int, ScaledValues>> pending_;
+  bool replay_ = false;
+  std::map<int64_t, int64_t> expected_, served_;
+};
+
+}  // namespace morph

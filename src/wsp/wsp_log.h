@@ -1,0 +1,39 @@
+// The WSP pull log, OUT/wsp_log.jsonl (docs/wsp.md, "The log and replay"):
+// one record per pull, with the version of every shard it received. A
+// record's one encoder and one decoder are here, and the replay plan the
+// log gives: each VW's pulls in order, and per shard how many pulls
+// received each version.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace morph {
+
+struct PullRecord {
+  int vw = 0;
+  int64_t pull = 0;   // the VW's pull count, from 0
+  int64_t clock = 0;  // its clock (waves pushed) at the pull
+  std::vector<int64_t> versions;  // per shard
+  int64_t gap() const;  // clock - min(versions)
+
+  nlohmann::json toJson() const;
+  // MessageError-free: InputError naming `origin` when malformed.
+  static PullRecord fromJson(const nlohmann::json& j, const std::string& origin);
+};
+
+struct ReplayPlan {
+  // Per VW, its pulls' versions in order.
+  std::map<int, std::vector<std::vector<int64_t>>> pulls;
+  // Per shard: version -> the number of pulls that received it.
+  std::vector<std::map<int64_t, int64_t>> per_shard;
+
+  // The log's text; InputError naming `origin` (the file) when it is not a
+  // log of `vws` virtual workers.
+  static ReplayPlan parse(const std::string& text, const std::string& origin, int vws);
+};
+
+}  // namespace morph

@@ -1,0 +1,75 @@
+// WspWorker: one virtual worker of a WSP job and the parameter-server shard
+// its process hosts (docs/wsp.md). It runs its minibatches with local SGD,
+// pushes one wave sum per wave to every shard, waits at the gate
+// (c_local - version <= D for every shard) and pulls the shards' weights;
+// a thread per peer serves that peer's pushes and pulls of this process's
+// shard. All traffic is Gloo point to point on the generation's world
+// group (tags kRequestTag, kReplyTag); nothing else uses that group while
+// it runs. It never decides membership and writes no files: the log
+// records go back in its result.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/job_spec.h"
+#include "exec/trainer.h"
+#include "wsp/param_shard.h"
+#include "wsp/scaled_sum.h"
+#include "wsp/wsp_log.h"
+
+namespace morph {
+
+class WspWorker {
+ public:
+  static constexpr int kRequestTag = 2801, kReplyTag = 2802;
+  // `ex` runs VNs [begin, end) of every step (setVnRange); `world` is the
+  // generation's group, one rank per virtual worker. `replay`: the log's
+  // plan, or null. All must outlive the worker.
+  WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world, const ReplayPlan* replay);
+  ~WspWorker();
+
+  // Runs every minibatch from core().nextStep() (0: WSP runs never resume)
+  // to the last; `minibatch` after each but the last, and once more for
+  // the last after the final pull (the local model is then every shard's
+  // final weights). Throws CommFailure when a peer is lost.
+  void run(const std::function<void(const StepStats&)>& minibatch);
+
+  const std::vector<PullRecord>& pulls() const { return records_; }
+  int64_t pushes() const { return pushes_; }
+  int64_t maxGap() const;
+  // {"pushes", "pulls", "max_clock_gap", "records": [...]} for the result.
+  nlohmann::json result() const;
+
+ private:
+  void serve(int peer);  // a peer's requests, until it says bye
+  void push(int64_t clock, int64_t minibatches);
+  void pullAll(int64_t clock, bool final);
+  void bye();
+
+  const JobSpec& job_;
+  const int64_t steps_;
+  VnExecutor& ex_;
+  Communicator& world_;
+  const ReplayPlan* replay_;
+  const int me_, vws_;
+  ShardMap map_;
+  std::unique_ptr<ParamShard> shard_;  // the one this process hosts
+  std::vector<StepCore::Segment> segs_;
+  std::vector<int64_t> sizes_;
+  ScaledValues wave_;
+  std::vector<std::thread> servers_;
+  std::mutex err_mu_;
+  std::exception_ptr server_error_;
+  std::vector<PullRecord> records_;
+  int64_t pushes_ = 0;
+};
+
+}  // namespace morph
