@@ -142,5 +142,19 @@ int64_t newestGoodCheckpoint(const std::string& dir) {
   return ck ? ck->step : -1;
 }
 
+int64_t newestGoodCheckpointAtMost(const std::string& dir, int64_t at_most) {
+  PosixFileSystem fs;
+  for (int64_t step : listCheckpointSteps(dir, fs)) {
+    if (step > at_most) continue;
+    try {
+      loadCheckpoint((std::filesystem::path(dir) / checkpointDirName(step)).string(), fs);
+      return step;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "morph: warning: skipping damaged checkpoint: %s\n", e.what());
+    }
+  }
+  return -1;
+}
+
 }  // namespace detail
 }  // namespace morph

@@ -60,6 +60,8 @@ class CheckpointKeeper {
 json checkpointTiming(const CheckpointWriter& w);
 // Newest intact checkpoint step under `dir`, or -1.
 int64_t newestGoodCheckpoint(const std::string& dir);
+// The same among those of step <= `at_most` (a later one is another run's).
+int64_t newestGoodCheckpointAtMost(const std::string& dir, int64_t at_most);
 // The file the manager writes into the checkpoint folder and every worker
 // reads back (a worker that does not see it cannot write checkpoints that
 // anyone finds).

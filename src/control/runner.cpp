@@ -147,8 +147,6 @@ int runJob(const RunOptions& given) {
     if (o.workers < 2)
       throw InputError(job.file + ": key 'sync.mode': \"wsp\" needs at least two virtual workers (--workers N, N >= 2), got " +
                        std::to_string(std::max(1, o.workers)) + " (one virtual worker is synchronous training: use \"sync\")");
-    if (!o.resume.empty())
-      throw InputError("--resume: a WSP job (sync.mode = \"wsp\") has no checkpoints to resume from yet (docs/wsp.md)");
   }
   if (!o.replay.empty()) {
     if (job.sync_mode != SyncMode::kWsp)

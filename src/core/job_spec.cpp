@@ -538,8 +538,6 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   j.checkpoint_keep = r.integer("checkpoint.keep", 3, 1, 1000);
   j.checkpoint_dir = r.str("checkpoint.dir", "");
   j.checkpoint_max_failures = r.integer("checkpoint.max_failures", 3, 1, 1000000);
-  if (j.sync_mode == SyncMode::kWsp && j.checkpoint_every > 0)
-    r.fail("checkpoint.every", "is not supported with sync.mode = \"wsp\" yet (the servers' state is not checkpointed; docs/wsp.md)");
   j.straggler_factor = r.number("elastic.straggler_factor", 2.0, 1.0, 1000.0);
   if (j.straggler_factor <= 1.0) r.fail("elastic.straggler_factor", "expected a number > 1 (e.g. 1.5), got 1");
   j.straggler_steps = r.integer("elastic.straggler_steps", 10, 1, 1000000);

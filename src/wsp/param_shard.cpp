@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "exec/fixed_point.h"
 
@@ -25,6 +26,13 @@ ShardMap ShardMap::balance(const std::vector<int64_t>& sizes, int shards) {
   }
   m.first.push_back(sizes.size());
   return m;
+}
+
+int ShardMap::shardOf(size_t segment) const {
+  for (int r = 0; r < shards(); ++r)
+    if (segment >= begin(r) && segment < end(r)) return r;
+  MORPH_CHECK(false, "a segment past the shard map");
+  return -1;
 }
 
 ParamShard::ParamShard(const JobSpec& job, int64_t steps, int vws, const std::vector<StepCore::Segment>& segs,
@@ -49,6 +57,7 @@ ParamShard::ParamShard(const JobSpec& job, int64_t steps, int vws, const std::ve
     state_.push_back(t);
   }
   opt_ = makeOptimizer(job.optim, params_);
+  received_.assign(static_cast<size_t>(vws), 0);
 }
 
 void ParamShard::packPush(const ScaledValues& sum, size_t first, size_t end, std::vector<int64_t>& out) {
@@ -81,6 +90,8 @@ void ParamShard::push(int vw, int64_t clock, const int64_t* payload) {
   auto& at = pending_[clock];
   MORPH_CHECK(!at.count(vw), "two pushes of one wave from one virtual worker");
   at.emplace(vw, std::move(v));
+  int64_t& got = received_.at(static_cast<size_t>(vw));
+  got = std::max(got, clock + 1);
   applyReady();
 }
 
@@ -92,6 +103,7 @@ void ParamShard::applyReady() {
     applyClock(version_);
     pending_.erase(it);
     ++version_;
+    if (snapshot_due_ && snapshot_due_(version_)) snapshots_[version_] = snapshot();
     cv_.notify_all();
   }
 }
@@ -133,10 +145,24 @@ void ParamShard::applyClock(int64_t k) {
   opt_->step(learningRate(job_.optim, k * job_.wave, steps_));
 }
 
-ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly) {
+void ParamShard::waitUntil(std::unique_lock<std::mutex>& l, const std::function<bool()>& ready,
+                           const std::function<bool()>& stop) {
+  if (!stop) {
+    cv_.wait(l, ready);
+    return;
+  }
+  while (!cv_.wait_for(l, kStopPoll, ready)) {
+    l.unlock();
+    const bool give_up = stop();
+    l.lock();
+    if (give_up && !ready()) throw CommFailure("a parameter-server shard's wait abandoned: the generation was aborted");
+  }
+}
+
+ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop) {
   std::unique_lock<std::mutex> l(mu_);
   const int64_t want = exactly >= 0 ? exactly : at_least;
-  cv_.wait(l, [&] { return version_ >= want; });
+  waitUntil(l, [&] { return version_ >= want; }, stop);
   MORPH_CHECK(exactly < 0 || version_ == exactly, "a replayed pull found a version past the logged one");
   Pulled p;
   p.version = version_;
@@ -149,6 +175,66 @@ ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly) {
     applyReady();
   }
   return p;
+}
+
+std::vector<torch::Tensor> ParamShard::optimState() {
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (auto& [name, t] : opt_->paramState(i)) {
+      MORPH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous(), "optimiser state " + name + " is not dense float");
+      out.push_back(t);
+    }
+  return out;
+}
+
+ParamShard::Snapshot ParamShard::snapshot() const {
+  Snapshot s;
+  s.version = version_;
+  s.optim_steps = opt_->stepCount();
+  s.scales = scales_;
+  s.state.reserve(static_cast<size_t>(state_floats_));
+  for (const torch::Tensor& t : state_)
+    if (t.defined()) s.state.insert(s.state.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  for (const torch::Tensor& t : const_cast<ParamShard*>(this)->optimState())
+    s.optim.insert(s.optim.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  return s;
+}
+
+void ParamShard::keepSnapshots(std::function<bool(int64_t)> due) {
+  std::lock_guard<std::mutex> l(mu_);
+  snapshot_due_ = std::move(due);
+}
+
+ParamShard::Snapshot ParamShard::takeSnapshot(int64_t version, const std::function<bool()>& stop) {
+  std::unique_lock<std::mutex> l(mu_);
+  waitUntil(l, [&] { return version_ >= version; }, stop);
+  auto it = snapshots_.find(version);
+  MORPH_CHECK(it != snapshots_.end(), "no snapshot kept of version " + std::to_string(version));
+  Snapshot s = std::move(it->second);
+  snapshots_.erase(it);
+  return s;
+}
+
+void ParamShard::restore(int64_t version, const std::vector<float>& optim, int64_t optim_steps) {
+  std::lock_guard<std::mutex> l(mu_);
+  MORPH_CHECK(version_ == 0 && pending_.empty(), "a shard restored after it started");
+  torch::NoGradGuard no_grad;
+  size_t off = 0;
+  for (torch::Tensor& t : optimState()) {
+    MORPH_CHECK(off + static_cast<size_t>(t.numel()) <= optim.size(), "a restored optimiser state is too short");
+    std::copy(optim.begin() + static_cast<std::ptrdiff_t>(off),
+              optim.begin() + static_cast<std::ptrdiff_t>(off) + t.numel(), t.data_ptr<float>());
+    off += static_cast<size_t>(t.numel());
+  }
+  MORPH_CHECK_EQ(off, optim.size());
+  opt_->setStepCount(optim_steps);
+  version_ = version;
+  for (int64_t& r : received_) r = version;
+}
+
+std::vector<int64_t> ParamShard::received() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return received_;
 }
 
 void ParamShard::expectPulls(std::map<int64_t, int64_t> per_version) {

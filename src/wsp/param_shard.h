@@ -8,8 +8,10 @@
 // thread of their own); it never talks to the network itself.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +30,7 @@ namespace morph {
 struct ShardMap {
   std::vector<size_t> first;
   static ShardMap balance(const std::vector<int64_t>& segment_sizes, int shards);
+  int shardOf(size_t segment) const;
   int shards() const { return static_cast<int>(first.size()) - 1; }
   size_t begin(int r) const { return first[static_cast<size_t>(r)]; }
   size_t end(int r) const { return first[static_cast<size_t>(r) + 1]; }
@@ -59,8 +62,34 @@ class ParamShard {
     std::vector<float> state; // stateFloats()
   };
   // Blocks until the version is at least `at_least` (and, `exactly` >= 0,
-  // is exactly that: a replay), then copies it.
-  Pulled pull(int64_t at_least, int64_t exactly);
+  // is exactly that: a replay), then copies it. `stop` (may be empty) is
+  // asked every kStopPoll while it waits: CommFailure once it says true
+  // (the generation was aborted: a peer whose push it waits for is lost).
+  Pulled pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop = {});
+
+  // Checkpoints (docs/wsp.md, "Checkpoints and lost workers"). The state
+  // at a version: the pull's, plus every parameter's optimiser state (in
+  // segment order, each paramState() tensor in its order) and the
+  // optimiser's step count.
+  struct Snapshot {
+    int64_t version = 0, optim_steps = 0;
+    std::vector<int> scales;
+    std::vector<float> state, optim;
+  };
+  // From now on, a snapshot is kept of every version `due` says, until
+  // takeSnapshot() takes it.
+  void keepSnapshots(std::function<bool(int64_t version)> due);
+  // Waits (as pull) until version `version` was reached; returns and drops
+  // its snapshot. CheckError when it was not kept (or taken already).
+  Snapshot takeSnapshot(int64_t version, const std::function<bool()>& stop = {});
+  // Starts at `version` (a restored checkpoint): the global weights are the
+  // segments' state given to the constructor; `optim`: the optimiser state
+  // in Snapshot::optim's layout; `optim_steps` its step count.
+  void restore(int64_t version, const std::vector<float>& optim, int64_t optim_steps);
+  // Per virtual worker, the waves of its that reached this shard (its
+  // highest pushed clock + 1; pushes applied included).
+  std::vector<int64_t> received() const;
+  static constexpr std::chrono::milliseconds kStopPoll{20};
   // Replay: the number of pulls the log says received each version; clock
   // k is applied only once every pull of version k was served.
   void expectPulls(std::map<int64_t, int64_t> per_version);
@@ -72,6 +101,10 @@ class ParamShard {
  private:
   void applyReady();  // with mu_ held
   void applyClock(int64_t k);
+  // Waits on cv_ until `ready`, asking `stop` every kStopPoll.
+  void waitUntil(std::unique_lock<std::mutex>& l, const std::function<bool()>& ready, const std::function<bool()>& stop);
+  Snapshot snapshot() const;  // with mu_ held
+  std::vector<torch::Tensor> optimState();  // every parameter's, in order
 
   const JobSpec job_;
   const int64_t steps_;
@@ -92,6 +125,9 @@ class ParamShard {
   std::map<int64_t, std::map<int, ScaledValues>> pending_;
   bool replay_ = false;
   std::map<int64_t, int64_t> expected_, served_;
+  std::function<bool(int64_t)> snapshot_due_;
+  std::map<int64_t, Snapshot> snapshots_;
+  std::vector<int64_t> received_;  // per VW
 };
 
 }  // namespace morph

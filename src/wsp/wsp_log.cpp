@@ -33,6 +33,25 @@ PullRecord PullRecord::fromJson(const nlohmann::json& j, const std::string& orig
   return r;
 }
 
+nlohmann::json RestoreRecord::toJson() const {
+  return {{"restored", {{"generation", generation}, {"clock", clock}, {"checkpoint", checkpoint}}}};
+}
+
+std::optional<RestoreRecord> RestoreRecord::fromJson(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object() || !j.contains("restored")) return std::nullopt;
+  RestoreRecord r;
+  try {
+    const nlohmann::json& x = j.at("restored");
+    r.generation = x.at("generation").get<int64_t>();
+    r.clock = x.at("clock").get<int64_t>();
+    r.checkpoint = x.at("checkpoint").get<std::string>();
+  } catch (const std::exception& e) {
+    throw InputError(origin + ": not a WSP restore record (" + e.what() + "): " + j.dump());
+  }
+  if (r.generation < 0 || r.clock < 0) throw InputError(origin + ": a WSP restore record out of range: " + j.dump());
+  return r;
+}
+
 ReplayPlan ReplayPlan::parse(const std::string& text, const std::string& origin, int vws) {
   ReplayPlan p;
   p.per_shard.resize(static_cast<size_t>(vws));
@@ -44,6 +63,12 @@ ReplayPlan ReplayPlan::parse(const std::string& text, const std::string& origin,
     if (line.empty()) continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded()) throw InputError(origin + ":" + std::to_string(n) + ": not JSON");
+    if (auto rr = RestoreRecord::fromJson(j, origin + ":" + std::to_string(n))) {
+      if (p.restored || !p.pulls.empty())
+        throw InputError(origin + ":" + std::to_string(n) + ": a restore record must be the log's first line");
+      p.restored = *rr;
+      continue;
+    }
     const PullRecord r = PullRecord::fromJson(j, origin + ":" + std::to_string(n));
     if (r.vw >= vws || static_cast<int>(r.versions.size()) != vws)
       throw InputError(origin + ":" + std::to_string(n) + ": a record of virtual worker " + std::to_string(r.vw) +

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,22 @@ struct PullRecord {
   static PullRecord fromJson(const nlohmann::json& j, const std::string& origin);
 };
 
+// The first line of the log of a run that lost a virtual worker
+// (docs/wsp.md, "Checkpoints and lost workers"): the pulls that follow are
+// those of generation `generation`, which started from the servers' state
+// of `checkpoint` ("" = the job's start) at clock `clock`.
+//   {"restored": {"generation": 1, "clock": 16, "checkpoint": "/.../step-000000000016"}}
+struct RestoreRecord {
+  int64_t generation = 0, clock = 0;
+  std::string checkpoint;
+  nlohmann::json toJson() const;
+  // nullopt when `j` is not one; InputError naming `origin` when malformed.
+  static std::optional<RestoreRecord> fromJson(const nlohmann::json& j, const std::string& origin);
+};
+
 struct ReplayPlan {
+  // The run restored a checkpoint after a lost worker: its replay starts there.
+  std::optional<RestoreRecord> restored;
   // Per VW, its pulls' versions in order.
   std::map<int, std::vector<std::vector<int64_t>>> pulls;
   // Per shard: version -> the number of pulls that received it.

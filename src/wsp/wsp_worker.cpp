@@ -2,28 +2,56 @@
 #include "wsp/wsp_worker.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "core/error.h"
+#include "wsp/wsp_recovery.h"
 
 namespace morph {
 
 namespace {
-enum Kind : int64_t { kPush = 1, kPull = 2, kBye = 3 };
-// A request's header: kind, clock, and for a pull the least version and the
-// exact one (replay; -1 otherwise).
+enum Kind : int64_t { kPush = 1, kPull = 2, kBye = 3, kSnapshot = 4 };
+// A request's header: kind, clock (a snapshot's: its version), and for a
+// pull the least version and the exact one (replay; -1 otherwise).
 constexpr int64_t kHeader = 4;
+// A snapshot's reply starts with: version, optimiser steps, state floats,
+// optimiser floats; then the shard's scales.
+constexpr int64_t kSnapshotHeader = 4;
 }  // namespace
 
 WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world,
-                     const ReplayPlan* replay)
-    : job_(job), steps_(steps), ex_(ex), world_(world), replay_(replay), me_(world.rank()), vws_(world.size()) {
+                     const ReplayPlan* replay, CheckpointSink checkpoint)
+    : job_(job), steps_(steps), ex_(ex), world_(world), replay_(replay), checkpoint_(std::move(checkpoint)),
+      me_(world.rank()), vws_(world.size()) {
   StepCore& core = ex_.core();
-  MORPH_CHECK_EQ(core.nextStep(), 0);
+  const int64_t start = core.nextStep();
+  MORPH_CHECK(start % job_.wave == 0 || start == steps_,
+              "a WSP run starts at step " + std::to_string(start) + ", not at a clock");
+  clock_ = checkpointed_ = (start + job_.wave - 1) / job_.wave;
   segs_ = core.segments();
   sizes_ = core.buffer().segmentSizes();
   map_ = ShardMap::balance(sizes_, vws_);
   shard_ = std::make_unique<ParamShard>(job_, steps_, vws_, segs_, sizes_, map_.begin(me_), map_.end(me_),
                                         core.buffer().scales());
+  if (clock_ > 0) {
+    // A restored checkpoint: its optimiser state, in the shard's layout.
+    CheckpointData d = ex_.exportState();
+    std::vector<std::vector<float>> per_seg(segs_.size());
+    std::set<std::pair<size_t, int>> seen;  // a tied parameter is listed by each layer using it
+    eachSegmentTensor(d, [&](size_t s, int i, torch::Tensor& t) {
+      if (i < 0 || !seen.insert({s, i}).second) return;
+      const torch::Tensor c = t.contiguous();
+      per_seg[s].insert(per_seg[s].end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    });
+    std::vector<float> optim;
+    for (size_t s = map_.begin(me_); s < map_.end(me_); ++s) optim.insert(optim.end(), per_seg[s].begin(), per_seg[s].end());
+    shard_->restore(clock_, optim, d.meta.at("optim_steps").get<int64_t>());
+  }
+  if (job_.checkpoint_every > 0) {
+    const int64_t wave = job_.wave, every = job_.checkpoint_every, total = steps_;
+    shard_->keepSnapshots([=](int64_t v) { return wspCheckpointDue(v, wave, every, total); });
+  }
   if (replay_) shard_->expectPulls(replay_->per_shard.at(static_cast<size_t>(me_)));
   wave_ = ScaledValues(sizes_);
   for (int p = 0; p < vws_; ++p)
@@ -47,8 +75,22 @@ void WspWorker::serve(int peer) {
         world_.recv(payload, peer, kRequestTag)->wait();
         shard_->push(peer, h[1], payload.data_ptr<int64_t>());
       } else {
+        if (h[0] == kSnapshot) {
+          const ParamShard::Snapshot snap = shard_->takeSnapshot(h[1], [this] { return stop(); });
+          std::vector<int64_t> m{snap.version, snap.optim_steps, static_cast<int64_t>(snap.state.size()),
+                                 static_cast<int64_t>(snap.optim.size())};
+          m.insert(m.end(), snap.scales.begin(), snap.scales.end());
+          world_.send(torch::tensor(m, torch::kInt64), peer, kReplyTag)->wait();
+          for (const std::vector<float>* v : {&snap.state, &snap.optim}) {
+            if (v->empty()) continue;
+            torch::Tensor t = torch::from_blob(const_cast<float*>(v->data()), {static_cast<int64_t>(v->size())},
+                                               torch::kFloat32);
+            world_.send(t, peer, kReplyTag)->wait();
+          }
+          continue;
+        }
         MORPH_CHECK_EQ(h[0], static_cast<int64_t>(kPull));
-        const ParamShard::Pulled got = shard_->pull(h[2], h[3]);
+        const ParamShard::Pulled got = shard_->pull(h[2], h[3], [this] { return stop(); });
         torch::Tensor meta = torch::empty({1 + static_cast<int64_t>(got.scales.size())}, torch::kInt64);
         meta.data_ptr<int64_t>()[0] = got.version;
         for (size_t s = 0; s < got.scales.size(); ++s) meta.data_ptr<int64_t>()[1 + s] = got.scales[s];
@@ -132,7 +174,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     MORPH_CHECK_EQ(off, floats);
   };
   {
-    const ParamShard::Pulled got = shard_->pull(at_least, exact[static_cast<size_t>(me_)]);
+    const ParamShard::Pulled got = shard_->pull(at_least, exact[static_cast<size_t>(me_)], [this] { return stop(); });
     std::vector<int64_t> scl(got.scales.begin(), got.scales.end());
     install(me_, got.version, scl.data(), got.state.data(), static_cast<int64_t>(got.state.size()));
   }
@@ -168,7 +210,7 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
   GradAccumulator& buf = core.buffer();
   const int64_t waves = (steps_ + job_.wave - 1) / job_.wave;
   StepStats last;
-  for (int64_t c = 0; c < waves; ++c) {
+  for (int64_t c = clock_; c < waves; ++c) {
     wave_.clear();
     const int64_t first = c * job_.wave, end = std::min(steps_, first + job_.wave);
     for (int64_t t = first; t < end; ++t) {
@@ -181,16 +223,123 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
       if (t + 1 < steps_) minibatch(last);
     }
     push(c, end - first);
+    clock_ = c + 1;
     {
       std::lock_guard<std::mutex> l(err_mu_);
       if (server_error_) std::rethrow_exception(server_error_);
     }
     pullAll(c + 1, c + 1 == waves);
+    if (checkpoint_) {
+      // Every version the pull found on every shard: each shard kept its
+      // snapshot of those due (docs/wsp.md), so the gathering waits for none.
+      const std::vector<int64_t>& v = records_.back().versions;
+      const int64_t reached = *std::min_element(v.begin(), v.end());
+      for (int64_t k = checkpointed_ + 1; k <= reached; ++k)
+        if (wspCheckpointDue(k, job_.wave, job_.checkpoint_every, steps_)) gatherCheckpoint(k);
+      checkpointed_ = std::max(checkpointed_, reached);
+    }
   }
   bye();
   for (auto& t : servers_) t.join();
   if (server_error_) std::rethrow_exception(server_error_);
   minibatch(last);
+}
+
+void WspWorker::eachSegmentTensor(CheckpointData& d, const std::function<void(size_t, int, torch::Tensor&)>& f) const {
+  std::map<const void*, size_t> seg_of;
+  for (size_t s = 0; s < segs_.size(); ++s)
+    if (segs_[s].state.defined()) seg_of[segs_[s].state.unsafeGetTensorImpl()] = s;
+  std::set<size_t> found;
+  for (auto& [lname, tensors] : d.layers) {
+    int64_t param = -1;  // the segment of the parameter whose optimiser state follows
+    int k = 0;
+    for (auto& [name, t] : tensors) {
+      if (name.rfind("optim/", 0) == 0) {
+        if (param >= 0) f(static_cast<size_t>(param), k++, t);
+        continue;
+      }
+      param = -1;
+      auto it = seg_of.find(t.unsafeGetTensorImpl());
+      if (it == seg_of.end()) continue;
+      found.insert(it->second);
+      f(it->second, -1, t);
+      if (segs_[it->second].kind == StepCore::Segment::kParam) param = static_cast<int64_t>(it->second), k = 0;
+    }
+  }
+  MORPH_CHECK_EQ(found.size(), seg_of.size());
+}
+
+void WspWorker::gatherCheckpoint(int64_t k) {
+  std::vector<std::unique_ptr<PendingWork>> sends;
+  std::vector<torch::Tensor> keep;
+  for (int r = 0; r < vws_; ++r) {
+    if (r == me_) continue;
+    torch::Tensor head = torch::tensor(std::vector<int64_t>{kSnapshot, k, 0, 0}, torch::kInt64);
+    sends.push_back(world_.send(head, r, kRequestTag));
+    keep.push_back(head);
+  }
+  std::vector<ParamShard::Snapshot> snaps(static_cast<size_t>(vws_));
+  snaps[static_cast<size_t>(me_)] = shard_->takeSnapshot(k, [this] { return stop(); });
+  for (int r = 0; r < vws_; ++r) {
+    if (r == me_) continue;
+    ParamShard::Snapshot& s = snaps[static_cast<size_t>(r)];
+    const int64_t nseg = static_cast<int64_t>(map_.end(r) - map_.begin(r));
+    torch::Tensor meta = torch::empty({kSnapshotHeader + nseg}, torch::kInt64);
+    world_.recv(meta, r, kReplyTag)->wait();
+    const int64_t* m = meta.data_ptr<int64_t>();
+    s.version = m[0];
+    s.optim_steps = m[1];
+    s.scales.assign(m + kSnapshotHeader, m + kSnapshotHeader + nseg);
+    for (auto [v, n] : {std::pair{&s.state, m[2]}, std::pair{&s.optim, m[3]}}) {
+      v->assign(static_cast<size_t>(n), 0.0f);
+      if (n == 0) continue;
+      torch::Tensor t = torch::from_blob(v->data(), {n}, torch::kFloat32);
+      world_.recv(t, r, kReplyTag)->wait();
+    }
+  }
+  for (auto& s : sends) s->wait();
+  // The executor's own state gives the layout (layers, names, shapes); every
+  // segment's tensors are replaced by its shard's snapshot.
+  CheckpointData d = ex_.exportState();
+  std::vector<int> scales = ex_.core().buffer().scales();
+  std::vector<int64_t> state_off(segs_.size(), 0), optim_off(segs_.size(), 0);
+  for (int r = 0; r < vws_; ++r) {
+    const ParamShard::Snapshot& s = snaps[static_cast<size_t>(r)];
+    MORPH_CHECK_EQ(s.version, k);
+    MORPH_CHECK_EQ(s.optim_steps, snaps[0].optim_steps);
+    int64_t off = 0;
+    for (size_t seg = map_.begin(r); seg < map_.end(r); ++seg) {
+      scales[seg] = s.scales.at(seg - map_.begin(r));
+      state_off[seg] = off;
+      if (segs_[seg].state.defined()) off += segs_[seg].state.numel();
+    }
+    MORPH_CHECK_EQ(off, static_cast<int64_t>(s.state.size()));
+  }
+  // Optimiser state: each parameter's tensors in turn, parameters in
+  // segment order within the shard (ParamShard::Snapshot's layout).
+  std::vector<int64_t> optim_floats(segs_.size(), 0);
+  std::set<std::pair<size_t, int>> seen;  // a tied parameter is listed by each layer using it
+  eachSegmentTensor(d, [&](size_t seg, int i, torch::Tensor& t) {
+    if (i >= 0 && seen.insert({seg, i}).second) optim_floats[seg] += t.numel();
+  });
+  for (int r = 0; r < vws_; ++r) {
+    int64_t off = 0;
+    for (size_t seg = map_.begin(r); seg < map_.end(r); ++seg) optim_off[seg] = off, off += optim_floats[seg];
+    MORPH_CHECK_EQ(off, static_cast<int64_t>(snaps[static_cast<size_t>(r)].optim.size()));
+  }
+  eachSegmentTensor(d, [&](size_t seg, int i, torch::Tensor& t) {
+    ParamShard::Snapshot& s = snaps[static_cast<size_t>(map_.shardOf(seg))];
+    // Every optimiser state tensor has its parameter's shape.
+    float* src = i < 0 ? s.state.data() + state_off[seg] : s.optim.data() + optim_off[seg] + i * t.numel();
+    t = torch::from_blob(src, t.sizes(), torch::kFloat32);
+  });
+  d.step = std::min(k * job_.wave, steps_);
+  d.meta["step"] = d.step;
+  d.meta["optim_steps"] = snaps[0].optim_steps;
+  d.meta["wsp"] = {{"clock", k}, {"virtual_workers", vws_}};
+  for (auto& [name, t] : d.extra)
+    if (name == "exact/scales") t = torch::tensor(std::vector<int32_t>(scales.begin(), scales.end()), torch::kInt32);
+  checkpoint_(d);
 }
 
 int64_t WspWorker::maxGap() const {

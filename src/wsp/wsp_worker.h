@@ -30,17 +30,32 @@ namespace morph {
 class WspWorker {
  public:
   static constexpr int kRequestTag = 2801, kReplyTag = 2802;
+  // Receives each checkpoint of the servers' state (docs/wsp.md,
+  // "Checkpoints and lost workers"); it copies what it keeps before it
+  // returns.
+  using CheckpointSink = std::function<void(const CheckpointData&)>;
   // `ex` runs VNs [begin, end) of every step (setVnRange); `world` is the
   // generation's group, one rank per virtual worker. `replay`: the log's
-  // plan, or null. All must outlive the worker.
-  WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world, const ReplayPlan* replay);
+  // plan, or null. All must outlive the worker. It starts at clock
+  // core().nextStep() / wave: 0, or a checkpoint's clock whose state `ex`
+  // holds (its weights, optimiser state and scales become the servers').
+  // `checkpoint` (rank 0's; may be empty): with checkpoint.every, every
+  // shard keeps its state at the due clocks, and rank 0 gathers it.
+  WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world, const ReplayPlan* replay,
+            CheckpointSink checkpoint = {});
   ~WspWorker();
 
-  // Runs every minibatch from core().nextStep() (0: WSP runs never resume)
-  // to the last; `minibatch` after each but the last, and once more for
-  // the last after the final pull (the local model is then every shard's
-  // final weights). Throws CommFailure when a peer is lost.
+  // Runs every minibatch from core().nextStep() to the last; `minibatch`
+  // after each but the last, and once more for the last after the final
+  // pull (the local model is then every shard's final weights). Throws
+  // CommFailure when a peer is lost: its server threads still run until
+  // the generation's abort ends their transfers, so the worker must then
+  // outlive them (keep it; see WorkerJob).
   void run(const std::function<void(const StepStats&)>& minibatch);
+  // Waves pushed (its local clock).
+  int64_t clock() const { return clock_; }
+  // Per VW, its waves that reached this process's shard.
+  std::vector<int64_t> received() const { return shard_->received(); }
 
   const std::vector<PullRecord>& pulls() const { return records_; }
   int64_t pushes() const { return pushes_; }
@@ -53,13 +68,22 @@ class WspWorker {
   void push(int64_t clock, int64_t minibatches);
   void pullAll(int64_t clock, bool final);
   void bye();
+  // Rank 0: gathers every shard's snapshot of version k into a checkpoint.
+  void gatherCheckpoint(int64_t k);
+  // Each parameter or running statistic of `d` (an exportState() of the
+  // executor) that is a segment's state: f(segment, -1, tensor), then for
+  // a parameter its optimiser state: f(segment, i, tensor), i = 0, 1, ...
+  void eachSegmentTensor(CheckpointData& d, const std::function<void(size_t, int, torch::Tensor&)>& f) const;
+  bool stop() const { return world_.aborted(); }
 
   const JobSpec& job_;
   const int64_t steps_;
   VnExecutor& ex_;
   Communicator& world_;
   const ReplayPlan* replay_;
+  const CheckpointSink checkpoint_;
   const int me_, vws_;
+  int64_t clock_ = 0, checkpointed_ = 0;  // waves pushed; the newest version gathered
   ShardMap map_;
   std::unique_ptr<ParamShard> shard_;  // the one this process hosts
   std::vector<StepCore::Segment> segs_;

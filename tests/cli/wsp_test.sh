@@ -7,9 +7,15 @@
 # momentum on 2 and 3 workers, a CNN with batch norm on 2); with one
 # worker emulated 6x slower and D = 2 the log's clock gap reaches 2 and
 # never exceeds it, and --replay of that log (without the slowdown, so the
-# timing differs) reproduces the run's hash.
+# timing differs) reproduces the run's hash. Faults (docs/wsp.md,
+# "Checkpoints and lost workers"): D = 0, wave = 1 with checkpoints run 16
+# steps, then --resume on another worker count gives the sync hash; a
+# virtual worker killed mid-run (the tests' build, CRASHY) loses its shard:
+# the job finishes, reports the checkpoint it restored and the clocks and
+# pushes lost, and with D = 0 still gives the sync hash.
 set -euo pipefail
 MORPH=$1
+CRASHY=$2
 source "$(dirname "$0")/shell_util.sh"
 make_work
 
@@ -122,4 +128,62 @@ set +e
 rc=$?
 set -e
 [[ $rc == 2 ]] && grep -q "wsp_log.jsonl.*same mapping" "$work/bad.err" || { echo "FAIL: replay on 3 workers: exit $rc"; cat "$work/bad.err"; exit 1; }
+
+# --- checkpoints and a lost virtual worker --------------------------------
+ck=$'[checkpoint]\nevery = 8\n[sync]\nmode = "wsp"\nstaleness = 0\nwave = 1'
+elastic_mlp_job "$work/k.toml" wsp-k 4 24
+elastic_mlp_job "$work/k0.toml" wsp-k 4 24 "$ck"
+ref=$("$MORPH" run "$work/k.toml" --quiet --workers 2 --out "$work/ks" | tail -n 1)
+"$MORPH" run "$work/k0.toml" --quiet --workers 3 --steps 16 --out "$work/kr" > /dev/null
+ls "$work/kr/checkpoints" | grep -q "step-000000000016" || { echo "FAIL: no WSP checkpoint of step 16"; exit 1; }
+got=$("$MORPH" run "$work/k0.toml" --workers 2 --out "$work/kr" --resume "$work/kr/checkpoints" | tail -n 1)
+echo "D = 0 sync $ref, 16 steps on 3 workers then resumed on 2: $got"
+[[ "$ref" == "$got" ]] || { echo "FAIL: a resumed WSP run (D = 0) differs from sync"; exit 1; }
+
+# Worker 1 dies before its minibatch 13: the shards hold version 13 at
+# most, rank 0 gathered version 8 (due at 8, 16, 24) on its pull of clock 8.
+set +e
+MORPH_TEST_FAULT="compute@13:1:exit" timeout 120 "$CRASHY" run "$work/k0.toml" --workers 3 --out "$work/kf" \
+  > "$work/kf.log" 2>&1
+rc=$?
+set -e
+(( rc == 0 )) || { echo "FAIL: the WSP job with a killed worker: exit $rc"; tail -n 30 "$work/kf.log"; exit 1; }
+grep -q "test hook: worker 1 at 'compute@13'" "$work/kf.log" || { echo "FAIL: the kill did not strike"; cat "$work/kf.log"; exit 1; }
+grep "WSP: generation 1 restores" "$work/kf.log"
+grep -q "WSP: generation 1 restores the servers' state of .*step-000000000008 (clock 8, step 8); clocks 8\.\.1[23] lost" \
+  "$work/kf.log" || { echo "FAIL: the restore line"; cat "$work/kf.log"; exit 1; }
+python3 - "$work/kf/summary.json" <<'PY' || { echo "FAIL: the resize record"; cat "$work/kf/summary.json"; exit 1; }
+import json, sys
+s = json.load(open(sys.argv[1]))
+r = s["resizes"]
+assert len(r) == 1 and r[0]["cause"] == "failure" and r[0]["from"] == 3 and r[0]["to"] == 2, r
+w = r[0]["wsp"]
+print("resize:", w)
+assert w["restored_clock"] == 8 and w["restored_step"] == 8 and w["checkpoint"].endswith("step-000000000008"), w
+# Worker 1 pushed waves 0..12; with D = 0 the others 13 or 14.
+assert w["lost_clocks"][0] == 8 and w["lost_clocks"][1] in (13, 14), w
+assert w["pushed"][1] == 13 and 5 + 5 + 5 <= w["pushes_lost"] <= 5 + 6 + 6, w
+assert s["workers"] == 2 and s["steps"] == 24, s
+PY
+got=$(tail -n 1 "$work/kf.log")
+echo "D = 0 with worker 1 killed at minibatch 13: $got"
+[[ "$ref" == "$got" ]] || { echo "FAIL: the faulted WSP run (D = 0) differs from sync"; exit 1; }
+
+# D = 2, waves of 2: the same kill. Its log starts with the restore record;
+# --replay on the survivors' count replays the last generation from that
+# checkpoint and gives the faulted run's hash and log.
+elastic_mlp_job "$work/k2.toml" wsp-k2 4 24 $'[checkpoint]\nevery = 8\n[sync]\nmode = "wsp"\nstaleness = 2\nwave = 2'
+set +e
+MORPH_TEST_FAULT="compute@13:1:exit" timeout 120 "$CRASHY" run "$work/k2.toml" --workers 3 --out "$work/k2f" \
+  > "$work/k2f.log" 2>&1
+rc=$?
+set -e
+(( rc == 0 )) || { echo "FAIL: D = 2 with a killed worker: exit $rc"; tail -n 30 "$work/k2f.log"; exit 1; }
+grep "WSP: generation 1 restores" "$work/k2f.log" || { echo "FAIL: no restore line"; cat "$work/k2f.log"; exit 1; }
+head -n 1 "$work/k2f/wsp_log.jsonl" | grep -q '"restored"' || { echo "FAIL: no restore record"; exit 1; }
+h1=$(tail -n 1 "$work/k2f.log")
+h2=$("$MORPH" run "$work/k2.toml" --quiet --workers 2 --replay "$work/k2f/wsp_log.jsonl" --out "$work/k2r" | tail -n 1)
+echo "D = 2 with worker 1 killed: $h1, its replay: $h2"
+[[ "$h1" == "$h2" ]] || { echo "FAIL: the faulted run's replay differs"; exit 1; }
+cmp "$work/k2f/wsp_log.jsonl" "$work/k2r/wsp_log.jsonl" || { echo "FAIL: the replay's log differs"; exit 1; }
 echo "wsp test passed"

@@ -2,6 +2,8 @@
 // sums, the shard map, the pull log's decoder and a shard's clock rule.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -9,7 +11,9 @@
 #include "exec/fixed_point.h"
 #include "wsp/param_shard.h"
 #include "wsp/scaled_sum.h"
+#include "comm/communicator.h"
 #include "wsp/wsp_log.h"
+#include "wsp/wsp_recovery.h"
 
 namespace morph {
 namespace {
@@ -69,6 +73,23 @@ TEST(WspLog, RecordsRoundTripAndBadLogsNameTheFile) {
   }
 }
 
+// The log of a run that lost a worker starts with its restore record; the
+// record is nowhere else.
+TEST(WspLog, RestoreRecordLeadsTheLogOfARegroupedRun) {
+  const RestoreRecord r{1, 8, "/x/step-000000000008"};
+  const std::string rec = R"({"vw":0,"pull":0,"clock":9,"versions":[9,9]}
+{"vw":1,"pull":0,"clock":9,"versions":[8,9]}
+)";
+  const ReplayPlan p = ReplayPlan::parse(r.toJson().dump() + "\n" + rec, "log.jsonl", 2);
+  ASSERT_TRUE(p.restored.has_value());
+  EXPECT_EQ(p.restored->clock, 8);
+  EXPECT_EQ(p.restored->checkpoint, r.checkpoint);
+  EXPECT_EQ(p.per_shard[0].at(8), 1);
+  EXPECT_FALSE(ReplayPlan::parse(rec, "log.jsonl", 2).restored.has_value());
+  EXPECT_THROW(ReplayPlan::parse(rec + r.toJson().dump() + "\n", "log.jsonl", 2), InputError);
+  EXPECT_THROW(ReplayPlan::parse(R"({"restored":{"clock":-1}})", "log.jsonl", 2), InputError);
+}
+
 // A shard of one parameter, two virtual workers: clock 0 is applied only
 // with both pushes, as one SGD step of the summed gradient over the global
 // batch; a pull waits for its version; under replay, clock 1 waits for the
@@ -106,6 +127,89 @@ TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
   std::thread t([&] { EXPECT_EQ(shard.pull(0, 1).version, 1); });
   t.join();
   EXPECT_EQ(shard.version(), 2);
+}
+
+// Checkpointed versions: the first clock at or past each multiple of
+// checkpoint.every steps; with one minibatch a wave, a sync job's steps.
+TEST(WspRecovery, CheckpointDueAtTheFirstClockPastEachMultiple) {
+  std::vector<int64_t> due;
+  for (int64_t v = 0; v <= 12; ++v)
+    if (wspCheckpointDue(v, 1, 4, 12)) due.push_back(v);
+  EXPECT_EQ(due, (std::vector<int64_t>{4, 8, 12}));
+  due.clear();
+  // wave 3, every 4 steps, 10 steps: versions 1..4 end at steps 3, 6, 9, 10.
+  for (int64_t v = 0; v <= 5; ++v)
+    if (wspCheckpointDue(v, 3, 4, 10)) due.push_back(v);
+  EXPECT_EQ(due, (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(wspCheckpointDue(3, 1, 0, 12));  // no checkpoints
+}
+
+// What a regroup loses: every push of a wave at or past the restored clock,
+// the dead VW's as its peers' shards saw them.
+TEST(WspRecovery, LostWorkCountsPushesPastTheRestoredClock) {
+  // VW 0 pushed 7 waves, VW 1 (lost) 6 as shard 0 saw it, 5 as shard 2 did.
+  const std::vector<int64_t> pushed = mergePushed({{7, 6, 7}, {7, 5, 7, 9}, {}}, 3);
+  EXPECT_EQ(pushed, (std::vector<int64_t>{7, 6, 7}));
+  const LostWork w = lostWork(pushed, 4);
+  EXPECT_EQ(w.restored, 4);
+  EXPECT_EQ(w.end, 7);
+  EXPECT_EQ(w.pushes, 3 + 2 + 3);
+  EXPECT_EQ(lostWork(pushed, 8).pushes, 0);
+  EXPECT_EQ(lostWork(pushed, 8).end, 8);
+}
+
+// A shard with momentum keeps a snapshot of each due version (weights,
+// optimiser state, scales, step count); a shard restored from it applies
+// the next clock exactly as the original did; a pull waiting for a push of
+// a lost peer gives up once told to stop.
+TEST(WspParamShard, SnapshotRestoresTheServersStateAndAWaitCanBeStopped) {
+  JobSpec job;
+  job.global_batch = 4;
+  job.virtual_nodes = 2;
+  job.optim.lr = 0.5;
+  job.optim.momentum = 0.9;
+  job.sync_mode = SyncMode::kWsp;
+  auto segsOf = [](torch::Tensor w) {
+    return std::vector<StepCore::Segment>{{StepCore::Segment::kParam, w, 0.0},
+                                          {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
+  };
+  torch::Tensor w = torch::zeros({2});
+  ParamShard a(job, 10, 2, segsOf(w), {2, 2}, 0, 1, {4, 4});
+  a.keepSnapshots([](int64_t v) { return v == 2; });
+  double mx = 2.0;
+  int64_t bits;
+  std::memcpy(&bits, &mx, sizeof bits);
+  const int64_t push[] = {4, bits, 16, -32, 1};
+  for (int64_t c = 0; c < 3; ++c) {
+    a.push(0, c, push);
+    a.push(1, c, push);
+  }
+  EXPECT_EQ(a.received(), (std::vector<int64_t>{3, 3}));
+  const ParamShard::Snapshot s = a.takeSnapshot(2);
+  EXPECT_EQ(s.version, 2);
+  EXPECT_EQ(s.optim_steps, 2);
+  ASSERT_EQ(s.optim.size(), 2u);  // one momentum buffer
+  EXPECT_THROW(a.takeSnapshot(2), InternalError);  // taken already
+  // Restored at version 2 and given clock 2's pushes: version 3, as `a`.
+  torch::Tensor w2 = torch::from_blob(const_cast<float*>(s.state.data()), {2}, torch::kFloat32).clone();
+  ParamShard b(job, 10, 2, segsOf(w2), {2, 2}, 0, 1, s.scales);
+  b.restore(2, s.optim, s.optim_steps);
+  EXPECT_EQ(b.version(), 2);
+  b.push(0, 2, push);
+  b.push(1, 2, push);
+  const ParamShard::Pulled pa = a.pull(3, -1), pb = b.pull(3, -1);
+  EXPECT_EQ(pa.version, 3);
+  EXPECT_EQ(pb.version, 3);
+  EXPECT_EQ(pa.state, pb.state);
+  // A pull of version 4: VW 1's push of clock 3 never comes.
+  a.push(0, 3, push);
+  std::atomic<bool> lost{false};
+  std::thread t([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    lost = true;
+  });
+  EXPECT_THROW(a.pull(4, -1, [&] { return lost.load(); }), CommFailure);
+  t.join();
 }
 
 }  // namespace

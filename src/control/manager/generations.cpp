@@ -5,8 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
+#include "control/checkpoints.h"
 #include "control/protocol/keys.h"
+#include "control/run_setup.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
 #include "control/store_access.h"
@@ -14,6 +17,8 @@
 #include "core/job_spec.h"
 #include "plan/vn_shares.h"
 #include "store/table.h"
+#include "wsp/wsp_log.h"
+#include "wsp/wsp_recovery.h"
 
 namespace morph {
 
@@ -370,6 +375,8 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
   } else {
     straggler_.newGeneration(next, vn_shares_, plan.slowdown);
   }
+  json wsp_note;  // before the plan: a member reads it once placed
+  if (job_.sync_mode == SyncMode::kWsp && gen_ >= 0) wsp_note = restoreWsp(store, g);
   setString(store, keys::genPlan(g), plan.toJson().dump());
   setString(store, keys::kGenCurrent, std::to_string(g));
   if (!o_.quiet || gen_ < 0) {
@@ -399,6 +406,7 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
       pending_resize_["chosen_by"] = m.chosen_by;
       pending_resize_["to_cuts"] = m.to_cuts;
     }
+    if (!wsp_note.is_null()) pending_resize_["wsp"] = wsp_note;
     if (cause == "straggler") {
       pending_resize_.update(straggler_note_);
       pending_resize_["vn_shares"] = vn_shares_;
@@ -415,6 +423,46 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
   m_.setStarted();
   forgetPast(store);
   return plan;
+}
+
+json Generations::restoreWsp(c10d::Store& store, int64_t g) {
+  // What the lost generation's members knew: each its clock, and the waves
+  // of every VW (rank) its shard received.
+  const size_t vws = members_.size();
+  std::vector<std::vector<int64_t>> known;
+  for (size_t r = 0; r < vws; ++r) {
+    const std::string k = keys::genReport(gen_, "wsp", members_[r]);
+    if (!store.check({k})) continue;
+    const json j = json::parse(getString(store, k), nullptr, false);
+    if (!j.is_object() || !j.contains("received") || !j.at("received").is_array()) continue;
+    std::vector<int64_t> v;
+    for (const json& x : j.at("received"))
+      if (x.is_number_integer()) v.push_back(x.get<int64_t>());
+    v.resize(vws, 0);
+    if (j.contains("clock") && j.at("clock").is_number_integer()) v[r] = std::max(v[r], j.at("clock").get<int64_t>());
+    known.push_back(v);
+  }
+  const std::vector<int64_t> pushed = mergePushed(known, vws);
+  int64_t reached = 0;
+  for (int64_t p : pushed) reached = std::max(reached, p);
+  // A checkpoint past every clock pushed is another run's.
+  const std::string dir = checkpointDir(o_, job_);
+  const int64_t step = job_.checkpoint_every > 0 ? newestGoodCheckpointAtMost(dir, reached * job_.wave) : -1;
+  const int64_t start = store.check({keys::kJobStartStep}) ? getInt(store, keys::kJobStartStep) : 0;
+  const int64_t from = step >= 0 ? step : start;
+  const LostWork lost = lostWork(pushed, (from + job_.wave - 1) / job_.wave);
+  setString(store, keys::genWspRestore(g), std::to_string(step));
+  const std::string what = step >= 0 ? (std::filesystem::absolute(dir) / checkpointDirName(step)).lexically_normal().string()
+                                     : std::string("the job's start");
+  std::printf("morph: WSP: generation %lld restores the servers' state of %s (clock %lld, step %lld); "
+              "clocks %lld..%lld lost, %lld pushes\n",
+              static_cast<long long>(g), what.c_str(), static_cast<long long>(lost.restored),
+              static_cast<long long>(from), static_cast<long long>(lost.restored), static_cast<long long>(lost.end - 1),
+              static_cast<long long>(lost.pushes));
+  std::fflush(stdout);
+  wsp_restore_ = RestoreRecord{g, lost.restored, step >= 0 ? what : ""}.toJson();
+  return {{"restored_clock", lost.restored}, {"restored_step", from}, {"checkpoint", step >= 0 ? what : ""},
+          {"lost_clocks", {lost.restored, lost.end}}, {"pushes_lost", lost.pushes}, {"pushed", pushed}};
 }
 
 // The store stays bounded however long the job runs and however often it

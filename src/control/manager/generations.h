@@ -57,6 +57,8 @@ class Generations {
   int target() const { return target_; }
   const std::vector<int64_t>& vnShares() const { return vn_shares_; }
   const nlohmann::json& resizes() const { return resizes_; }
+  // A WSP job's last restore after a lost worker (a RestoreRecord's JSON), or null.
+  const nlohmann::json& wspRestore() const { return wsp_restore_; }
   bool isMember(int64_t id) const;
 
   // Generation 0: published when every expected worker is ready, or when
@@ -109,6 +111,11 @@ class Generations {
 
  private:
   void startTransition(const Clock& clock, const std::string& cause);
+  // A WSP generation `g` after a lost one (docs/wsp.md, "Checkpoints and
+  // lost workers"): chooses the newest intact checkpoint of this run (or
+  // the job's start), posts it under gen/<g>/wsp_restore, prints what the
+  // regroup loses and returns it for the resize record.
+  nlohmann::json restoreWsp(c10d::Store& store, int64_t g);
   // Alive, placeable workers that are not members and not set aside for a
   // partition, in id order.
   std::vector<int64_t> joiners() const;
@@ -143,6 +150,7 @@ class Generations {
   StragglerWatch straggler_;        // data parallelism: seconds per VN per worker (straggler.h)
   PipelineStragglerWatch pstraggler_;  // pipelines: the same per stage
   nlohmann::json straggler_note_;      // the straggler re-plan under way, for its resizes entry
+  nlohmann::json wsp_restore_;         // restoreWsp's last choice, as a RestoreRecord
 };
 
 }  // namespace morph

@@ -12,14 +12,17 @@
 #include "core/error.h"
 #include "store/table.h"
 
+#include "wsp/wsp_log.h"
+
 namespace morph {
 
 using namespace detail;
 
 namespace {
 // A WSP job's log, OUT/wsp_log.jsonl (docs/wsp.md): every member's pull
-// records, by virtual worker then pull; returns summary.json's "wsp".
-json writeWspLog(const std::string& dir, const std::vector<json>& results) {
+// records, by virtual worker then pull, after the restore record of a run
+// that lost a worker (null: none); returns summary.json's "wsp".
+json writeWspLog(const std::string& dir, const std::vector<json>& results, const json& restored) {
   std::vector<json> recs;
   int64_t pushes = 0, pulls = 0, gap = 0;
   for (const json& r : results) {
@@ -35,6 +38,7 @@ json writeWspLog(const std::string& dir, const std::vector<json>& results) {
            std::make_pair(b.at("vw").get<int>(), b.at("pull").get<int64_t>());
   });
   std::ofstream out(dir + "/wsp_log.jsonl");
+  if (!restored.is_null()) out << restored.dump() << "\n";
   for (const json& rec : recs) out << rec.dump() << "\n";
   if (!out) throw JobError("cannot write " + dir + "/wsp_log.jsonl");
   return {{"max_clock_gap", gap}, {"pushes", pushes}, {"pulls", pulls}};
@@ -118,7 +122,15 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
   }
   if (pm.pipelined() && !results.empty()) hash = pm.pipelineHash(stage_hashes);
   json wsp;
-  if (job_.sync_mode == SyncMode::kWsp) wsp = writeWspLog(dir_, results);
+  if (job_.sync_mode == SyncMode::kWsp) {
+    // The last regroup's restore (docs/wsp.md), or the one a replay started from.
+    json restored = g.wspRestore();
+    if (restored.is_null() && !o_.replay_text.empty()) {
+      const std::string first = o_.replay_text.substr(0, o_.replay_text.find('\n'));
+      if (auto r = RestoreRecord::fromJson(json::parse(first, nullptr, false), "--replay")) restored = r->toJson();
+    }
+    wsp = writeWspLog(dir_, results, restored);
+  }
   setString(store, keys::kJobFinished, "1");
   m.waitLocal();
   json extra = json::object();

@@ -58,13 +58,16 @@ inline std::string gen(int64_t g) { return kGenPrefix + std::to_string(g); }
 inline std::string genPrefix(int64_t g) { return gen(g) + "/"; }
 inline std::string genPlan(int64_t g) { return gen(g) + "/plan"; }
 inline std::string genAbort(int64_t g) { return gen(g) + "/abort"; }
+// A WSP generation after a lost one: the step of the checkpoint whose
+// servers' state every member restores, -1 for the job's start (docs/wsp.md).
+inline std::string genWspRestore(int64_t g) { return gen(g) + "/wsp_restore"; }
 inline std::string genReport(int64_t g, const std::string& what, int64_t id) {
   return gen(g) + "/" + what + "/" + std::to_string(id);
 }
 // What a member reports under gen/<g>/<what>/<id>: leaving the generation
-// (ready: to regroup; left: to exit; a MemberReport), and what entering it
-// took (morph).
-inline const char* const kMemberReports[] = {"ready", "left", "morph"};
+// (ready: to regroup; left: to exit; a MemberReport), what entering it
+// took (morph), and a WSP member's pushes known when it was lost (wsp).
+inline const char* const kMemberReports[] = {"ready", "left", "morph", "wsp"};
 // The process groups of generation g meet under gen/<g>/<group>/... (Gloo's
 // rendezvous): the world group, a pipeline's stage, tied and pipe groups.
 inline const char* const kGenGroups[] = {"pg", "stage", "tied", "pipe"};

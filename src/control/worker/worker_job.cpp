@@ -126,6 +126,8 @@ void WorkerJob::startUp() {
     if (stage_local) resume_ckpt_ = resumeStepFrom(resume, *tr_, id_ == 0, progress);
     else resumeFrom(resume, *tr_, id_ == 0, progress);
   }
+  // A replay of a run that lost a worker starts where its last generation did.
+  if (job_.sync_mode == SyncMode::kWsp && vn_ex_) replayStart();
   // Whoever gets here first tells the manager where the job starts and ends
   // (every worker computes the same values; start_step goes first, so
   // whoever sees job/steps finds it).
@@ -137,6 +139,7 @@ void WorkerJob::startUp() {
     createOnce(keys::kJobSteps, std::to_string(steps_));
   }
   fs_ = checkpointFileSystem();
+  if (job_.sync_mode == SyncMode::kWsp && vn_ex_) wsp_start_ = snapshotCheckpoint(tr_->exportState());
   // What the manager checks this worker against (same build, settings and
   // data as the job's other workers).
   setString(*store_, keys::workerFingerprint(id_), runtimeFingerprint(&data_, &job_.model).dump());
@@ -273,27 +276,70 @@ WorkerJob::Placement WorkerJob::joinGeneration(const GenerationPlan& plan, int r
   return pl;
 }
 
+void WorkerJob::restoreWsp() {
+  const std::string key = keys::genWspRestore(gen_);
+  if (!store_->check({key})) return;  // the job's first generation
+  const int64_t step = getInt(*store_, key);
+  PosixFileSystem fs;
+  if (step < 0) tr_->importState(*wsp_start_);
+  else tr_->importState(loadCheckpoint(ckpt_dir_ + "/" + checkpointDirName(step), fs));
+}
+
+void WorkerJob::replayStart() {
+  if (!store_->check({keys::kJobWspReplay})) return;
+  const std::string text = getString(*store_, keys::kJobWspReplay);
+  const std::optional<RestoreRecord> r =
+      RestoreRecord::fromJson(json::parse(text.substr(0, text.find('\n')), nullptr, false), "--replay");
+  if (!r || r->checkpoint.empty()) return;
+  PosixFileSystem fs;
+  const CheckpointData ck = loadCheckpoint(r->checkpoint, fs);
+  if (!ck.meta.contains("wsp") || ck.meta.at("wsp").value("clock", int64_t{-1}) != r->clock)
+    throw InputError("--replay: " + r->checkpoint + " is not the WSP checkpoint of clock " + std::to_string(r->clock) +
+                     " that the replayed run restored");
+  tr_->importState(ck);
+}
+
 bool WorkerJob::trainWsp(const Placement& p) {
-  if (!vn_ex_ || core_->nextStep() != 0)
-    throw JobError("a WSP job (sync.mode = \"wsp\") cannot go on from step " + std::to_string(core_->nextStep()) +
-                   " after a change of its workers: WSP faults are not handled yet (docs/wsp.md)");
+  if (!vn_ex_ || !wsp_start_) throw JobError("a WSP job (sync.mode = \"wsp\") runs data-parallel workers only");
   std::optional<ReplayPlan> replay;
   if (store_->check({keys::kJobWspReplay})) {
     const std::string text = getString(*store_, keys::kJobWspReplay);
     if (!text.empty()) replay = ReplayPlan::parse(text, "--replay", p.world);
   }
+  restoreWsp();
+  if (core_->nextStep() % job_.wave != 0 && core_->nextStep() != steps_)
+    throw InputError("a WSP job resumes at a clock (a multiple of sync.wave = " + std::to_string(job_.wave) +
+                     " steps); this checkpoint is of step " + std::to_string(core_->nextStep()));
   core_->setControl({});
   tr_->setSpeedSlot(-1);  // no straggler re-plans: WSP is how this job absorbs slow workers
-  WspWorker w(job_, steps_, *vn_ex_, *p.comm, replay ? &*replay : nullptr);
-  w.run([&](const StepStats& st) {
-    last_line_ = commitLine(job_, st, p.world, gen_);
-    if (p.rank != 0) return;
-    // Rank 0's own minibatches (its loss; evaluations of its local weights,
-    // the last one of the final model).
-    json line = stepLine(job_, steps_, st, *tr_, *data_.test, p.world, gen_);
-    setString(*store_, keys::metrics(st.step), line.dump());
-  });
-  wsp_result_ = w.result();
+  WspWorker::CheckpointSink sink;
+  if (keeper_)  // rank 0 writes the servers' checkpoints (docs/wsp.md)
+    sink = [this](const CheckpointData& d) {
+      faultPoint("checkpoint@" + std::to_string(d.step - 1), id_);
+      keeper_->submit(d);  // copied before it returns; a failure is reported (stderr) and counted
+    };
+  auto w = std::make_unique<WspWorker>(job_, steps_, *vn_ex_, *p.comm, replay ? &*replay : nullptr, sink);
+  try {
+    w->run([&](const StepStats& st) {
+      last_line_ = commitLine(job_, st, p.world, gen_);
+      if (p.rank != 0) return;
+      // Rank 0's own minibatches (its loss; evaluations of its local weights,
+      // the last one of the final model).
+      json line = stepLine(job_, steps_, st, *tr_, *data_.test, p.world, gen_);
+      setString(*store_, keys::metrics(st.step), line.dump());
+    });
+  } catch (const CommFailure&) {
+    // What this member knew of the generation's pushes (its clock, and the
+    // waves of each VW its shard received): the manager reports what the
+    // regroup loses. Rank 0's checkpoint in flight lands first, so that
+    // the manager chooses among settled ones.
+    setString(*store_, keys::genReport(gen_, "wsp", id_),
+              json({{"rank", p.rank}, {"clock", w->clock()}, {"received", w->received()}}).dump());
+    if (keeper_) keeper_->flush();
+    abandoned_wsp_.push_back(w.release());
+    throw;
+  }
+  wsp_result_ = w->result();
   return false;
 }
 

@@ -31,6 +31,8 @@ namespace morph {
 // join it, train until the job ends or membership changes, and at the end
 // post its result. Destroyed before its caller's error handling runs, as
 // the locals of one function were.
+class WspWorker;
+
 class WorkerJob {
  public:
   // Reads the job from the store (the text the manager validated).
@@ -59,8 +61,15 @@ class WorkerJob {
   // Phase 4b: trains until the last step (false) or a regroup (true).
   bool trainLoop(const Placement& p);
   // The same for a WSP job (docs/wsp.md): every minibatch of this virtual
-  // worker, through the parameter servers; never regroups.
+  // worker, through the parameter servers; never regroups (a lost peer:
+  // CommFailure, after reporting what this member knew of the pushes).
   bool trainWsp(const Placement& p);
+  // A WSP generation that follows a lost one: every member first restores
+  // the servers' state the manager chose (gen/<g>/wsp_restore).
+  void restoreWsp();
+  // A WSP replay of a run that lost a worker (its log's RestoreRecord):
+  // loads the checkpoint that run's last generation restored (docs/wsp.md).
+  void replayStart();
   // Phase 5: posts the result and waits for the job to finish.
   void finish(const Placement& p);
   // Reports the committed step when leaving a generation (ready or left).
@@ -131,6 +140,12 @@ class WorkerJob {
   int64_t gen_ = -1;
   nlohmann::json last_line_;  // metrics of the last step this worker committed
   nlohmann::json wsp_result_;  // a WSP job's pushes, pulls and log records (WspWorker::result)
+  // WSP: the job's start (its first state, or the --resume checkpoint's),
+  // restored when a generation is lost before any checkpoint was written.
+  std::optional<CheckpointData> wsp_start_;
+  // WSP workers of lost generations: never destroyed, their server threads
+  // may still wait on the aborted group (as comms_).
+  std::vector<WspWorker*> abandoned_wsp_;
   HeldLayers held_;  // pipeline: the layers this worker holds at its committed step
 };
 
