@@ -11,15 +11,10 @@
 #include "core/error.h"
 #include "models/model.h"
 #include "models/module_path.h"
+#include "models/shape_text.h"
 
 namespace morph {
 namespace {
-
-std::string shapeOf(const torch::Tensor& t) {
-  std::string s;
-  for (int64_t v : t.sizes()) s += (s.empty() ? "" : ", ") + std::to_string(v);
-  return "(" + s + ")";
-}
 
 // The checkpoint's trained tensors: (layer, "param/x" | "buffer/x" less its
 // kind) -> tensor; optimiser state and the rest are not the model's.
@@ -86,7 +81,7 @@ int64_t exportModel(const JobSpec& job, const std::string& checkpoint, const std
                          " (a checkpoint of another module file?)");
       torch::Tensor dst = m.attr(leaf).toTensor();
       if (!dst.sizes().equals(t.value.sizes()) || dst.scalar_type() != t.value.scalar_type())
-        throw InputError(from + ": tensor '" + t.name + "' is " + shapeOf(t.value) + " but " + shapeOf(dst) + " in " +
+        throw InputError(from + ": tensor '" + t.name + "' is " + shapeText(t.value.sizes()) + " but " + shapeText(dst.sizes()) + " in " +
                          job.model.path);
       dst.copy_(t.value);
     }

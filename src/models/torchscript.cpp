@@ -25,6 +25,7 @@
 #include "core/npy.h"
 #include "models/graph.h"
 #include "models/model.h"
+#include "models/shape_text.h"
 
 namespace morph {
 namespace {
@@ -44,12 +45,6 @@ std::string errorText(const std::exception& e) {
   const size_t begin = text.rfind('\n', end);
   const std::string last = text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
   return last.find("Error: ") != std::string::npos ? last : first;
-}
-
-std::string shapeOf(const torch::Tensor& t) {
-  std::string s;
-  for (int64_t v : t.sizes()) s += (s.empty() ? "" : ", ") + std::to_string(v);
-  return "(" + s + (t.dim() == 1 ? ",)" : ")");
 }
 
 // One segment of the module's forward. Its tensors are registered under
@@ -198,7 +193,7 @@ void checkModel(const JobSpec& job) {
       out = model->layer(l).forward(in);
     } catch (const std::exception& e) {
       throw InputError(path + ": the layer '" + model->layerName(l) + "' fails on an input of shape " +
-                       shapeOf(in) + (l == 0 ? input_note : "") + ": " + errorText(e));
+                       shapeText(in.sizes()) + (l == 0 ? input_note : "") + ": " + errorText(e));
     }
   }
   if (out.scalar_type() != torch::kFloat32)
@@ -212,11 +207,11 @@ void checkModel(const JobSpec& job) {
       torch::jit::setGraphExecutorOptimize(false);
       whole = root.forward({x}).toTensor();
     } catch (const std::exception& e) {
-      throw InputError(path + ": the module's forward fails on an input of shape " + shapeOf(x) + ": " + errorText(e));
+      throw InputError(path + ": the module's forward fails on an input of shape " + shapeText(x.sizes()) + ": " + errorText(e));
     }
     if (!whole.sizes().equals(out.sizes()) || !torch::allclose(whole, out, 1e-4, 1e-5))
-      throw InternalError(path + ": the module's forward gives an output of shape " + shapeOf(whole) +
-                          " that its layers in order do not (" + shapeOf(out) + "): a bug in Morph's graph cuts");
+      throw InternalError(path + ": the module's forward gives an output of shape " + shapeText(whole.sizes()) +
+                          " that its layers in order do not (" + shapeText(out.sizes()) + "): a bug in Morph's graph cuts");
   }
   // The output must fit the loss.
   if (job.regression()) {
@@ -224,19 +219,19 @@ void checkModel(const JobSpec& job) {
     std::string target;
     for (int64_t v : spec.target) per_sample *= v, target += ", " + std::to_string(v);
     if (out.dim() < 1 || out.size(0) != b || out.numel() != b * per_sample)
-      throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
+      throw InputError(path + ": the output of shape " + shapeText(out.sizes()) + " for " + std::to_string(b) +
                        " samples does not fit the mse loss: the targets (" + job.data.train_y + ") are (" +
                        std::to_string(b) + target + ")");
   } else if (!spec.target.empty()) {
     // Token labels (b, T): a class per position.
     if (out.dim() != 3 || out.size(0) != b || out.size(1) != spec.target[0] || out.size(2) < spec.classes)
-      throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
+      throw InputError(path + ": the output of shape " + shapeText(out.sizes()) + " for " + std::to_string(b) +
                        " samples does not fit the cross_entropy loss over token labels (" + job.data.train_y +
                        "): expected (" + std::to_string(b) + ", " + std::to_string(spec.target[0]) +
                        ", classes) with classes >= " + std::to_string(spec.classes) + " (the labels 0.." +
                        std::to_string(spec.classes - 1) + ")");
   } else if (out.dim() != 2 || out.size(0) != b || out.size(1) < spec.classes) {
-    throw InputError(path + ": the output of shape " + shapeOf(out) + " for " + std::to_string(b) +
+    throw InputError(path + ": the output of shape " + shapeText(out.sizes()) + " for " + std::to_string(b) +
                      " samples does not fit the cross_entropy loss: expected (" + std::to_string(b) +
                      ", classes) with classes >= " + std::to_string(spec.classes) + " (the data's labels 0.." +
                      std::to_string(spec.classes - 1) + ")");
