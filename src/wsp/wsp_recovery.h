@@ -3,6 +3,7 @@
 // checkpointed, and what a regroup lost. No I/O.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
