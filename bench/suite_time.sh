@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# What CI pays: the README's test command from a fresh clone, timed by
+# phase (dependency check, configure + build, ctest), with the slowest ten
+# tests and the process starts of the ctest phase (every `morph` start loads
+# Debian's libtorch and its 290 shared objects: about 0.6 CPU-s each).
+#   bash bench/suite_time.sh [REPO] [WORK_DIR]
+# REPO defaults to this checkout (its committed HEAD), WORK_DIR to a new
+# temporary folder. Nothing else should run beside it (`cpu quiet` on the
+# development machine); ccache is off for the build, as on a fresh machine.
+# The process count needs perf (linux-perf) and root; without it the line
+# says so.
+set -euo pipefail
+repo=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+work=${2:-$(mktemp -d)}
+git clone -q "$repo" "$work/morph"
+cd "$work/morph"
+now() { date +%s.%N; }
+secs() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.0f}')" "$1" "$2"; }
+t0=$(now)
+bash scripts/install-deps.sh > "$work/install.log" 2>&1
+t1=$(now)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1
+CCACHE_DISABLE=1 /usr/bin/time -f "%U %S" -o "$work/build.cpu" cmake --build build -j2 > "$work/build.log" 2>&1
+t2=$(now)
+ctest_cmd=(ctest --test-dir build --output-on-failure -j2)
+rc=0
+if command -v perf > /dev/null && [[ $(id -u) == 0 ]]; then
+  perf record -q -a -e sched:sched_process_exec -o "$work/exec.data" -- "${ctest_cmd[@]}" > "$work/ctest.log" 2>&1 || rc=$?
+else
+  "${ctest_cmd[@]}" > "$work/ctest.log" 2>&1 || rc=$?
+fi
+t3=$(now)
+read -r bu bs < "$work/build.cpu"
+echo "fresh clone of $(git rev-parse --short HEAD), $(nproc) cores, logs in $work"
+echo "install check $(secs "$t0" "$t1") s | configure + build $(secs "$t1" "$t2") s (CPU ${bu%.*} user + ${bs%.*} sys) |" \
+  "ctest $(secs "$t2" "$t3") s (exit $rc) | total $(secs "$t0" "$t3") s"
+echo "slowest ten tests (s):"
+grep -E 'Test +#' "$work/ctest.log" | awk '{print $(NF-1), $4}' | sort -rn | head -n 10 | sed 's/^/  /'
+if [[ -e $work/exec.data ]]; then
+  starts=$(perf script -F trace -i "$work/exec.data" 2> /dev/null | grep -c "filename=$work/morph/build/" || true)
+  echo "process starts of Morph's binaries during ctest: $starts"
+else
+  echo "process starts: not counted (needs perf and root)"
+fi
+exit "$rc"
