@@ -81,8 +81,8 @@ int64_t exportModel(const JobSpec& job, const std::string& checkpoint, const std
                          " (a checkpoint of another module file?)");
       torch::Tensor dst = m.attr(leaf).toTensor();
       if (!dst.sizes().equals(t.value.sizes()) || dst.scalar_type() != t.value.scalar_type())
-        throw InputError(from + ": tensor '" + t.name + "' is " + shapeText(t.value.sizes()) + " but " + shapeText(dst.sizes()) + " in " +
-                         job.model.path);
+        throw InputError(from + ": tensor '" + t.name + "' is " + shapeText(t.value.sizes()) +
+                         " but " + shapeText(dst.sizes()) + " in " + job.model.path);
       dst.copy_(t.value);
     }
     root.save(out);

@@ -207,11 +207,13 @@ void checkModel(const JobSpec& job) {
       torch::jit::setGraphExecutorOptimize(false);
       whole = root.forward({x}).toTensor();
     } catch (const std::exception& e) {
-      throw InputError(path + ": the module's forward fails on an input of shape " + shapeText(x.sizes()) + ": " + errorText(e));
+      throw InputError(path + ": the module's forward fails on an input of shape " +
+                       shapeText(x.sizes()) + ": " + errorText(e));
     }
     if (!whole.sizes().equals(out.sizes()) || !torch::allclose(whole, out, 1e-4, 1e-5))
-      throw InternalError(path + ": the module's forward gives an output of shape " + shapeText(whole.sizes()) +
-                          " that its layers in order do not (" + shapeText(out.sizes()) + "): a bug in Morph's graph cuts");
+      throw InternalError(path + ": the module's forward gives an output of shape " +
+                          shapeText(whole.sizes()) + " that its layers in order do not (" +
+                          shapeText(out.sizes()) + "): a bug in Morph's graph cuts");
   }
   // The output must fit the loss.
   if (job.regression()) {
