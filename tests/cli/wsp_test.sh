@@ -140,14 +140,16 @@ got=$("$MORPH" run "$work/k0.toml" --workers 2 --out "$work/kr" --resume "$work/
 echo "D = 0 sync $ref, 16 steps on 3 workers then resumed on 2: $got"
 [[ "$ref" == "$got" ]] || { echo "FAIL: a resumed WSP run (D = 0) differs from sync"; exit 1; }
 
+# run_killed JOB OUT: JOB on 3 workers, worker 1 dying before its
+# minibatch 13 (morph_crashy's fault seam); the job must finish (exit 0).
+run_killed() {
+  local rc=0
+  MORPH_TEST_FAULT="compute@13:1:exit" timeout 120 "$CRASHY" run "$1" --workers 3 --out "$2" > "$2.log" 2>&1 || rc=$?
+  (( rc == 0 )) || { echo "FAIL: $1 with worker 1 killed: exit $rc"; tail -n 30 "$2.log"; exit 1; }
+}
 # Worker 1 dies before its minibatch 13: the shards hold version 13 at
 # most, rank 0 gathered version 8 (due at 8, 16, 24) on its pull of clock 8.
-set +e
-MORPH_TEST_FAULT="compute@13:1:exit" timeout 120 "$CRASHY" run "$work/k0.toml" --workers 3 --out "$work/kf" \
-  > "$work/kf.log" 2>&1
-rc=$?
-set -e
-(( rc == 0 )) || { echo "FAIL: the WSP job with a killed worker: exit $rc"; tail -n 30 "$work/kf.log"; exit 1; }
+run_killed "$work/k0.toml" "$work/kf"
 grep -q "test hook: worker 1 at 'compute@13'" "$work/kf.log" || { echo "FAIL: the kill did not strike"; cat "$work/kf.log"; exit 1; }
 grep "WSP: generation 1 restores" "$work/kf.log"
 grep -q "WSP: generation 1 restores the servers' state of .*step-000000000008 (clock 8, step 8); clocks 8\.\.1[23] lost" \
@@ -173,12 +175,7 @@ echo "D = 0 with worker 1 killed at minibatch 13: $got"
 # --replay on the survivors' count replays the last generation from that
 # checkpoint and gives the faulted run's hash and log.
 elastic_mlp_job "$work/k2.toml" wsp-k2 4 24 $'[checkpoint]\nevery = 8\n[sync]\nmode = "wsp"\nstaleness = 2\nwave = 2'
-set +e
-MORPH_TEST_FAULT="compute@13:1:exit" timeout 120 "$CRASHY" run "$work/k2.toml" --workers 3 --out "$work/k2f" \
-  > "$work/k2f.log" 2>&1
-rc=$?
-set -e
-(( rc == 0 )) || { echo "FAIL: D = 2 with a killed worker: exit $rc"; tail -n 30 "$work/k2f.log"; exit 1; }
+run_killed "$work/k2.toml" "$work/k2f"
 grep "WSP: generation 1 restores" "$work/k2f.log" || { echo "FAIL: no restore line"; cat "$work/k2f.log"; exit 1; }
 head -n 1 "$work/k2f/wsp_log.jsonl" | grep -q '"restored"' || { echo "FAIL: no restore record"; exit 1; }
 h1=$(tail -n 1 "$work/k2f.log")
