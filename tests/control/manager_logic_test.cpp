@@ -159,7 +159,7 @@ TEST(ManagerLogic, HeartBeatingMemberIsStuckOnlyAfterItsDeadline) {
   h.generations->maybeStart(h.store, h.clock, h.clock.t);
   ASSERT_EQ(h.generations->current(), 0);
   h.report(1, 10);  // worker 1 regroups; worker 0 is busy
-  h.generations->watchMembership(h.store, h.clock);
+  h.generations->watchMembership(h.store, h.clock, false);
   ASSERT_TRUE(h.generations->inTransition());
   const double start = h.clock.t;
   const double stuck_after = kStuckFactor * h.generations->regroupDeadline();
@@ -313,17 +313,50 @@ TEST(ManagerLogic, PartitionKeepsTheLargestGroupAndReadmitsTheOther) {
   // does not grow back.
   reach(2, 1, {0});
   h.generations->watchPartitions(h.store, h.clock);
-  h.generations->watchMembership(h.store, h.clock);
+  h.generations->watchMembership(h.store, h.clock, false);
   EXPECT_FALSE(h.generations->inTransition());
   // Healed: it reaches 0 and 1, and joins.
   reach(2, 1, {});
   h.generations->watchPartitions(h.store, h.clock);
-  h.generations->watchMembership(h.store, h.clock);
+  h.generations->watchMembership(h.store, h.clock, false);
   ASSERT_TRUE(h.generations->inTransition());
   h.report(0, 60);
   h.report(1, 60);
   ASSERT_TRUE(h.generations->transitionComplete(h.store, h.clock).complete);
   EXPECT_EQ(h.generations->publish(h.store, 0).members, std::vector<int64_t>({0, 1, 2}));
+}
+
+// A resize request whose new worker registers as the last step commits
+// (seen in cluster.LiveFourJobsSameHashes under load: the job waited 3 min
+// for answers from members that had finished): once every step is
+// committed no growth starts; and a transition started just before the
+// members finished the last step does not keep the job from ending when
+// their results of the generation are posted.
+TEST(ManagerLogic, JoinerAtTheLastStepDoesNotHoldTheEnd) {
+  Harness h(kMlpJob, 2);
+  h.registerWorker(0);
+  h.registerWorker(1);
+  h.poll();
+  h.generations->maybeStart(h.store, h.clock, h.clock.t);
+  ASSERT_EQ(h.generations->current(), 0);
+  put(h.store, keys::kResizeTarget, "3");
+  h.store.add(keys::kResizeSeq, 1);
+  EXPECT_EQ(h.generations->pollResizeRequests(h.store), 1);  // one worker to start
+  h.registerWorker(2);
+  h.poll();
+  h.generations->watchMembership(h.store, h.clock, true);  // every step committed
+  EXPECT_FALSE(h.generations->inTransition());
+  // The request came before the last step committed; the members finished it anyway.
+  h.generations->watchMembership(h.store, h.clock, false);
+  ASSERT_TRUE(h.generations->inTransition());
+  EXPECT_FALSE(h.generations->resultsPosted(h.store));
+  put(h.store, keys::result(0), json({{"generation", 0}, {"model_hash", "a"}}).dump());
+  EXPECT_FALSE(h.generations->resultsPosted(h.store));  // worker 1's is missing
+  put(h.store, keys::result(1), json({{"generation", -1}, {"model_hash", "a"}}).dump());
+  EXPECT_FALSE(h.generations->resultsPosted(h.store));  // a stale one does not count
+  put(h.store, keys::result(1), json({{"generation", 0}, {"model_hash", "a"}}).dump());
+  EXPECT_TRUE(h.generations->resultsPosted(h.store));
+  EXPECT_FALSE(h.generations->transitionComplete(h.store, h.clock).complete);  // nobody answers it
 }
 
 }  // namespace

@@ -479,7 +479,7 @@ void Generations::forgetPast(c10d::Store& store) {
 // A running generation: starts a transition when a member posted ready or
 // left (a leave, or a failure a survivor saw first), when joiners can grow
 // it, or when a resize request shrinks it.
-void Generations::watchMembership(c10d::Store& store, const Clock& clock) {
+void Generations::watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done) {
   // Members bump "events" after posting ready/left: one read instead of
   // two per member.
   const int64_t events = store.add(keys::kEvents, 0);
@@ -494,6 +494,8 @@ void Generations::watchMembership(c10d::Store& store, const Clock& clock) {
   const int size = static_cast<int>(members_.size());
   if (posted) {
     startTransition(clock, "");  // a leave, or a failure a survivor saw first
+  } else if (all_steps_done) {
+    return;  // the members finish; a joiner or resize request comes too late
   } else if (pm_.pipelined()) {
     // Grow when the workers at hand make a bigger shape (joiners, or a
     // larger --workers target); extra workers wait as spares.
@@ -511,6 +513,27 @@ void Generations::watchMembership(c10d::Store& store, const Clock& clock) {
     writeWant(store, gen_ + 1);
     startTransition(clock, "request");
   }
+}
+
+bool Generations::resultsPosted(c10d::Store& store) const {
+  if (gen_ < 0) return false;
+  // Results of every member still alive (one that died after the last
+  // step may or may not have posted one).
+  std::vector<std::string> keys;
+  int posted = 0;
+  for (int64_t id : members_) {
+    const std::string k = keys::result(id);
+    if (m_.workers().count(id) && m_.workers().at(id).alive) keys.push_back(k);
+    posted += store.check({k});
+  }
+  // Only results of this generation count (a member posts one when its
+  // training loop ends; one of an earlier generation is stale).
+  bool current = posted > 0 && store.check(keys);
+  for (size_t i = 0; current && i < keys.size(); ++i) {
+    const json r = json::parse(getString(store, keys[i]), nullptr, false);
+    current = r.is_object() && r.value("generation", int64_t{-1}) == gen_;
+  }
+  return current;
 }
 
 std::vector<int64_t> Generations::joiners() const {

@@ -67,8 +67,14 @@ class Generations {
   void maybeStart(c10d::Store& store, const Clock& clock, double since);
   // A running generation: starts a transition when a member posted ready
   // or left, when waiting workers can grow it, or when a resize request
-  // shrinks it.
-  void watchMembership(c10d::Store& store, const Clock& clock);
+  // shrinks it. `all_steps_done` (the last step is committed): no growth
+  // or shrink any more, the members are posting their results.
+  void watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done);
+  // Every member still alive posted its result of the current generation
+  // (its training loop ended). Also while a transition is under way: one
+  // started as the last step committed (a resize request, a joiner) is
+  // never answered by members that already finished.
+  bool resultsPosted(c10d::Store& store) const;
   // What a transition waits for: every member alive has answered
   // (complete) once the members in `stuck` are declared dead (they have
   // not answered for kStuckFactor x the regroup deadline although they

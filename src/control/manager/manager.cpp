@@ -283,9 +283,9 @@ void Manager::superviseGenerations() {
       for (const auto& d : a.stuck) markDead(d.id, d.why);
       if (a.complete) g.publish(store, outputs_->nextStep());
     } else {
-      g.watchMembership(store, clock_);
+      g.watchMembership(store, clock_, outputs_->allStepsDone(store));
     }
-    if (outputs_->resultsPosted(store, g, m)) return;
+    if (outputs_->resultsPosted(store, g)) return;
     if (!m.anyone() && g.current() >= 0) throw NoWorkerLeft("no worker is left");
     // No polling: the loop sleeps until a worker writes (a dead local
     // worker's peers post "ready" at once) or, for heartbeats, deadlines and

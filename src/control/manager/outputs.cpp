@@ -159,25 +159,8 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
 
 // Whether training is over: every step's metrics read and every member
 // still alive posted its result of this generation.
-bool Outputs::resultsPosted(c10d::Store& store, const Generations& g, const Membership& m) const {
-  if (!(allStepsRead() && g.current() >= 0 && !g.inTransition())) return false;
-  // Results of every member still alive (one that died after the last
-  // step may or may not have posted one).
-  std::vector<std::string> keys;
-  int posted = 0;
-  for (int64_t id : g.members()) {
-    const std::string k = keys::result(id);
-    if (m.workers().count(id) && m.workers().at(id).alive) keys.push_back(k);
-    posted += store.check({k});
-  }
-  // Only results of this generation count (a member posts one when its
-  // training loop ends; one of an earlier generation is stale).
-  bool current = posted > 0 && store.check(keys);
-  for (size_t i = 0; current && i < keys.size(); ++i) {
-    const json r = json::parse(getString(store, keys[i]), nullptr, false);
-    current = r.is_object() && r.value("generation", int64_t{-1}) == g.current();
-  }
-  return current;
+bool Outputs::resultsPosted(c10d::Store& store, const Generations& g) const {
+  return allStepsRead() && g.resultsPosted(store);
 }
 
 }  // namespace morph

@@ -45,8 +45,8 @@ class Outputs {
   bool allStepsRead() const { return log_ && next_ == steps_; }
   int64_t nextStep() const { return next_; }
   // Whether training is over: every step's metrics read and every member
-  // still alive posted its result of this generation.
-  bool resultsPosted(c10d::Store& store, const Generations& g, const Membership& m) const;
+  // still alive posted its result of this generation (Generations::resultsPosted).
+  bool resultsPosted(c10d::Store& store, const Generations& g) const;
   int64_t lastCommitted() const { return committed_; }
   // Phase 4: the members' results checked against each other, the workers
   // told the job finished (and waited for), and the summary written.
