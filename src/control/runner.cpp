@@ -96,7 +96,25 @@ void checkLocalMemory(const JobSpec& job, const RunOptions& o) {
   if (local == 0) return;
   const bool pipeline = o.stages > 1 || (!o.plan.empty() && o.plan != "auto");
   const double models = pipeline ? std::max(1.0, static_cast<double>(local) / std::max(1, o.stages)) : local;
-  checkJobFitsMemory(job, models, local, availableMemoryBytes());
+  const int64_t available = availableMemoryBytes();
+  checkJobFitsMemory(job, models, local, available);
+  if (job.sync_mode != SyncMode::kWsp || pipeline || o.workers < 2 || available < 0) return;
+  // A WSP virtual worker adds its wave sum, pushes and shard (docs/wsp.md,
+  // "Memory and wave"), counted here as a lower bound too: equal shards,
+  // and the staleness' pushes only for a job whose steps are known.
+  const MemoryEstimate e = estimateJobMemory(job);
+  if (e.parameters <= 0) return;  // a TorchScript model: not counted before it is loaded
+  WspMemoryInput in;
+  in.values = e.parameters + 2;  // batch-norm statistics left out
+  in.vws = o.workers;
+  in.shard_values = in.values / o.workers;
+  in.shard_params = e.parameters / o.workers;
+  in.checkpoints = job.checkpoint_every > 0;
+  const int64_t clocks = job.steps > 0 ? (job.steps + job.wave - 1) / job.wave : 1;
+  checkWspMemory(job.file,
+                 "this machine (" + formatBytes(static_cast<double>(available)) + " available for " +
+                     std::to_string(local) + " local workers; a lower bound: activations not counted)",
+                 static_cast<int64_t>(e.model_bytes + e.data_bytes), in, job.staleness, clocks, available / local);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "core/memory_estimate.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,87 @@ void checkJobFitsMemory(const JobSpec& job, double model_copies, double data_cop
   os << " from " << e.data_keys << "; activations not counted. Make "
      << (model >= data ? e.model_keys : e.data_keys) << " smaller"
      << (model_copies > 1 || data_copies > 1 ? ", or start fewer workers on this machine" : "");
+  throw InputError(os.str());
+}
+
+WspMemory wspWorkerMemory(const WspMemoryInput& in) {
+  const double vs = in.shard_values, w = static_cast<double>(in.vws);
+  const double state = 4 * vs;  // global weights: a float per value (parameters, running statistics)
+  WspMemory m;
+  // ScaledValues of the whole buffer (wsp_worker.h: wave_), int64 per value.
+  m.wave_sum = static_cast<int64_t>(8 * in.values);
+  // WspWorker::push keeps every other shard's payload until its send is
+  // done, and builds one more vector per shard.
+  m.push = static_cast<int64_t>(8 * (in.values - in.values / w) + 8 * vs);
+  // ParamShard: the weights, the parameters' gradient (dequantised clock
+  // sum) and the optimiser state.
+  m.shard = static_cast<int64_t>(state + 4 * in.shard_params * (1 + in.optim_copies));
+  // WspWorker::serve: a push buffer per peer thread.
+  m.receive = static_cast<int64_t>(8 * vs * (w - 1));
+  // ParamShard::pending_: every VW's pushes of pending_clocks clocks but the
+  // one whose absence holds the oldest; applyClock's sum and push()'s copy.
+  const double pushes = static_cast<double>(std::max<int64_t>(1, in.pending_clocks)) * w - 1;
+  m.pending = static_cast<int64_t>(8 * vs * (pushes + 2));
+  // ParamShard::pull's copy and serve's clone, per peer at once.
+  m.replies = static_cast<int64_t>(2 * state * (w - 1));
+  if (in.checkpoints) m.snapshot = static_cast<int64_t>(state + 4 * in.shard_params * in.optim_copies);
+  return m;
+}
+
+std::string WspMemory::describe() const {
+  std::string s;
+  auto add = [&](const char* what, int64_t b) {
+    if (b == 0) return;
+    s += (s.empty() ? "" : " + ") + std::string(what) + " " + formatBytes(static_cast<double>(b));
+  };
+  add("wave sum", wave_sum);
+  add("push", push);
+  add("shard", shard);
+  add("push buffers", receive);
+  add("pending pushes", pending);
+  add("pull replies", replies);
+  add("snapshot", snapshot);
+  return s;
+}
+
+int64_t wspPendingClocks(int64_t staleness, int64_t clocks) {
+  const int64_t gate = staleness + 1;
+  return clocks > 0 ? std::min(gate, clocks) : gate;
+}
+
+void checkWspMemory(const std::string& job_file, const std::string& where, int64_t worker_bytes, WspMemoryInput in,
+                    int64_t staleness, int64_t clocks, int64_t cap) {
+  in.pending_clocks = wspPendingClocks(staleness, clocks);
+  const WspMemory m = wspWorkerMemory(in);
+  const int64_t need = worker_bytes + m.total();
+  if (cap <= 0 || need <= cap) return;
+  // Only the pushes a shard may hold grow with a key (sync.staleness); a
+  // VW runs its minibatches one at a time, so sync.wave adds nothing.
+  auto needAt = [&](int64_t d) {
+    WspMemoryInput t = in;
+    t.pending_clocks = wspPendingClocks(d, clocks);
+    return worker_bytes + wspWorkerMemory(t).total();
+  };
+  const int64_t need0 = needAt(0);
+  std::ostringstream os;
+  os << job_file << ": key '" << (need0 <= cap ? "sync.staleness" : "sync.mode") << "': a WSP virtual worker on "
+     << where << " needs about " << formatBytes(static_cast<double>(need)) << " but may use "
+     << formatBytes(static_cast<double>(cap)) << ": the data-parallel worker "
+     << formatBytes(static_cast<double>(worker_bytes)) << " + " << m.describe() << " (its shard may hold "
+     << in.pending_clocks << " clocks of every virtual worker's pushes with sync.staleness = " << staleness
+     << "; sync.wave adds nothing: a virtual worker runs its minibatches one at a time)";
+  if (need0 <= cap) {
+    // The need grows with D: the largest D that fits, by bisection.
+    int64_t lo = 0, hi = staleness;  // needAt(lo) fits, needAt(hi) does not
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (needAt(mid) <= cap ? lo : hi) = mid;
+    }
+    os << "; expected at most " << lo << ", got " << staleness;
+  } else {
+    os << "; even sync.staleness = 0 needs " << formatBytes(static_cast<double>(need0))
+       << ": use sync.mode = \"sync\", a device with more memory or a smaller model";
+  }
   throw InputError(os.str());
 }
 

@@ -40,6 +40,62 @@ set -e
 [[ $rc == 2 ]] && grep -q "sync.mode.*pipelines" "$work/bad.err" \
   || { echo "FAIL: wsp with a pipeline: exit $rc"; cat "$work/bad.err"; exit 1; }
 
+# Memory (docs/wsp.md, "Memory and wave"): the pushes a shard may hold grow
+# with sync.staleness, so a D whose pushes exceed a device's memory exits 2
+# naming sync.staleness, the device and the largest D that fits; sync.wave
+# does not change the need (the same figure for wave 1 and 2); D = 2 runs.
+cat > "$work/devs.toml" <<'TOML'
+[types.small]
+memory_mib = 1024
+[[devices]]
+type = "small"
+count = 2
+TOML
+wsp_mem() {  # wsp_mem D WAVE STEPS: exit code; stderr in $work/mem.err
+  STEPS=$3 mlp_job "$work/mem.toml" wsp-mem 3 $'[sync]\nmode = "wsp"\nstaleness = '"$1"$'\nwave = '"$2"
+  set +e
+  timeout 30 "$MORPH" run "$work/mem.toml" --quiet --resources "$work/devs.toml" --out "$work/memout" \
+    > /dev/null 2> "$work/mem.err"  # a run the check let through would take hours
+  echo $?
+  set -e
+}
+rc=$(wsp_mem 10000 1 1000000)
+[[ $rc == 2 ]] && grep -q "key 'sync.staleness'.*worker slot 0 (type small.*expected at most [0-9]*, got 10000" "$work/mem.err" \
+  || { echo "FAIL: D = 10000 on 1 GiB devices: exit $rc"; cat "$work/mem.err"; exit 1; }
+need1=$(grep -o "needs about [0-9.]* [A-Za-z]*" "$work/mem.err")
+rc=$(wsp_mem 10000 2 1000000)
+need2=$(grep -o "needs about [0-9.]* [A-Za-z]*" "$work/mem.err")
+[[ $rc == 2 && -n "$need1" && "$need1" == "$need2" ]] \
+  || { echo "FAIL: wave 2 changed the WSP memory ($need1 / $need2, exit $rc)"; cat "$work/mem.err"; exit 1; }
+rc=$(wsp_mem 2 1 6)
+[[ $rc == 0 ]] || { echo "FAIL: D = 2 on 1 GiB devices: exit $rc"; cat "$work/mem.err"; exit 1; }
+# Without a resources file, this machine's available memory (a lower bound).
+cat > "$work/big.toml" <<'TOML'
+[job]
+name = "wsp-big"
+steps = 100000000
+[data]
+dataset = "synthetic"
+train_size = 200
+test_size = 20
+[model]
+name = "mlp"
+hidden = [4096]
+[batch]
+global = 20
+virtual_nodes = 4
+[sync]
+mode = "wsp"
+staleness = 1000000
+TOML
+set +e
+timeout 30 "$MORPH" run "$work/big.toml" --quiet --workers 2 --out "$work/bigout" > /dev/null 2> "$work/big.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "key 'sync.staleness'.*this machine" "$work/big.err" \
+  || { echo "FAIL: D = 10^6 of a 3M-parameter model on this machine: exit $rc"; cat "$work/big.err"; exit 1; }
+echo "memory: $need1 with D = 10000 on 1 GiB devices (wave 1 and 2), refused; D = 2 ran"
+
 # --- the runtime ----------------------------------------------------------
 # summary_wsp DIR: prints summary.json's wsp as "gap pushes pulls".
 summary_wsp() {
@@ -87,9 +143,9 @@ echo "cnn on 2 workers: sync $ref, wsp D=0 $got"
 # Drift: worker 1 emulates a device 6x slower; D = 2, waves of 2 minibatches.
 cat > "$work/res.toml" <<TOML
 [types.fast]
-memory_mib = 4096
+memory_mib = 1024
 [types.slow]
-memory_mib = 4096
+memory_mib = 1024
 slowdown = 6.0
 [[devices]]
 type = "fast"
@@ -100,7 +156,7 @@ count = 1
 TOML
 cat > "$work/res1.toml" <<TOML
 [types.fast]
-memory_mib = 4096
+memory_mib = 1024
 [[devices]]
 type = "fast"
 count = 2

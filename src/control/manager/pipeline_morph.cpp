@@ -12,6 +12,7 @@
 #include "control/run_setup.h"
 #include "control/store_access.h"
 #include "core/error.h"
+#include "core/memory_estimate.h"
 #include "core/model_hash.h"
 #include "core/sys.h"
 #include "exec/pipeline.h"
@@ -154,6 +155,30 @@ void PipelineMorpher::checkDeviceMemory(const std::vector<size_t>& cuts, const S
   DataPair data = loadDatasets(job_.data, job_.seed);
   const auto mem = estimateStageMemory(job_, cuts, so, *data.train);
   const int P = so.stages;
+  // A WSP virtual worker (P = 1) holds a data-parallel worker's memory plus
+  // its wave sum, pushes and server shard (core/memory_estimate.h,
+  // docs/wsp.md "Memory and wave"), sized from the same estimate.
+  WspMemoryInput wsp;
+  int64_t clocks = 0;
+  if (job_.sync_mode == SyncMode::kWsp && P == 1) {
+    const StageMemory& m = mem[0];
+    const double params = static_cast<double>(m.grad_bytes) / 4;  // float32 gradients
+    wsp.values = params + static_cast<double>(m.model_bytes - m.grad_bytes) / 4 + 2;  // + running statistics, loss
+    double largest = 0;  // a shard holds at most values / W plus one tensor
+    const std::vector<char> none;
+    for (const auto& shape : buildModel(job_.model, job_.seed, &none)->parameterShapes()) {
+      double n = 1;
+      for (int64_t d : shape) n *= static_cast<double>(d);
+      largest = std::max(largest, n);
+    }
+    wsp.vws = target_;
+    wsp.shard_values = std::min(wsp.values, wsp.values / target_ + largest);
+    wsp.shard_params = wsp.shard_values * params / wsp.values;
+    wsp.optim_copies = m.grad_bytes > 0 ? static_cast<int>(m.optimizer_bytes / m.grad_bytes) : 0;
+    wsp.checkpoints = job_.checkpoint_every > 0;
+    const int64_t steps = job_.steps > 0 ? job_.steps : job_.resolveSteps(data.train->size());
+    clocks = (steps + job_.wave - 1) / job_.wave;
+  }
   for (int r = 0; r < target_; ++r) {
     const size_t slot = plan_workers_.empty() ? static_cast<size_t>(r) : static_cast<size_t>(plan_workers_[static_cast<size_t>(r)]);
     const DeviceType& t = res_->typeOf(slot);
@@ -166,6 +191,9 @@ void PipelineMorpher::checkDeviceMemory(const std::vector<size_t>& cuts, const S
                               : std::string("the model")) +
                        ": it needs about " + std::to_string((need + 524288) >> 20) + " MiB, " +
                        std::to_string((need - t.memory_bytes + 524288) >> 20) + " MiB more");
+    if (wsp.values > 0)
+      checkWspMemory(job_.file, "worker slot " + std::to_string(slot) + " (type " + t.name + " of " + res_->file + ")",
+                     need, wsp, job_.staleness, clocks, t.memory_bytes);
   }
 }
 
