@@ -232,6 +232,68 @@ void printAllocations(const std::vector<AllocationRow>& rows) {
               allocationTable(rows, [](int slot) { return std::to_string(slot); }).c_str());
 }
 
+std::string sharesText(const std::vector<int64_t>& shares) {
+  std::string t;
+  for (int64_t v : shares) t += (t.empty() ? "" : "+") + std::to_string(v);
+  return t;
+}
+
+json wspJson(const WspPrediction& w, const JobSpec& job) {
+  json vws = json::array();
+  for (const WspVwSim& v : w.wsp.vws)
+    vws.push_back({{"compute_seconds", v.compute_s}, {"push_seconds", v.push_s}, {"pull_seconds", v.pull_s},
+                   {"cycle_seconds", v.cycle_s}, {"server_seconds", v.server_s}});
+  const WspMemory& m = w.memory;
+  return {{"staleness", job.staleness},
+          {"wave", job.wave},
+          {"virtual_workers", w.plan.replicas},
+          {"vn_shares", w.plan.vn_shares},
+          {"clock_seconds", w.wsp.clock_seconds},
+          {"step_seconds", w.wsp.step_seconds},
+          {"server_seconds", w.wsp.server_seconds},
+          {"cores_bound_seconds", w.wsp.cores_bound_seconds},
+          {"slowest", w.wsp.slowest},
+          {"sync_step_seconds", w.sync.step_seconds},
+          {"vws", vws},
+          {"memory", {{"bytes", w.worker_bytes + m.total()},
+                      {"worker_bytes", w.worker_bytes},
+                      {"wave_sum", m.wave_sum},
+                      {"push", m.push},
+                      {"shard", m.shard},
+                      {"push_buffers", m.receive},
+                      {"pending_pushes", m.pending},
+                      {"pull_replies", m.replies},
+                      {"snapshot", m.snapshot},
+                      {"limit_bytes", w.limit_bytes}}}};
+}
+
+void printWsp(const WspPrediction& w, const JobSpec& job) {
+  const WspSimResult& r = w.wsp;
+  std::printf("\nWSP (sync.staleness = %lld, sync.wave = %lld): %d virtual workers = worker slots 0..%d, VN shares %s "
+              "(what morph run gives a WSP job):\n",
+              static_cast<long long>(job.staleness), static_cast<long long>(job.wave), w.plan.replicas,
+              w.plan.replicas - 1, sharesText(w.plan.vn_shares).c_str());
+  std::printf("  predicted %.2f ms per clock = %.2f ms per step's minibatches; sync on the same grouping %.2f ms per "
+              "step (WSP/sync %.2f)\n",
+              r.clock_seconds * 1e3, r.step_seconds * 1e3, w.sync.step_seconds * 1e3,
+              w.sync.step_seconds > 0 ? r.step_seconds / w.sync.step_seconds : 0.0);
+  std::printf("  %4s %12s %9s %9s %12s\n", "VW", "compute ms", "push ms", "pull ms", "wave ms");
+  for (size_t v = 0; v < r.vws.size(); ++v) {
+    const WspVwSim& s = r.vws[v];
+    std::printf("  %4zu %12.2f %9.2f %9.2f %12.2f%s\n", v, s.compute_s * 1e3, s.push_s * 1e3, s.pull_s * 1e3,
+                s.cycle_s * 1e3, static_cast<int>(v) == r.slowest ? "  slowest" : "");
+  }
+  std::printf("  shard clock %.2f ms (%s); cores bound %.2f ms per clock\n", r.server_seconds * 1e3,
+              job.staleness == 0 ? "on the path: D = 0 waits for it" : "beside the next wave: D >= 1",
+              r.cores_bound_seconds * 1e3);
+  int64_t limit = 0;
+  for (int64_t l : w.limit_bytes) limit = limit == 0 ? l : l > 0 ? std::min(limit, l) : limit;
+  std::printf("  memory per VW about %.1f MiB%s: data-parallel worker %.1f MiB + %s\n",
+              static_cast<double>(w.worker_bytes + w.memory.total()) / 1048576.0,
+              limit > 0 ? (" (limit " + fmt("%.1f", static_cast<double>(limit) / 1048576.0) + " MiB)").c_str() : "",
+              static_cast<double>(w.worker_bytes) / 1048576.0, w.memory.describe().c_str());
+}
+
 }  // namespace
 
 SimOptions simOptionsFor(const JobSpec& job, bool in_process) {
@@ -387,6 +449,12 @@ int runPlan(const PlanOptions& o) {
   rq.top_k = o.top;
   rq.sim = simOptionsFor(job, false);
   addDevices(rq, o.resources, prof, job);
+  // A WSP job: its own grouping's clock beside sync's step, and whether its
+  // virtual workers fit their memory (exit 2 first if not).
+  std::optional<WspPrediction> wsp;
+  if (job.sync_mode == SyncMode::kWsp)
+    wsp = predictWsp(prof, rq, {job.staleness, job.wave}, job.steps > 0 ? (job.steps + job.wave - 1) / job.wave : 0,
+                     job.file);
   const PlanOutcome out = planJob(prof, rq);
   std::vector<AllocationRow> allocations;
   if (!o.resources.empty()) allocations = compareAllocations(prof, rq, out);
@@ -407,11 +475,13 @@ int runPlan(const PlanOptions& o) {
                               : json{{"policy", r.policy}, {"not_applicable", r.why_not}});
       doc["allocations"] = rows;
     }
+    if (wsp) doc["wsp"] = wspJson(*wsp, job);
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
   printPlans(out, names, rq.workers);
   if (!allocations.empty()) printAllocations(allocations);
+  if (wsp) printWsp(*wsp, job);
   if (!o.out.empty()) std::printf("plan: %s\n", o.out.c_str());
   return 0;
 }

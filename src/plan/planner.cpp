@@ -960,4 +960,56 @@ std::string allocationTable(const std::vector<AllocationRow>& rows, const std::f
   return out;
 }
 
+WspPrediction predictWsp(const Profile& p, const PlanRequest& rq, const WspOptions& wsp, int64_t clocks,
+                         const std::string& job_file) {
+  const int W = rq.workers;
+  if (W < 2)
+    throw InputError(job_file + ": key 'sync.mode': \"wsp\" needs at least two virtual workers (--workers N, N >= 2 "
+                     "or a resources file of two devices), got " + std::to_string(W));
+  if (rq.virtual_nodes < W)
+    throw InputError(job_file + ": batch.virtual_nodes = " + std::to_string(rq.virtual_nodes) + " cannot feed " +
+                     std::to_string(W) + " virtual workers (each needs at least one VN)");
+  const size_t L = p.layers.size();
+  WspPrediction out;
+  PlanSpec& plan = out.plan;
+  plan.stages = 1;
+  plan.replicas = W;
+  plan.cuts = {0, L};
+  plan.vn_shares = evenShares(rq.virtual_nodes, W);
+  plan.slowdown = rq.slot_slowdown;  // slot order = VW order
+  SimOptions so = rq.sim;
+  so.rank_host = rq.slot_host;
+  out.sync = simulate(p, plan, so);
+  out.wsp = simulateWsp(p, plan, wsp, so);
+
+  // Memory: the data-parallel worker's, plus what src/wsp adds.
+  out.worker_bytes = stageBytes(p, 0, L, 1, false, so);
+  double values = 2, largest = 0, params = static_cast<double>(p.totalParams()), param_bytes = 0, optim_bytes = 0;
+  for (const LayerCost& c : p.layers) {
+    values += static_cast<double>(c.params + c.bn_values);
+    largest = std::max(largest, static_cast<double>(c.params + c.bn_values));
+    param_bytes += static_cast<double>(c.param_bytes);
+    optim_bytes += static_cast<double>(c.optimizer_bytes);
+  }
+  WspMemoryInput in;
+  in.values = values;
+  // Shards are contiguous whole tensors balanced by values: none holds more
+  // than values / W plus one tensor (here: one layer, an upper bound).
+  in.shard_values = std::min(values, values / W + largest);
+  in.shard_params = values > 0 ? in.shard_values * params / values : 0;
+  in.optim_copies = param_bytes > 0 ? static_cast<int>(std::lround(optim_bytes / param_bytes)) : 0;
+  in.vws = W;
+  in.checkpoints = so.checkpoints;
+  in.pending_clocks = wspPendingClocks(wsp.staleness, clocks);
+  out.memory = wspWorkerMemory(in);
+  for (int v = 0; v < W; ++v) {
+    const int64_t cap = !rq.slot_memory.empty() && rq.slot_memory[static_cast<size_t>(v)] > 0
+                            ? rq.slot_memory[static_cast<size_t>(v)]
+                            : rq.memory_cap_bytes;
+    out.limit_bytes.push_back(cap);
+    checkWspMemory(job_file, "worker slot " + std::to_string(v), out.worker_bytes, in, wsp.staleness, clocks, cap);
+  }
+  return out;
+}
+
 }  // namespace morph

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_estimate.h"
 #include "plan/simulator.h"
 
 namespace morph {
@@ -95,6 +96,30 @@ std::vector<AllocationRow> compareAllocations(const Profile& profile, const Plan
 // to the planner's, VN shares and each group's devices in stage order
 // (`device(slot)` names a device).
 std::string allocationTable(const std::vector<AllocationRow>& rows, const std::function<std::string(int)>& device);
+
+// WSP beside sync for one grouping (docs/planner.md, "WSP beside sync"):
+// the grouping `morph run` gives a WSP job on the request's workers, each
+// worker slot a virtual worker in slot order with even VN shares (the WSP
+// runtime takes no plan). Its sync step (simulate()) and WSP clock
+// (simulateWsp()) from the same profile, and each VW's memory: the
+// data-parallel worker's (stageBytes()) plus wspWorkerMemory(), against its
+// device's memory (slot_memory) or memory_cap_bytes.
+struct WspPrediction {
+  PlanSpec plan;
+  SimResult sync;
+  WspSimResult wsp;
+  int64_t worker_bytes = 0;     // the data-parallel part of a VW
+  WspMemory memory;             // the WSP part (the largest shard)
+  std::vector<int64_t> limit_bytes;  // per VW; 0: none
+};
+// `clocks`: the job's clocks, ceil(steps / wave) (0: unknown); it bounds
+// the pushes a shard may hold. `job_file` names the file in errors.
+// InputError (exit 2) when a VW's memory exceeds its limit: naming
+// sync.staleness, the need, the limit and the largest D that fits, when
+// D = 0 would fit; naming sync.mode when not even D = 0 fits. Also when the
+// request has fewer than 2 workers or more workers than VNs.
+WspPrediction predictWsp(const Profile& profile, const PlanRequest& request, const WspOptions& wsp, int64_t clocks,
+                         const std::string& job_file);
 
 // "gpipe" etc. for P > 1; "-" for data parallelism (no schedule).
 std::string scheduleLabel(const PlanSpec& plan);

@@ -497,4 +497,79 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   return out;
 }
 
+WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const WspOptions& wsp, const SimOptions& opts) {
+  PlanSpec plan = plan_in;
+  if (plan.cuts.empty() && plan.stages == 1) plan.cuts = {0, prof.layers.size()};
+  checkPlan(prof, plan);
+  if (plan.stages != 1 || plan.replicas < 2)
+    throw InputError("WSP runs each virtual worker as one data-parallel worker: a plan of 1 stage and at least 2 "
+                     "replicas, not " + std::to_string(plan.stages) + " x " + std::to_string(plan.replicas));
+  if (wsp.wave < 1 || wsp.staleness < 0) throw InputError("WSP needs sync.wave >= 1 and sync.staleness >= 0");
+  const int W = plan.replicas;
+  const size_t L = prof.layers.size();
+  if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(W))
+    throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " + std::to_string(W) +
+                     " ranks");
+  auto hostOf = [&](int v) { return opts.rank_host.empty() ? 0 : opts.rank_host[static_cast<size_t>(v)]; };
+  // As simulate(): the host's workers compute at once (contention), times
+  // each device's factor.
+  const double contention = prof.compute_contention;
+  auto slow = [&](int v) { return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(v)]) * contention; };
+  // A push carries every value of the buffer (parameters, batch-norm
+  // statistics, the loss statistics) as int64; a pull every float of the
+  // global weights (parameters, running statistics). Shards are taken as
+  // equal (the runtime balances them by values, whole tensors).
+  double values = 2, state = 0;
+  for (const LayerCost& c : prof.layers) {
+    values += static_cast<double>(c.params + c.bn_values);
+    state += static_cast<double>(c.params + c.bn_values);
+  }
+  const double params = static_cast<double>(prof.totalParams()), w = static_cast<double>(W);
+  const double push_bytes = 8.0 * values / w + 8.0 * 4, pull_bytes = 4.0 * state / w + 8.0;  // + headers
+  auto transfer = [&](double bytes, int from, int to) {
+    double t = prof.p2p.at(bytes);
+    if (hostOf(from) != hostOf(to))
+      t += opts.cross_host_latency_s + (opts.cross_host_bytes_per_s > 0 ? bytes / opts.cross_host_bytes_per_s : 0.0);
+    return t;
+  };
+  const double per_vn = stageComputeSeconds(prof, 0, L, false), nm = static_cast<double>(wsp.wave);
+  // A shard's clock: the W pushes summed (a fixed-point add per value each)
+  // and one optimiser step over its parameters.
+  const double server_cpu = prof.quantize_s_per_value * values + prof.optimizer_s_per_param * params / w;
+  WspSimResult out;
+  std::map<int, double> host_cpu;
+  for (int v = 0; v < W; ++v) {
+    const double f = slow(v), share = static_cast<double>(plan.vn_shares[static_cast<size_t>(v)]);
+    WspVwSim s;
+    // VnExecutor::localStep: the VNs, then the local SGD update; VW 0 posts
+    // each minibatch's metrics line (one of a sync step's two round trips).
+    const double minibatch = per_vn * share * f + prof.optimizer_s_per_param * params * f +
+                             (v == 0 ? prof.step_overhead_s / 2 : 0.0);
+    s.compute_s = nm * minibatch;
+    for (int r = 0; r < W; ++r) {
+      if (r == v) continue;
+      s.push_s += transfer(push_bytes, v, r);
+      s.pull_s += transfer(pull_bytes, r, v);
+    }
+    s.cycle_s = s.compute_s + s.push_s + s.pull_s;
+    s.server_s = server_cpu * f;
+    host_cpu[hostOf(v)] += nm * (per_vn * share * contention + prof.optimizer_s_per_param * params) + server_cpu;
+    out.vws.push_back(s);
+  }
+  double cycle = 0;
+  for (int v = 0; v < W; ++v) {
+    const WspVwSim& s = out.vws[static_cast<size_t>(v)];
+    if (s.cycle_s > cycle) cycle = s.cycle_s, out.slowest = v;
+    out.server_seconds = std::max(out.server_seconds, s.server_s);
+  }
+  for (const auto& [h, cpu] : host_cpu)
+    out.cores_bound_seconds = std::max(out.cores_bound_seconds, cpu / std::max(1, prof.host_cores));
+  // D = 0: every VW waits for every shard's clock. D >= 1: the server step
+  // overlaps the next wave, but a shard still applies one clock per clock.
+  const double clock = wsp.staleness == 0 ? cycle + out.server_seconds : std::max(cycle, out.server_seconds);
+  out.clock_seconds = std::max(clock, out.cores_bound_seconds);
+  out.step_seconds = out.clock_seconds / nm;
+  return out;
+}
+
 }  // namespace morph

@@ -114,6 +114,50 @@ StageFootprint stageFootprint(const Profile& profile, size_t first, size_t end, 
 int64_t stageBytes(const Profile& profile, size_t first, size_t end, int64_t live_vns, bool recompute,
                    const SimOptions& opts);
 
+// Wave Synchronous Parallel (docs/wsp.md): a data-parallel plan (P = 1)
+// whose replicas are the virtual workers, each a wave of `wave` minibatches
+// (its VN share of a step each) per clock. What src/wsp does per wave, and
+// so what this charges: the minibatches one after another, each its VNs'
+// forward and backward and the local SGD update (and on VW 0 the metrics
+// line, one store round trip); then a push of the wave sum to every other
+// shard and a pull of every other shard's weights, both blocking: the VW
+// computes nothing while it pushes or pulls (no overlap). A shard applies a
+// clock (the W pushes' exact sum, one optimiser step) on a server thread
+// when the last push arrives, beside its VW's compute. Steady state: with
+// D = 0 every VW waits for every shard's clock, so a clock is the slowest
+// wave (compute + push + pull) plus the slowest shard's step; with D >= 1
+// the slowest VW never waits at the gate (the versions it needs were
+// applied a wave ago) and the faster ones wait for it once D ahead, so a
+// clock is the slowest wave and the server step is hidden. With costs that
+// do not vary, every D >= 1 predicts the same clock: D pays off against
+// variation, which this does not model.
+struct WspOptions {
+  int64_t staleness = 0;  // D
+  int64_t wave = 1;       // Nm
+};
+
+struct WspVwSim {
+  double compute_s = 0;  // Nm minibatches: VNs, local update, VW 0's metrics lines
+  double push_s = 0;     // its wave sum to the other shards, one after another on its link
+  double pull_s = 0;     // the other shards' weights, one after another on its link
+  double cycle_s = 0;    // compute + push + pull: its wave when it never waits
+  double server_s = 0;   // its process's shard applying one clock
+};
+
+struct WspSimResult {
+  double clock_seconds = 0;        // steady state: one clock (a wave of every VW), start to start
+  double step_seconds = 0;         // clock_seconds / wave: beside a sync step
+  double server_seconds = 0;       // the slowest shard's clock
+  double cores_bound_seconds = 0;  // the busiest host's CPU per clock over its cores
+  int slowest = 0;                 // the VW with the longest cycle
+  std::vector<WspVwSim> vws;
+};
+
+// InputError when the plan is not data parallelism of >= 2 replicas or
+// the options are out of range.
+WspSimResult simulateWsp(const Profile& profile, const PlanSpec& plan, const WspOptions& wsp,
+                         const SimOptions& opts = {});
+
 // Seconds of one VN's compute on stage [first, end) (forward, backward and,
 // with recomputation on a stage that is not the last, the recompute).
 double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute);

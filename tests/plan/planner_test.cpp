@@ -634,5 +634,69 @@ TEST(Allocation, AlikeGroupsTakeTheHomogeneousCut) {
   EXPECT_GE(pipelines, 20);
 }
 
+// WSP's memory check (docs/wsp.md, "Memory and wave"): the pushes a shard
+// may hold grow with sync.staleness; sync.wave adds nothing.
+TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNot) {
+  Profile p;
+  p.host_cores = 64;
+  p.fingerprint.reduce_mode = "exact";
+  p.runtime_bytes = 64 << 20;
+  for (int l = 0; l < 4; ++l) {
+    LayerCost c;
+    c.name = "l" + std::to_string(l);
+    c.forward_s = c.backward_s = 0.01;
+    c.params = 1 << 20;  // 4 MiB of weights a layer
+    c.param_bytes = 4 * c.params;
+    c.optimizer_bytes = 4 * c.params;  // momentum
+    c.activation_bytes = 1 << 20;
+    p.layers.push_back(c);
+    p.fingerprint.layers.push_back(c.name);
+  }
+  p.allreduce_exact[2] = p.allreduce_float[2] = p.allreduce_max[2] = LinearFit{};
+  PlanRequest rq;
+  rq.workers = 2;
+  rq.virtual_nodes = 4;
+  const WspPrediction d0 = predictWsp(p, rq, {0, 1}, 0, "job.toml");
+  const WspPrediction d4 = predictWsp(p, rq, {4, 1}, 0, "job.toml");
+  // Shard <= half the values (4 x 2^20 + 2 loss statistics) + one layer:
+  // 3 x 2^20 + 1 values; each clock more lets both VWs' pushes of it wait,
+  // 2 x 8 bytes each (48 MiB): 4 clocks more with D = 4.
+  const int64_t per_clock = 2 * 8 * ((int64_t{3} << 20) + 1);
+  EXPECT_EQ(d4.memory.pending - d0.memory.pending, 4 * per_clock);
+  EXPECT_EQ(d4.memory.total() - d0.memory.total(), 4 * per_clock);
+  // The wave changes the clock, never the memory.
+  const WspPrediction d4w = predictWsp(p, rq, {4, 64}, 0, "job.toml");
+  EXPECT_EQ(d4w.memory.total(), d4.memory.total());
+  EXPECT_LT(d4w.wsp.step_seconds, d4.wsp.step_seconds + 1e-12);
+  // A job of 3 clocks never holds more than 3, whatever D says.
+  EXPECT_EQ(predictWsp(p, rq, {100, 1}, 3, "job.toml").memory.total(), predictWsp(p, rq, {2, 1}, 3, "job.toml").memory.total());
+
+  // A device that holds D = 2 but not D = 3.
+  const int64_t need2 = predictWsp(p, rq, {2, 1}, 0, "job.toml").worker_bytes +
+                        predictWsp(p, rq, {2, 1}, 0, "job.toml").memory.total();
+  rq.slot_memory = {need2 + (10 << 20), 0};
+  rq.memory_cap_bytes = int64_t{1} << 40;
+  EXPECT_NO_THROW(predictWsp(p, rq, {2, 1}, 0, "job.toml"));
+  try {
+    predictWsp(p, rq, {9, 1}, 0, "job.toml");
+    ADD_FAILURE() << "D = 9 fitted";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("job.toml: key 'sync.staleness'"), std::string::npos) << m;
+    EXPECT_NE(m.find("worker slot 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("expected at most 2, got 9"), std::string::npos) << m;
+  }
+  // Not even D = 0 fits: the mode is named.
+  rq.slot_memory = {d0.worker_bytes, 0};
+  try {
+    predictWsp(p, rq, {0, 1}, 0, "job.toml");
+    ADD_FAILURE() << "fitted in the data-parallel worker's bytes alone";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'sync.mode'"), std::string::npos) << e.what();
+  }
+  rq.workers = 1;
+  EXPECT_THROW(predictWsp(p, rq, {0, 1}, 0, "job.toml"), InputError);
+}
+
 }  // namespace
 }  // namespace morph

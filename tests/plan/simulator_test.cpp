@@ -193,5 +193,76 @@ TEST(Simulator, RejectsPlansThatDoNotFitTheProfile) {
   EXPECT_THROW(simulate(prof, shares), InputError);
 }
 
+// WSP (docs/planner.md, "WSP beside sync"): two uniform layers of f = 1,
+// b = 2 make one VN 6 s; 20 parameters, 22 pushed values, 20 pulled floats.
+PlanSpec vws(std::vector<int64_t> shares, std::vector<double> slowdown = {}) {
+  PlanSpec s;
+  s.replicas = static_cast<int>(shares.size());
+  s.vn_shares = std::move(shares);
+  s.slowdown = std::move(slowdown);
+  return s;
+}
+
+TEST(SimulatorWsp, ASlowerVirtualWorkerSetsTheClockAndCommunicationDoesNotScale) {
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.p2p.latency_s = 0.5;  // each push and pull message: 0.5 s
+  const WspOptions w{2, 3};  // D = 2, 3 minibatches a wave
+  // Even: 3 minibatches x 2 VNs x 6 s = 36 s, push 0.5, pull 0.5.
+  const WspSimResult even = simulateWsp(prof, vws({2, 2}), w);
+  EXPECT_DOUBLE_EQ(even.clock_seconds, 37.0);
+  EXPECT_DOUBLE_EQ(even.step_seconds, 37.0 / 3);
+  // VW 1 twice as slow: its compute doubles (72 s), its messages do not.
+  const WspSimResult slow = simulateWsp(prof, vws({2, 2}, {1.0, 2.0}), w);
+  EXPECT_DOUBLE_EQ(slow.vws[0].cycle_s, 37.0);
+  EXPECT_DOUBLE_EQ(slow.vws[1].compute_s, 72.0);
+  EXPECT_DOUBLE_EQ(slow.clock_seconds, 73.0);
+  EXPECT_EQ(slow.slowest, 1);
+  // Speed-sized shares (3 + 1) take the slow VW off the path: 3 x 18 + 1.
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({3, 1}, {1.0, 2.0}), w).clock_seconds, 55.0);
+}
+
+TEST(SimulatorWsp, StalenessZeroWaveOneIsTheSyncStepPlusTheServersClock) {
+  Profile prof = uniform(2, 1, 2, 0);  // free communication
+  prof.optimizer_s_per_param = 0.01;
+  prof.quantize_s_per_value = 0.001;
+  const PlanSpec plan = vws({3, 1});
+  const SimResult sync = simulate(prof, plan);
+  EXPECT_DOUBLE_EQ(sync.step_seconds, 18.0 + 0.2);  // 3 VNs x 6 s, then the optimiser over 20 parameters
+  const WspSimResult d0 = simulateWsp(prof, plan, {0, 1});
+  // A shard's clock: 2 pushes x 11 values summed, the optimiser over 10 parameters.
+  EXPECT_DOUBLE_EQ(d0.server_seconds, 0.001 * 22 + 0.01 * 10);
+  EXPECT_NEAR(d0.clock_seconds - d0.server_seconds, sync.step_seconds, 1e-12);
+  // D >= 1: the shard's clock runs beside the next wave.
+  EXPECT_NEAR(simulateWsp(prof, plan, {1, 1}).clock_seconds, sync.step_seconds, 1e-12);
+}
+
+TEST(SimulatorWsp, ALongerWaveAmortisesThePushAndPull) {
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.p2p.latency_s = 0.5;
+  prof.p2p.seconds_per_byte = 1e-3;
+  // Push: 11 values x 8 + a 32-byte header = 120 bytes; pull: 10 floats x 4 + 8 = 48.
+  const WspSimResult one = simulateWsp(prof, vws({2, 2}), {1, 1});
+  EXPECT_DOUBLE_EQ(one.vws[0].push_s, 0.5 + 0.120);
+  EXPECT_DOUBLE_EQ(one.vws[0].pull_s, 0.5 + 0.048);
+  for (int64_t nm : {1, 2, 4, 16})
+    EXPECT_NEAR(simulateWsp(prof, vws({2, 2}), {1, nm}).step_seconds, 12.0 + 1.168 / static_cast<double>(nm), 1e-12)
+        << "wave " << nm;
+  // Between hosts: each message also pays the link's latency and bytes.
+  SimOptions two_hosts;
+  two_hosts.rank_host = {0, 1};
+  two_hosts.cross_host_latency_s = 1.0;
+  two_hosts.cross_host_bytes_per_s = 1000.0;
+  EXPECT_NEAR(simulateWsp(prof, vws({2, 2}), {1, 1}, two_hosts).step_seconds, 12.0 + 1.168 + 2.0 + 0.168, 1e-12);
+}
+
+TEST(SimulatorWsp, VirtualWorkersShareTheHostsCoresAndBadPlansAreRefused) {
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.host_cores = 1;  // both VWs compute 12 s a clock on one core: 24 s
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}).clock_seconds, 24.0);
+  EXPECT_THROW(simulateWsp(prof, vws({4}), {1, 1}), InputError);  // one VW
+  EXPECT_THROW(simulateWsp(prof, pipeline(2, 2, ScheduleKind::k1F1B), {1, 1}), InputError);
+  EXPECT_THROW(simulateWsp(prof, vws({2, 2}), {1, 0}), InputError);
+}
+
 }  // namespace
 }  // namespace morph
