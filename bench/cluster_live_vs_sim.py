@@ -37,13 +37,14 @@ train_size = 200
 test_size = 20
 [model]
 name = "mlp"
-hidden = [32]
+hidden = [{hidden}]
 [batch]
-global = 20
+global = {batch}
 virtual_nodes = 4
 [optim]
 lr = 0.05
 """
+HIDDEN, BATCH = 32, 20  # --hidden, --global
 ARRIVALS = [0, 3, 6, 9, 12, 15]
 PRIORITIES = [1, 5, 10, 5, 1, 10]
 DEMANDS = [2, 1, 2, 2, 1, 2]
@@ -52,7 +53,7 @@ SECONDS = [12, 8, 10, 16, 9, 11]  # at demand, before --scale
 
 def measure(morph, d, k):
     job = os.path.join(d, f"m{k}.toml")
-    open(job, "w").write(JOB.format(name=f"m{k}", seed=1, steps=3000))
+    open(job, "w").write(JOB.format(name=f"m{k}", seed=1, steps=3000, hidden=HIDDEN, batch=BATCH))
     t0 = time.time()
     subprocess.run([morph, "run", job, "--workers", str(k), "--out", os.path.join(d, f"m{k}"), "--quiet",
                     "--status", "off"], check=True, capture_output=True)
@@ -90,6 +91,10 @@ def live(morph, d, policy, jobs, profile):
         bad = [x for x in q["jobs"] if x["state"] != "done"]
         if bad:
             sys.exit(f"live {policy}: jobs not done: {bad}")
+        # What the live scheduler did (starts and resizes, seconds from the first submission).
+        for line in open(out + ".log"):
+            if " started on " in line or " resized " in line or "resize to" in line:
+                print(f"  live {policy}: {line.strip()}")
         return [x["ended"] - x["submitted"] for x in q["jobs"]]
     finally:
         cluster.terminate()
@@ -101,7 +106,11 @@ def main():
     ap.add_argument("--morph", default=os.path.join(HERE, "..", "build", "morph"))
     ap.add_argument("--policies", default="fifo,morph")
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--hidden", type=int, default=32, help="the MLP's hidden width (work per step)")
+    ap.add_argument("--global", dest="batch", type=int, default=20, help="global batch (a multiple of 4)")
     a = ap.parse_args()
+    global HIDDEN, BATCH
+    HIDDEN, BATCH = a.hidden, a.batch
     morph = os.path.abspath(a.morph)
     with tempfile.TemporaryDirectory() as d:
         s1, up1 = measure(morph, d, 1)
@@ -125,7 +134,7 @@ def main():
         for i in range(6):
             steps = int(SECONDS[i] * a.scale / table[str(DEMANDS[i])])
             f = os.path.join(d, f"j{i}.toml")
-            open(f, "w").write(JOB.format(name=f"j{i}", seed=i + 1, steps=steps))
+            open(f, "w").write(JOB.format(name=f"j{i}", seed=i + 1, steps=steps, hidden=HIDDEN, batch=BATCH))
             jobs.append({"file": f, "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i]})
             trace.append({"name": f"j{i}", "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i],
                           "steps": steps, "step_seconds": table})
