@@ -4,11 +4,14 @@ trace run by `morph cluster` (real Morph jobs, submitted at their arrival
 times) and by `morph cluster simulate`, under fifo and morph, on 2 slots.
 
   python3 bench/cluster_live_vs_sim.py [--morph build/morph] [--policies fifo,morph] [--scale 1]
+        [--hidden 32] [--global 20]
 
 The trace's speed tables are measured first, in the same run: each job
 file alone on 1 and 2 workers (`morph run --workers k`), its steady step
-time (median wall clock between step commits) and its start-up (launch to
-the first commit), which the simulator gets as --start-seconds. The live
+time (median wall clock between step commits), its start-up (launch to
+the first commit) and its end (the last commit to the process's exit:
+final evaluation, summary, teardown); the simulator gets start-up + end
+as --start-seconds (both hold the job's slots). The live
 jobs are submitted with a calibration profile (`morph calibrate`), so the
 live morph policy works from the planner's predicted speeds, not linear
 ones. Durations
@@ -59,7 +62,9 @@ def measure(morph, d, k):
                     "--status", "off"], check=True, capture_output=True)
     t = [json.loads(l)["unix_time"] for l in open(os.path.join(d, f"m{k}", "metrics.jsonl"))]
     gaps = [b - a for a, b in zip(t[500:], t[501:])]
-    return statistics.median(gaps), t[0] - t0
+    # start-up: launch to the first commit; end: the last commit to the
+    # process's exit (final evaluation, summary, teardown).
+    return statistics.median(gaps), t[0] - t0, time.time() - t[-1]
 
 
 def live(morph, d, policy, jobs, profile):
@@ -91,10 +96,18 @@ def live(morph, d, policy, jobs, profile):
         bad = [x for x in q["jobs"] if x["state"] != "done"]
         if bad:
             sys.exit(f"live {policy}: jobs not done: {bad}")
-        # What the live scheduler did (starts and resizes, seconds from the first submission).
+        # What the live scheduler did (starts and resizes), and where each
+        # job's time went: queued (submitted -> started), start-up (-> its
+        # first step's commit), steps (-> its last), end (-> the scheduler
+        # saw it end).
         for line in open(out + ".log"):
             if " started on " in line or " resized " in line or "resize to" in line:
                 print(f"  live {policy}: {line.strip()}")
+        for x in q["jobs"]:
+            t = [json.loads(l)["unix_time"] for l in open(os.path.join(x["dir"], "metrics.jsonl"))]
+            print(f"  live {policy}: job {x['id']}: queued {x['started'] - x['submitted']:.2f} s, start-up "
+                  f"{t[0] - x['started']:.2f} s, {len(t)} steps {t[-1] - t[0]:.2f} s "
+                  f"({1e3 * (t[-1] - t[0]) / max(1, len(t) - 1):.3f} ms each), end {x['ended'] - t[-1]:.2f} s")
         return [x["ended"] - x["submitted"] for x in q["jobs"]]
     finally:
         cluster.terminate()
@@ -113,9 +126,11 @@ def main():
     HIDDEN, BATCH = a.hidden, a.batch
     morph = os.path.abspath(a.morph)
     with tempfile.TemporaryDirectory() as d:
-        s1, up1 = measure(morph, d, 1)
-        s2, up2 = measure(morph, d, 2)
-        start = (up1 + up2) / 2
+        s1, up1, end1 = measure(morph, d, 1)
+        s2, up2, end2 = measure(morph, d, 2)
+        # The simulator charges a job one fixed overhead before its steps:
+        # its start-up and its end both hold the job's slots.
+        start = (up1 + up2 + end1 + end2) / 2
         # The live morph policy's speeds: the planner's, from one calibration
         # (the jobs differ only in seed and steps, so one profile fits all).
         profile = os.path.join(d, "profile.json")
@@ -128,7 +143,7 @@ def main():
             check=True, capture_output=True, text=True).stdout)
         print(f"calibrated: the planner predicts {planned['jobs'][0]['jct_seconds']:.3f} ms per step on 1 worker")
         print(f"measured: step {1e3 * s1:.3f} ms on 1 worker, {1e3 * s2:.3f} ms on 2; start-up {up1:.2f} s / "
-              f"{up2:.2f} s (simulator: --start-seconds {start:.2f})")
+              f"{up2:.2f} s; end {end1:.2f} s / {end2:.2f} s (simulator: --start-seconds {start:.2f}, start-up + end)")
         table = {"1": s1, "2": s2}
         jobs, trace = [], []
         for i in range(6):
