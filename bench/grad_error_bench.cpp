@@ -19,6 +19,7 @@
 #include <cstdio>
 
 #include "bench_cli.h"
+#include "plain_net.h"
 #include "core/sys.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -27,28 +28,6 @@
 using namespace morph;
 
 namespace {
-
-// vs_ddp.py's MLP (784-512-512-10) and vn_bench's CNN.
-struct Net : torch::nn::Module {
-  explicit Net(const std::string& model) {
-    if (model == "cnn") {
-      seq = register_module(
-          "seq", torch::nn::Sequential(
-                     torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1).bias(false)),
-                     torch::nn::BatchNorm2d(32), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
-                     torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)),
-                     torch::nn::BatchNorm2d(64), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
-                     torch::nn::Flatten(), torch::nn::Linear(64 * 7 * 7, 128), torch::nn::ReLU(),
-                     torch::nn::Linear(128, 10)));
-    } else {
-      seq = register_module("seq", torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
-                                                         torch::nn::ReLU(), torch::nn::Linear(512, 512),
-                                                         torch::nn::ReLU(), torch::nn::Linear(512, 10)));
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return seq->forward(x); }
-  torch::nn::Sequential seq{nullptr};
-};
 
 struct Errors {
   double l2 = 0, max = 0;  // the largest over tensors this step
@@ -98,7 +77,7 @@ int main(int argc, char** argv) {
   ds.path = "/usr/share/datasets/fashion-mnist";
   DataPair data = loadDatasets(ds, 1);
   torch::manual_seed(1);
-  auto net = std::make_shared<Net>(model);
+  auto net = std::make_shared<bench::PlainNet>(model);
   std::vector<torch::Tensor> params = net->parameters();
   std::vector<int64_t> sizes;
   for (const auto& p : params) sizes.push_back(p.numel());

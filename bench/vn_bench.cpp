@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "bench_cli.h"
+#include "plain_net.h"
 #include "comm/communicator.h"
 #include "core/job_spec.h"
 #include "core/sys.h"
@@ -20,33 +21,12 @@ using namespace morph;
 
 namespace {
 
-struct PlainNet : torch::nn::Module {
-  explicit PlainNet(const std::string& model) {
-    if (model == "cnn") {
-      seq = register_module(
-          "seq", torch::nn::Sequential(
-                     torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1).bias(false)),
-                     torch::nn::BatchNorm2d(32), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
-                     torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)),
-                     torch::nn::BatchNorm2d(64), torch::nn::ReLU(), torch::nn::MaxPool2d(2),
-                     torch::nn::Flatten(), torch::nn::Linear(64 * 7 * 7, 128), torch::nn::ReLU(),
-                     torch::nn::Linear(128, 10)));
-    } else {
-      seq = register_module("seq", torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(784, 512),
-                                                         torch::nn::ReLU(), torch::nn::Linear(512, 512),
-                                                         torch::nn::ReLU(), torch::nn::Linear(512, 10)));
-    }
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return seq->forward(x); }
-  torch::nn::Sequential seq{nullptr};
-};
-
 // The plain loop: same samples, same micro-batches (gathered on the main
 // thread, as a simple DataLoader-less loop would).
 double plainSamplesPerSecond(const std::string& model, const Dataset& train, int64_t B, int64_t V,
                              int64_t steps) {
   torch::manual_seed(1);
-  auto net = std::make_shared<PlainNet>(model);
+  auto net = std::make_shared<bench::PlainNet>(model);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   GlobalSampler sampler(1, train.size(), B, V);
   double t0 = 0;

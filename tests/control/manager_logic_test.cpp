@@ -82,6 +82,12 @@ struct Harness {
     store.add(keys::kEvents, 1);
   }
   void poll() { membership->pollRegistrations(store, clock); }
+  // Workers 0..n-1 register and generation 0 starts with them.
+  void startWith(int n) {
+    for (int64_t id = 0; id < n; ++id) registerWorker(id);
+    poll();
+    generations->maybeStart(store, clock, clock.t);
+  }
   // The coordinator's markDead.
   void kill(int64_t id, const std::string& why) {
     if (membership->markDead(store, id, why) == Membership::Dead::kPlaceable)
@@ -153,10 +159,7 @@ TEST(ManagerLogic, UnannouncedIdIsSkippedAtItsDeadline) {
 // regroup deadline has passed (a real run waited minutes for this).
 TEST(ManagerLogic, HeartBeatingMemberIsStuckOnlyAfterItsDeadline) {
   Harness h(kMlpJob, 2);
-  h.registerWorker(0);
-  h.registerWorker(1);
-  h.poll();
-  h.generations->maybeStart(h.store, h.clock, h.clock.t);
+  h.startWith(2);
   ASSERT_EQ(h.generations->current(), 0);
   h.report(1, 10);  // worker 1 regroups; worker 0 is busy
   h.generations->watchMembership(h.store, h.clock, false);
@@ -334,10 +337,7 @@ TEST(ManagerLogic, PartitionKeepsTheLargestGroupAndReadmitsTheOther) {
 // their results of the generation are posted.
 TEST(ManagerLogic, JoinerAtTheLastStepDoesNotHoldTheEnd) {
   Harness h(kMlpJob, 2);
-  h.registerWorker(0);
-  h.registerWorker(1);
-  h.poll();
-  h.generations->maybeStart(h.store, h.clock, h.clock.t);
+  h.startWith(2);
   ASSERT_EQ(h.generations->current(), 0);
   put(h.store, keys::kResizeTarget, "3");
   h.store.add(keys::kResizeSeq, 1);
