@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from resources_file import write_two_types
+
 JOB = os.path.join(os.path.dirname(__file__), "..", "examples", "fortunes-gpt.toml")
 VNS = 18
 SETS = ["--set", f"batch.global={8 * VNS}", "--set", f"batch.virtual_nodes={VNS}", "--set", "eval.every=0"]
@@ -59,9 +61,7 @@ def main():
           f"{'pl/ideal':>8s} {'pl/alone':>8s} {'pl/even':>8s}")
     for F in (2, 3):
         res = os.path.join(tmp, f"res{F}.toml")
-        with open(res, "w") as f:
-            f.write(f"[types.normal]\nmemory_mib = 8192\n[types.slow]\nmemory_mib = 8192\nslowdown = {F}\n"
-                    "[[devices]]\ntype = \"normal\"\n[[devices]]\ntype = \"slow\"\n")
+        write_two_types(res, F)
         even_plan = os.path.join(tmp, "even.json")
         with open(even_plan, "w") as f:
             json.dump({"stages": [["embed", "head"]], "replicas": 2, "vn_shares": [VNS // 2, VNS - VNS // 2]}, f)

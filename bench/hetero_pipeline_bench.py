@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+from resources_file import write_two_types
+
 JOB = os.path.join(os.path.dirname(__file__), "..", "examples", "fortunes-gpt.toml")
 SETS = ["--set", "model.layers=4", "--set", "batch.global=64", "--set", "batch.virtual_nodes=8",
         "--set", "eval.every=0"]
@@ -108,9 +110,7 @@ def main():
     m = a.morph
     tmp = tempfile.mkdtemp(prefix="morph_hetpipe_")
     res = os.path.join(tmp, "res.toml")
-    with open(res, "w") as f:
-        f.write("[types.normal]\nmemory_mib = 8192\n[types.slow]\nmemory_mib = 4096\nslowdown = 2\n"
-                "[[devices]]\ntype = \"normal\"\ncount = 2\n[[devices]]\ntype = \"slow\"\ncount = 2\n")
+    write_two_types(res, 2, counts=(2, 2), memory_mib=(8192, 4096))
     prof = os.path.join(tmp, "profile.json")
     subprocess.run([m, "calibrate", JOB, "--out", prof, "--quiet"] + SETS, check=True, stdout=subprocess.DEVNULL)
     ref = subprocess.run([m, "run", JOB, "--steps", str(a.steps), "--quiet", "--out", os.path.join(tmp, "ref")] + SETS,

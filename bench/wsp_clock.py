@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from resources_file import write_two_types
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "..", "examples", "fmnist-mlp.toml")
 
@@ -44,18 +46,7 @@ def main():
     configs = [("sync", 0, 1)] + [("wsp", a.staleness, int(w)) for w in a.waves.split(",")]
     with tempfile.TemporaryDirectory() as d:
         res = os.path.join(d, "devices.toml")
-        open(res, "w").write(f"""[types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-slowdown = {a.slow}
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-""")
+        write_two_types(res, a.slow, memory_mib=(4096, 4096), names=("fast", "slow"))
         profile = os.path.join(d, "profile.json")
         subprocess.run([morph, "calibrate", JOB, "--out", profile, "--quiet"], check=True, capture_output=True)
         predicted = {}

@@ -8,7 +8,8 @@ make_work() {
   trap 'pkill -9 -f "$work/" 2>/dev/null || true; rm -rf "$work"' EXIT
 }
 
-# mlp_job FILE NAME SEED [EXTRA TOML]: a 200-sample synthetic MLP job, 4 VNs.
+# mlp_job FILE NAME SEED [EXTRA TOML]: a 200-sample synthetic MLP job, 4 VNs
+# ($STEPS steps, default 6; one hidden layer of $HIDDEN, default 16).
 mlp_job() {
   cat > "$1" <<TOML
 [job]
@@ -21,7 +22,7 @@ train_size = 200
 test_size = 20
 [model]
 name = "mlp"
-hidden = [16]
+hidden = [${HIDDEN:-16}]
 [batch]
 global = 20
 virtual_nodes = 4

@@ -70,24 +70,7 @@ need2=$(grep -o "needs about [0-9.]* [A-Za-z]*" "$work/mem.err")
 rc=$(wsp_mem 2 1 6)
 [[ $rc == 0 ]] || { echo "FAIL: D = 2 on 1 GiB devices: exit $rc"; cat "$work/mem.err"; exit 1; }
 # Without a resources file, this machine's available memory (a lower bound).
-cat > "$work/big.toml" <<'TOML'
-[job]
-name = "wsp-big"
-steps = 100000000
-[data]
-dataset = "synthetic"
-train_size = 200
-test_size = 20
-[model]
-name = "mlp"
-hidden = [4096]
-[batch]
-global = 20
-virtual_nodes = 4
-[sync]
-mode = "wsp"
-staleness = 1000000
-TOML
+STEPS=100000000 HIDDEN=4096 mlp_job "$work/big.toml" wsp-big 1 $'[sync]\nmode = "wsp"\nstaleness = 1000000'
 set +e
 timeout 30 "$MORPH" run "$work/big.toml" --quiet --workers 2 --out "$work/bigout" > /dev/null 2> "$work/big.err"
 rc=$?
