@@ -16,9 +16,20 @@ def start(argv, **kw):
     return subprocess.Popen(argv, start_new_session=True, **kw)
 
 
+def is_worker(pid):
+    """Whether `pid` runs `morph worker` (a child of `morph run` may also be
+    its worker zygote, whose command line is the manager's)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return len(args) > 1 and args[1] == b"worker"
+
+
 def children(pid):
-    """Pids of the live direct children of `pid` (for `morph run`: the
-    workers it spawned), oldest first, from /proc."""
+    """Pids of the live direct children of `pid` that are workers (for
+    `morph run`: the workers it spawned), oldest first, from /proc."""
     out = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -30,7 +41,7 @@ def children(pid):
                 out += [int(x) for x in f.read().split()]
         except FileNotFoundError:
             pass
-    return sorted(set(out))
+    return sorted(p for p in set(out) if is_worker(p))
 
 
 def end(*procs):

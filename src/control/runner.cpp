@@ -12,6 +12,7 @@
 #include "control/checkpoints.h"
 #include "control/fault_seams.h"
 #include "control/manager/manager.h"
+#include "control/manager/zygote.h"
 #include "control/plan_commands.h"
 #include "control/run_log.h"
 #include "control/run_setup.h"
@@ -120,6 +121,9 @@ void checkLocalMemory(const JobSpec& job, const RunOptions& o) {
 }  // namespace
 
 int runJob(const RunOptions& given) {
+  // Local workers are forked from a copy of this process made now, while it
+  // runs one thread (control/manager/zygote.h).
+  if (given.workers > 0 || given.stages > 1 || !given.plan.empty()) WorkerZygote::start();
   // Read once: the manager sends workers the very text it validated.
   const std::string text = readJobFile(given.job_path);
   JobSpec job = parseJob(text, given.job_path, effectiveOverrides(given));

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -282,6 +283,94 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
 
 // --host 0.0.0.0 listens everywhere, with a warning; an address this
 // machine does not have is refused (exit 2) instead of silently widened.
+// Pids of the processes whose parent is `parent`, from /proc.
+std::vector<pid_t> childrenOf(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string stat = slurp((e.path() / "stat").string());
+    const auto rp = stat.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(stat.substr(rp + 2));
+    char state;
+    pid_t ppid;
+    if (rest >> state >> ppid && ppid == parent && state != 'Z') out.push_back(std::atoi(e.path().filename().c_str()));
+  }
+  return out;
+}
+
+// A process's arguments as /proc shows them, trailing empty ones dropped.
+std::vector<std::string> argsOf(pid_t pid) {
+  const std::string raw = slurp("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> args;
+  size_t at = 0;
+  while (at < raw.size()) {
+    const size_t end = raw.find('\0', at);
+    args.push_back(raw.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  while (!args.empty() && args.back().empty()) args.pop_back();
+  return args;
+}
+
+// Local workers are forked from the worker zygote (control/manager/zygote.h)
+// yet look and behave as exec'd ones: children of the manager, `morph
+// worker --join HOST:PORT --token-file FILE` in /proc, gone when the manager
+// is killed (the zygote too), and the same model_hash as exec'd workers.
+TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
+  const std::string j = job(kJob);
+  Result forked = run("run " + j + " --quiet --steps 40 --workers 2 --out " + out("forked"));
+  ASSERT_EQ(forked.code, 0) << forked.out;
+  EXPECT_NE(forked.out.find("started 2 local workers (2 forked from the worker zygote)"), std::string::npos)
+      << forked.out;
+  setenv("MORPH_ZYGOTE", "0", 1);
+  Result execd = run("run " + j + " --quiet --steps 40 --workers 2 --out " + out("execd"));
+  unsetenv("MORPH_ZYGOTE");
+  ASSERT_EQ(execd.code, 0) << execd.out;
+  EXPECT_NE(execd.out.find("started 2 local workers (0 forked from the worker zygote)"), std::string::npos)
+      << execd.out;
+  EXPECT_EQ(lastLineHash(execd.out), lastLineHash(forked.out));
+
+  const std::string log = out("job.log"), dir = out("job");
+  const pid_t manager = startMorph("run " + j + " --quiet --workers 2 --out " + dir, log);
+  const int port = managerPort(log);
+  ASSERT_GT(port, 0);
+  std::vector<pid_t> workers;
+  pid_t zygote = -1;
+  for (int i = 0; i < 400 && workers.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    workers.clear();
+    for (pid_t c : childrenOf(manager)) {
+      const auto args = argsOf(c);
+      if (args.size() > 1 && args[1] == "worker") workers.push_back(c);
+      if (args == argsOf(manager)) zygote = c;
+    }
+  }
+  ASSERT_EQ(workers.size(), 2u) << slurp(log);
+  EXPECT_GT(zygote, 0) << "no child of the manager has its command line (the zygote)";
+  for (pid_t w : workers) {
+    const auto args = argsOf(w);
+    ASSERT_EQ(args.size(), 6u);
+    EXPECT_TRUE(fs::equivalent(args[0], MORPH_BINARY)) << args[0];
+    EXPECT_EQ(args[2], "--join");
+    EXPECT_EQ(args[3], "127.0.0.1:" + std::to_string(port));
+    EXPECT_EQ(args[4], "--token-file");
+    EXPECT_EQ(args[5], dir + "/token");
+  }
+  EXPECT_EQ(workersOfPort(std::to_string(port)), 2);  // what the shell tests' pgrep sees
+  ::kill(manager, SIGKILL);
+  waitpid(manager, nullptr, 0);
+  const auto ended = [](pid_t p) {
+    return ::kill(p, 0) != 0 || slurp("/proc/" + std::to_string(p) + "/stat").find(") Z") != std::string::npos;
+  };
+  bool gone = false;
+  for (int i = 0; i < 160 && !gone; ++i) {  // 8 s: the kernel signals them at once (a lost heartbeat takes 10 s)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = ended(zygote) && std::all_of(workers.begin(), workers.end(), ended);
+  }
+  EXPECT_TRUE(gone) << "workers or the zygote outlived their manager";
+}
+
 TEST_F(Cli, StoreListensOnTheHostAddressOnly) {
   const std::string j = job(kJob);
   Result ref = run("run " + j + " --quiet --steps 3 --out " + out("ref"));

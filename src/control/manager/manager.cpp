@@ -228,6 +228,9 @@ void Manager::publishJob() {
                 o_.host == "0.0.0.0" ? "THIS_HOST" : o_.host.c_str(), port_, token_file_.c_str());
   std::fflush(stdout);
   membership_->spawn(spawned_);
+  if (spawned_ > 0)
+    std::printf("morph: started %d local workers (%d forked from the worker zygote)\n", spawned_, processes_->forked());
+  std::fflush(stdout);
 }
 
 int Manager::run() {

@@ -7,12 +7,20 @@
 
 #include <cstdio>
 
+#include "control/manager/zygote.h"
 #include "control/store_access.h"
 #include "core/error.h"
 
 namespace morph {
 
 pid_t LocalProcesses::start() {
+  if (WorkerZygote* z = WorkerZygote::get()) {
+    const pid_t pid = z->spawn({self_exe_, "worker", "--join", join_, "--token-file", token_file_});
+    if (pid > 0) {
+      ++forked_;
+      return pid;
+    }
+  }
   pid_t pid = fork();
   if (pid < 0) throw JobError("cannot start a worker process");
   if (pid == 0) {
@@ -33,15 +41,20 @@ pid_t LocalProcesses::start() {
 void LocalProcesses::kill(pid_t pid) { ::kill(pid, SIGKILL); }
 
 std::optional<WorkerProcesses::Exit> LocalProcesses::reap() {
-  int status = 0;
-  const pid_t pid = waitpid(-1, &status, WNOHANG);
-  if (pid <= 0) return std::nullopt;
-  return Exit{pid, status};
+  for (;;) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return std::nullopt;
+    const WorkerZygote* z = WorkerZygote::get();
+    if (z != nullptr && pid == z->pid()) continue;  // not a worker (killed with the manager's group)
+    return Exit{pid, status};
+  }
 }
 
 void LocalProcesses::wait(pid_t pid) { waitpid(pid, nullptr, 0); }
 
 void LocalProcesses::waitAll() {
+  if (WorkerZygote* z = WorkerZygote::get()) z->stop();
   while (waitpid(-1, nullptr, 0) > 0) {
   }
 }

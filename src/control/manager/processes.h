@@ -26,11 +26,16 @@ class WorkerProcesses {
   // Waits until `pid` ends; waitAll: until every child has.
   virtual void wait(pid_t pid) = 0;
   virtual void waitAll() = 0;
+  // How many of the started processes were forked by the worker zygote
+  // (control/manager/zygote.h) rather than exec'd.
+  virtual int forked() const { return 0; }
 };
 
 // Real processes: `self_exe worker --join JOIN --token-file TOKEN_FILE`,
 // each killed by the kernel when the manager dies (PR_SET_PDEATHSIG with
-// kManagerDeathSignal: the worker then names the resume command).
+// kManagerDeathSignal: the worker then names the resume command). Forked by
+// the worker zygote when it runs (control/manager/zygote.h), else exec'd;
+// waitAll ends the zygote first.
 class LocalProcesses : public WorkerProcesses {
  public:
   LocalProcesses(std::string self_exe, std::string join, std::string token_file)
@@ -40,9 +45,11 @@ class LocalProcesses : public WorkerProcesses {
   std::optional<Exit> reap() override;
   void wait(pid_t pid) override;
   void waitAll() override;
+  int forked() const override { return forked_; }
 
  private:
   std::string self_exe_, join_, token_file_;
+  int forked_ = 0;
 };
 
 }  // namespace morph
