@@ -41,6 +41,7 @@
 #include "ckpt/checkpoint_store.h"
 #include "cli/cli.h"
 #include "comm/communicator.h"
+#include "control/manager/zygote.h"
 #include "control/runner.h"
 #include "core/error.h"
 #include "core/parse_number.h"
@@ -144,5 +145,7 @@ int main(int argc, char** argv) {
       }
     });
   }
+  // Workers forked by the zygote run morphMain with the hooks above set.
+  morph::registerMain(argc, argv, &morph::morphMain);
   return morph::morphMain(argc, argv);
 }
