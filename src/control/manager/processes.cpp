@@ -45,8 +45,11 @@ std::optional<WorkerProcesses::Exit> LocalProcesses::reap() {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return std::nullopt;
-    const WorkerZygote* z = WorkerZygote::get();
-    if (z != nullptr && pid == z->pid()) continue;  // not a worker (killed with the manager's group)
+    WorkerZygote* z = WorkerZygote::get();
+    if (z != nullptr && pid == z->pid()) {  // not a worker (killed with the manager's group, say)
+      z->reaped();
+      continue;
+    }
     return Exit{pid, status};
   }
 }

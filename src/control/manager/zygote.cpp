@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -118,7 +119,9 @@ size_t bytesOf(const std::vector<std::string>& args) {
 [[noreturn]] void zygoteLoop(int fd, pid_t manager) {
   std::vector<char> buf(kMaxRequest);
   for (;;) {
-    const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    ssize_t n;
+    do n = recv(fd, buf.data(), buf.size(), 0);
+    while (n < 0 && errno == EINTR);
     if (n <= 0) _exit(0);  // the manager closed its end, or died
     // A middle process forks the worker and exits: the worker is then an
     // orphan, which the kernel hands to the manager (a subreaper), before
@@ -141,8 +144,12 @@ size_t bytesOf(const std::vector<std::string>& args) {
       }
       close(pids[1]);
       if (mid > 0) {
-        waitpid(mid, nullptr, 0);
-        if (read(pids[0], &reply, sizeof reply) != static_cast<ssize_t>(sizeof reply)) reply = -1;
+        while (waitpid(mid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        ssize_t got;
+        do got = read(pids[0], &reply, sizeof reply);
+        while (got < 0 && errno == EINTR);
+        if (got != static_cast<ssize_t>(sizeof reply)) reply = -1;
       }
       close(pids[0]);
     }
@@ -204,9 +211,21 @@ pid_t WorkerZygote::spawn(const std::vector<std::string>& args) {
   if (len > g_area_len || len > kMaxRequest) return -1;  // exec: the command line would not fit
   std::string request;
   for (const std::string& a : args) request.append(a.c_str(), a.size() + 1);
-  if (send(fd_, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) return -1;
+  ssize_t sent;
+  do sent = send(fd_, request.data(), request.size(), MSG_NOSIGNAL);
+  while (sent < 0 && errno == EINTR);
   int32_t reply = -1;
-  if (recv(fd_, &reply, sizeof reply, 0) != static_cast<ssize_t>(sizeof reply)) return -1;
+  ssize_t got = -1;
+  if (sent == static_cast<ssize_t>(request.size())) {
+    do got = recv(fd_, &reply, sizeof reply, 0);
+    while (got < 0 && errno == EINTR);
+  }
+  if (got != static_cast<ssize_t>(sizeof reply)) {
+    // The zygote died, or the exchange broke half way: never use it again
+    // (a late answer would be taken for the next worker's pid).
+    stop();
+    return -1;
+  }
   return reply;
 }
 
@@ -214,7 +233,9 @@ void WorkerZygote::stop() {
   if (fd_ < 0) return;
   close(fd_);
   fd_ = -1;
-  waitpid(pid_, nullptr, 0);
+  while (pid_ > 0 && waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
 }
 
 }  // namespace morph

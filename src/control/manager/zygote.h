@@ -46,8 +46,12 @@ class WorkerZygote {
   // Starts main(args) in a forked process; returns its pid (a child of this
   // process), or -1 when the caller must exec instead.
   pid_t spawn(const std::vector<std::string>& args);
-  // The zygote's pid (the manager's waitpid(-1) also returns it).
+  // The zygote's pid (the manager's waitpid(-1) also returns it); -1 once
+  // reaped.
   pid_t pid() const { return pid_; }
+  // The manager reaped the zygote (it died): stop() must not wait for its
+  // pid, which the kernel may give to another process.
+  void reaped() { pid_ = -1; }
   // Ends the zygote and reaps it (before waiting for every child).
   void stop();
 
