@@ -21,8 +21,6 @@ namespace morph {
 
 namespace {
 
-int g_argc = 0;
-char** g_argv = nullptr;
 MainFunction g_main = nullptr;
 char* g_area = nullptr;  // argv[0] .. the end of the last argument: contiguous
 size_t g_area_len = 0;
@@ -160,8 +158,6 @@ size_t bytesOf(const std::vector<std::string>& args) {
 }  // namespace
 
 void registerMain(int argc, char** argv, MainFunction main_fn) {
-  g_argc = argc;
-  g_argv = argv;
   g_main = main_fn;
   // The area /proc shows as the command line: usable only when the
   // arguments lie end to end, as the kernel lays them out.
