@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
@@ -54,6 +55,12 @@ int runAndExport(morph::RunOptions run, const std::string& file) {
 
 int morph::morphMain(int argc, char** argv) {
   morph::tuneAllocator();
+  // A peer that dies must not kill the process writing to it: Gloo's pairs
+  // write without MSG_NOSIGNAL, and every writer here handles EPIPE. Set
+  // first, so that workers forked from the zygote and workers started by
+  // hand (`morph worker`) ignore SIGPIPE too, not only those exec'd by a
+  // manager whose status server happened to ignore it already.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"morph: training that decouples the model from the hardware it runs on"};
   app.require_subcommand(1);
 

@@ -281,8 +281,6 @@ TEST_F(Cli, StoreRefusesAttackersWhileTheJobTrains) {
   EXPECT_NE(got.find("resize requested: 2 -> 2 workers"), std::string::npos) << got;
 }
 
-// --host 0.0.0.0 listens everywhere, with a warning; an address this
-// machine does not have is refused (exit 2) instead of silently widened.
 // Pids of the processes whose parent is `parent`, from /proc.
 std::vector<pid_t> childrenOf(pid_t parent) {
   std::vector<pid_t> out;
@@ -313,9 +311,17 @@ std::vector<std::string> argsOf(pid_t pid) {
   return args;
 }
 
+// The signals a process ignores (SigIgn in /proc: bit N-1 is signal N).
+uint64_t ignoredSignals(pid_t pid) {
+  std::istringstream status(slurp("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("SigIgn:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
+
 // Local workers are forked from the worker zygote (control/manager/zygote.h)
 // yet look and behave as exec'd ones: children of the manager, `morph
-// worker --join HOST:PORT --token-file FILE` in /proc, gone when the manager
+// worker --join HOST:PORT --token-file FILE` in /proc, SIGPIPE ignored, gone when the manager
 // is killed (the zygote too), and the same model_hash as exec'd workers.
 TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
   const std::string j = job(kJob);
@@ -356,6 +362,10 @@ TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
     EXPECT_EQ(args[3], "127.0.0.1:" + std::to_string(port));
     EXPECT_EQ(args[4], "--token-file");
     EXPECT_EQ(args[5], dir + "/token");
+    // SIGPIPE ignored (this test's own disposition is the default): a
+    // worker writing to a peer that just died gets EPIPE and joins the
+    // next generation instead of being killed.
+    EXPECT_TRUE(ignoredSignals(w) & (uint64_t{1} << (SIGPIPE - 1))) << "worker " << w << " does not ignore SIGPIPE";
   }
   EXPECT_EQ(workersOfPort(std::to_string(port)), 2);  // what the shell tests' pgrep sees
   ::kill(manager, SIGKILL);
@@ -371,6 +381,8 @@ TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
   EXPECT_TRUE(gone) << "workers or the zygote outlived their manager";
 }
 
+// --host 0.0.0.0 listens everywhere, with a warning; an address this
+// machine does not have is refused (exit 2) instead of silently widened.
 TEST_F(Cli, StoreListensOnTheHostAddressOnly) {
   const std::string j = job(kJob);
   Result ref = run("run " + j + " --quiet --steps 3 --out " + out("ref"));
