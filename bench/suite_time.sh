@@ -6,7 +6,10 @@
 #   bash bench/suite_time.sh [REPO] [WORK_DIR]
 # REPO defaults to this checkout (its committed HEAD), WORK_DIR to a new
 # temporary folder. Nothing else should run beside it (`cpu quiet` on the
-# development machine); ccache is off for the build, as on a fresh machine.
+# development machine). The build and the fuzz test compile through ccache
+# (MORPH_CCACHE): SUITE_CACHE=cold (default) gives them an empty cache, as
+# on a machine that never built Morph; SUITE_CACHE=warm uses this machine's
+# (~/.cache/ccache), as CI on a machine that built Morph before.
 # The process count needs perf (linux-perf) and root; without it the line
 # says so.
 set -euo pipefail
@@ -20,7 +23,8 @@ t0=$(now)
 bash scripts/install-deps.sh > "$work/install.log" 2>&1
 t1=$(now)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" 2>&1
-CCACHE_DISABLE=1 /usr/bin/time -f "%U %S" -o "$work/build.cpu" cmake --build build -j2 > "$work/build.log" 2>&1
+[[ ${SUITE_CACHE:-cold} == warm ]] || export CCACHE_DIR=$work/ccache
+/usr/bin/time -f "%U %S" -o "$work/build.cpu" cmake --build build -j2 > "$work/build.log" 2>&1
 t2=$(now)
 ctest_cmd=(ctest --test-dir build --output-on-failure -j2)
 rc=0
@@ -31,7 +35,7 @@ else
 fi
 t3=$(now)
 read -r bu bs < "$work/build.cpu"
-echo "fresh clone of $(git rev-parse --short HEAD), $(nproc) cores, logs in $work"
+echo "fresh clone of $(git rev-parse --short HEAD), $(nproc) cores, ${SUITE_CACHE:-cold} compiler cache, logs in $work"
 echo "install check $(secs "$t0" "$t1") s | configure + build $(secs "$t1" "$t2") s (CPU ${bu%.*} user + ${bs%.*} sys) |" \
   "ctest $(secs "$t2" "$t3") s (exit $rc) | total $(secs "$t0" "$t3") s"
 echo "slowest ten tests (s):"

@@ -2,7 +2,7 @@
 # Installs what Morph needs to build, test and run its demo on Debian 12 (as root).
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ccache
   libtorch-dev libgloo-dev libopenblas0-openmp
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev libssl-dev
   libgtest-dev libcpp-httplib-dev

@@ -63,11 +63,20 @@ stale() {  # stale OUTPUT: true if OUTPUT is missing or older than any source
   [[ ! -e $1 ]] || [[ -n $(find "$src" "$here" -type f -name '*.[ch]*' -newer "$1" -print -quit) ]]
 }
 
+# Through ccache where it is installed, as the CMake build (MORPH_CCACHE=0
+# turns it off): the sanitized libtorch headers are most of the compile, and
+# a fresh clone on a machine that ran this before compiles nothing again.
+cxx=(clang++)
+if [[ ${MORPH_CCACHE:-1} != 0 ]] && command -v ccache > /dev/null; then
+  cxx=(env CCACHE_BASEDIR="$(dirname "$src")" CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+       ccache clang++)
+fi
+
 compile() {  # compile SOURCE OBJECT [EXTRA FLAGS...]
   local s=$1 o=$2
   shift 2
   stale "$o" || return 0
-  nice -n 5 clang++ "${flags[@]}" "$@" -c "$s" -o "$o"
+  nice -n 5 "${cxx[@]}" "${flags[@]}" "$@" -c "$s" -o "$o"
 }
 
 # Compile every object first, $(nproc) at a time (most of the time goes to the
