@@ -25,7 +25,8 @@ torch_inc="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI
 # line tables (not full debug information, which doubles the compile time) name
 # the file and line of every frame in a crash report.
 flags=(-std=c++17 -O1 -gline-tables-only -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined
-       -fno-sanitize-recover=all -I "$src" $torch_inc -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1)
+       -fno-sanitize-recover=all -fdebug-prefix-map="$(dirname "$src")"=. -I "$src" $torch_inc
+       -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1)
 
 # Sources of the code under test (besides the target), extra compile flags and libraries, per target.
 declare -A sources=(
@@ -66,10 +67,12 @@ stale() {  # stale OUTPUT: true if OUTPUT is missing or older than any source
 # Through ccache where it is installed, as the CMake build (MORPH_CCACHE=0
 # turns it off): the sanitized libtorch headers are most of the compile, and
 # a fresh clone on a machine that ran this before compiles nothing again.
+# The line tables name files relative to the checkout (-fdebug-prefix-map),
+# so the working folder need not be part of ccache's key (hash_dir).
 cxx=(clang++)
 if [[ ${MORPH_CCACHE:-1} != 0 ]] && command -v ccache > /dev/null; then
-  cxx=(env CCACHE_BASEDIR="$(dirname "$src")" CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-       ccache clang++)
+  cxx=(env CCACHE_BASEDIR="$(dirname "$src")" CCACHE_NOHASHDIR=1
+       CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime ccache clang++)
 fi
 
 compile() {  # compile SOURCE OBJECT [EXTRA FLAGS...]
