@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "test_paths.h"
+
 namespace morph_test {
 
 namespace fs = std::filesystem;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/model.h"
+#include "test_paths.h"
 
 namespace morph {
 namespace {
