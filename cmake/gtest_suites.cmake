@@ -1,13 +1,16 @@
 cmake_minimum_required(VERSION 3.18)
-# Registers one ctest test per GoogleTest suite of a test binary: run after
-# the binary is built (cmake -P), it lists the binary's tests and writes
-# add_test() calls that run each suite in one process
-# (--gtest_filter=Suite.*), so libtorch starts once per suite instead of
-# once per test. Suites whose names are in E2E (they start `morph`
-# processes) are labelled "e2e", the others "unit". COSTS gives suites
-# their ctest COST (the order `ctest -j` starts tests in where it has no
-# timings of its own: descending); other suites cost 1.
-#   -DBINARY=path -DOUT=file.cmake -DE2E=Cli,Pipeline -DTIMEOUT=seconds -DCOSTS=Cli=130,Pipeline=150
+# Registers the ctest tests of a GoogleTest binary: run after the binary is
+# built (cmake -P), it lists the binary's tests and writes add_test() calls.
+# Suites whose names are in E2E (they start `morph` processes) get one ctest
+# test each, labelled "e2e", run in one process (--gtest_filter=Suite.*).
+# All other suites are unit tests: they run together in one process, the
+# ctest test UNIT (labelled "unit"), so libtorch starts once for all of
+# them (about 0.8 CPU-s a start: a process per suite cost the suite ~45
+# CPU-s). One suite alone: BINARY --gtest_filter='Suite.*'.
+# COSTS gives e2e suites their ctest COST (the order `ctest -j` starts
+# tests in where it has no timings of its own: descending); others cost 1.
+#   -DBINARY=path -DOUT=file.cmake -DUNIT=unit -DE2E=Cli,Pipeline -DTIMEOUT=seconds
+#   -DCOSTS=Cli=130,Pipeline=150
 string(REPLACE "," ";" E2E "${E2E}")
 string(REPLACE "," ";" COSTS "${COSTS}")
 execute_process(COMMAND "${BINARY}" --gtest_list_tests
@@ -18,6 +21,7 @@ endif()
 string(REPLACE "\n" ";" lines "${listing}")
 set(script "")
 set(seen "")
+set(unit_filter "")
 foreach(line IN LISTS lines)
   # A suite line has no indentation: "Suite." or "Prefix/Suite.  # TypeParam = ...".
   if(line MATCHES "^([^ #][^ ]*)\\.")
@@ -28,9 +32,13 @@ foreach(line IN LISTS lines)
     list(APPEND seen "${suite}")
     # The suite's own name, without an instantiation prefix ("Models/TrainerModels").
     string(REGEX REPLACE "^.*/" "" base "${suite}")
-    set(label unit)
-    if(base IN_LIST E2E)
-      set(label e2e)
+    if(NOT base IN_LIST E2E)
+      if(unit_filter STREQUAL "")
+        set(unit_filter "${suite}.*")
+      else()
+        string(APPEND unit_filter ":${suite}.*")
+      endif()
+      continue()
     endif()
     string(APPEND script "add_test([==[${suite}]==] \"${BINARY}\" [==[--gtest_filter=${suite}.*]==])\n")
     set(cost 1)
@@ -39,10 +47,14 @@ foreach(line IN LISTS lines)
         set(cost "${CMAKE_MATCH_1}")
       endif()
     endforeach()
-    string(APPEND script "set_tests_properties([==[${suite}]==] PROPERTIES TIMEOUT ${TIMEOUT} LABELS ${label} COST ${cost})\n")
+    string(APPEND script "set_tests_properties([==[${suite}]==] PROPERTIES TIMEOUT ${TIMEOUT} LABELS e2e COST ${cost})\n")
   endif()
 endforeach()
 if(seen STREQUAL "")
   message(FATAL_ERROR "${BINARY} lists no tests")
+endif()
+if(NOT unit_filter STREQUAL "")
+  string(APPEND script "add_test([==[${UNIT}]==] \"${BINARY}\" [==[--gtest_filter=${unit_filter}]==])\n")
+  string(APPEND script "set_tests_properties([==[${UNIT}]==] PROPERTIES TIMEOUT ${TIMEOUT} LABELS unit COST 1)\n")
 endif()
 file(WRITE "${OUT}" "${script}")
