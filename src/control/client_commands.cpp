@@ -1,4 +1,5 @@
-// runResize, runStatus, runSlow (client_commands.h).
+// runResize, runStatus, runSlow (client_commands.h): no libtorch here, so
+// the `morph` front runs them without loading it (cli/front_main.cpp).
 #include "control/client_commands.h"
 
 #include <chrono>
@@ -7,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "control/protocol/keys.h"
-#include "control/store_access.h"
+#include "control/job_address.h"
 #include "core/error.h"
 #include "core/job_spec.h"
 
@@ -21,11 +22,17 @@ namespace {
 // The client commands give up on reaching the manager, and `morph status`
 // on its first status record, after this long.
 constexpr double kClientTimeoutS = 5.0;
+constexpr std::chrono::milliseconds kClientWait{static_cast<int64_t>(kClientTimeoutS * 1000)};
+
+std::string getString(StoreConnection& store, const std::string& key) { return text(store.get(key, kClientWait)); }
+void setString(StoreConnection& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
 
 }  // namespace
 
 int runResize(const std::string& join, int workers, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
+  auto store = dialManager(join, readToken(token_file), "client", kClientTimeoutS);
   // What the manager would ignore is refused here, where the user sees it.
   const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
                                splitLines(getString(*store, keys::kJobOverrides)));
@@ -40,8 +47,8 @@ int runResize(const std::string& join, int workers, const std::string& token_fil
 }
 
 int runStatus(const std::string& join, const std::string& token_file) {
-  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
-  store->wait({keys::kStatus}, std::chrono::milliseconds(static_cast<int64_t>(kClientTimeoutS * 1000)));
+  auto store = dialManager(join, readToken(token_file), "client", kClientTimeoutS);
+  store->wait({keys::kStatus}, kClientWait);
   std::printf("%s\n", json::parse(getString(*store, keys::kStatus)).dump(2).c_str());
   return 0;
 }
@@ -50,7 +57,7 @@ int runSlow(const std::string& join, int64_t worker, double factor, const std::s
   if (!std::isfinite(factor) || factor < 1.0 || factor > 1000.0)
     throw InputError("--factor " + std::to_string(factor) + ": expected a slowdown from 1 (this machine's speed) to 1000");
   if (worker < 0) throw InputError("--worker " + std::to_string(worker) + ": expected a worker id (>= 0)");
-  auto store = connectToManager(join, readToken(token_file), "client", kClientTimeoutS);
+  auto store = dialManager(join, readToken(token_file), "client", kClientTimeoutS);
   const std::string id = std::to_string(worker);
   if (!store->check({keys::workerPid(worker)}))
     throw InputError("--worker " + id + ": the job at " + join + " has no such worker (ids: morph status --join " +

@@ -21,12 +21,6 @@ DataPair loadData(const JobSpec& job, const std::function<void(const std::string
   return data;
 }
 
-std::vector<std::string> effectiveOverrides(const RunOptions& o) {
-  std::vector<std::string> ov = o.overrides;
-  if (o.steps > 0) ov.push_back("job.steps=" + std::to_string(o.steps));
-  return ov;
-}
-
 std::string outDir(const RunOptions& o, const JobSpec& job) {
   return o.out_dir.empty() ? (std::filesystem::path("runs") / job.name).string() : o.out_dir;
 }

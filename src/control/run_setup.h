@@ -21,7 +21,12 @@ namespace detail {
 // loading took in one line ("data: ...", docs/job_file.md, "Progress").
 DataPair loadData(const JobSpec& job, const std::function<void(const std::string&)>& say = nullptr);
 // --set overrides plus --steps (an override of job.steps replaces job.epochs).
-std::vector<std::string> effectiveOverrides(const RunOptions& o);
+// Inline: the libtorch-free `morph` front checks a job file with them too.
+inline std::vector<std::string> effectiveOverrides(const RunOptions& o) {
+  std::vector<std::string> ov = o.overrides;
+  if (o.steps > 0) ov.push_back("job.steps=" + std::to_string(o.steps));
+  return ov;
+}
 std::string outDir(const RunOptions& o, const JobSpec& job);
 // Where checkpoints go, absolute: --checkpoint-dir, else checkpoint.dir,
 // else OUT/checkpoints.

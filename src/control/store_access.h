@@ -1,6 +1,7 @@
-// The job's store as the control plane reaches it: values read and written
-// as text (whole numbers parsed strictly, line lists), and the connection
-// to a manager (HOST:PORT, the job token, connectToManager). Keys:
+// The job's store as the control plane reaches it, through c10d::Store:
+// values read and written as text (whole numbers parsed strictly), and the
+// connection to a manager (connectToManager); the libtorch-free half (HOST:PORT,
+// the job token, line lists) is job_address.h. Keys:
 // control/protocol/keys.h; the wire protocol: src/store
 // (docs/store_protocol.md).
 #pragma once
@@ -12,27 +13,16 @@
 #include <utility>
 #include <vector>
 
+#include "control/job_address.h"
 #include "store/client.h"
 
 namespace morph {
 namespace detail {
 
 std::string getString(c10d::Store& s, const std::string& key);
-// A whole number read from the store, parsed strictly: the value must be
-// an optional '-' and digits only, in int64 range ("12abc", "", " 1" are
-// refused). JobError naming the key and the value.
+// A whole number read from the store, parsed strictly (parseStoreInt).
 int64_t getInt(c10d::Store& s, const std::string& key);
-int64_t parseStoreInt(const std::string& key, const std::string& value);
 void setString(c10d::Store& s, const std::string& key, const std::string& value);
-std::string joinLines(const std::vector<std::string>& v);
-std::vector<std::string> splitLines(const std::string& s);
-// "HOST:PORT" -> (host, port); throws InputError naming `flag`.
-std::pair<std::string, int> parseHostPort(const std::string& s, const std::string& flag);
-// The job token (docs/store_protocol.md): the first line of `token_file`
-// when given, else $MORPH_TOKEN; InputError saying which is missing or empty.
-std::string readToken(const std::string& token_file);
-// Writes a fresh random token to `path` (mode 0600) and returns it.
-std::string createTokenFile(const std::string& path);
 // A store client of the manager at `join` (HOST:PORT) proving `token` for
 // `role` ("worker", "worker/<id>", "client"); InputError naming the address
 // when it cannot be reached within timeout_s or rejects the token.

@@ -1,19 +1,18 @@
 // StoreClient: a c10d::Store over Morph's store protocol
 // (docs/store_protocol.md), so Gloo's rendezvous (a PrefixStore over it)
-// works unchanged. One authenticated TCP connection; calls are serialised,
-// so one client may be shared by threads. Blocking calls (get, wait) wait
-// on the server up to the timeout they are given (getTimeout() for get and
-// wait(keys)).
+// works unchanged: a StoreConnection (connection.h) behind c10d's
+// interface. Calls are serialised, so one client may be shared by threads.
+// Blocking calls (get, wait) wait on the server up to the timeout they are
+// given (getTimeout() for get and wait(keys)).
 #pragma once
 
 #include <chrono>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
-#include "store/errors.h"
-#include "store/protocol.h"
+#include "store/connection.h"
 
 namespace morph {
 
@@ -23,7 +22,7 @@ class StoreClient : public c10d::Store {
   // proves `key` for `role` ("manager", "worker", "worker/<id>", "client").
   StoreClient(const std::string& host, int port, const std::string& key, const std::string& role,
               std::chrono::milliseconds connect_timeout);
-  ~StoreClient() override;
+  explicit StoreClient(std::unique_ptr<StoreConnection> connection);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
@@ -36,20 +35,11 @@ class StoreClient : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
-  // The nonce this connection proved its key with: a worker that registers
-  // on it derives the key of its further connections from it
-  // (store::workerKey).
-  const std::array<uint8_t, store::kNonceBytes>& sessionNonce() const { return nonce_; }
+  // The nonce this connection proved its key with (StoreConnection).
+  const std::array<uint8_t, store::kNonceBytes>& sessionNonce() const { return conn_->sessionNonce(); }
 
  private:
-  // reply_timeout_ms: how long to wait for the reply (0: for ever).
-  store::Reply call(const store::Request& r, int64_t reply_timeout_ms);
-
-  std::string where_;  // host:port, for messages
-  int fd_ = -1;
-  std::array<uint8_t, store::kNonceBytes> nonce_{};
-  bool broken_ = false;  // a call failed mid-way: the connection is out of step
-  std::mutex mu_;
+  std::unique_ptr<StoreConnection> conn_;
 };
 
 }  // namespace morph

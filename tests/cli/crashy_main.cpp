@@ -145,7 +145,8 @@ int main(int argc, char** argv) {
       }
     });
   }
-  // Workers forked by the zygote run morphMain with the hooks above set.
-  morph::registerMain(argc, argv, &morph::morphMain);
+  // Workers forked by the zygote run morphMain with the hooks above set;
+  // this binary starts its workers itself (no front).
+  morph::registerMain(argc, argv, [](int n, char** args) { return morph::morphMain(n, args); });
   return morph::morphMain(argc, argv);
 }
