@@ -140,6 +140,56 @@ TEST_F(Cli, FloatModeRunsOnSeveralWorkers) {
   EXPECT_EQ(s["workers"], 2);
 }
 
+// `morph` is a front without libtorch (src/cli/front_main.cpp): it answers
+// by itself what needs no training engine and execs `morph-engine`, the
+// binary beside it, for everything else. A copy of the front alone in a
+// folder shows which is which: what it answers alone is what the build's
+// pair answers, byte for byte; what trains fails naming the missing engine.
+TEST_F(Cli, FrontAnswersWithoutTheEngineAndHandsTheRestOver) {
+  const fs::path alone = dir_ / "front-alone";
+  fs::create_directories(alone);
+  fs::copy_file(MORPH_BINARY, alone / "morph");
+  const std::string front = (alone / "morph").string();
+  auto shell = [](const std::string& cmd) {
+    FILE* p = popen(("env -u MORPH_TOKEN " + cmd + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    const int status = pclose(p);
+    return Result{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  };
+  const Result ldd = shell("ldd " + front);
+  EXPECT_EQ(ldd.code, 0) << ldd.out;
+  EXPECT_EQ(ldd.out.find("libtorch"), std::string::npos) << ldd.out;
+  EXPECT_EQ(ldd.out.find("libc10"), std::string::npos) << ldd.out;
+
+  const std::string good = job(kJob);
+  const std::string unknown = job(std::string(kJob) + "[eval]\neverry = 3\n", "unknown.toml");
+  const std::vector<std::pair<std::string, int>> answered = {
+      {"--help", 0},
+      {"run", 2},                                       // no job file
+      {"run " + unknown, 2},                            // a refused job file
+      {"run " + good + " --workers 2 --heartbeat-interval 2 --heartbeat-timeout 1", 2},
+      {"worker --join nonsense", 2},
+      {"worker --join 127.0.0.1:1", 2},                 // no token
+      {"status --join 127.0.0.1:1", 2},                 // the client commands: no token
+      {"resize --join 127.0.0.1:1 --workers 2", 2},
+      {"slow --join 127.0.0.1:1 --worker 0 --factor 2", 2},
+  };
+  for (const auto& [args, code] : answered) {
+    Result a = shell(front + " " + args);
+    const Result pair = shell(std::string(MORPH_BINARY) + " " + args);
+    for (size_t at; (at = a.out.find(front)) != std::string::npos;) a.out.replace(at, front.size(), MORPH_BINARY);
+    EXPECT_EQ(a.code, code) << args << "\n" << a.out;
+    EXPECT_EQ(a.code, pair.code) << args;
+    EXPECT_EQ(a.out, pair.out) << args;
+  }
+  const Result train = shell(front + " run " + good + " --steps 1 --quiet");
+  EXPECT_EQ(train.code, 3) << train.out;
+  EXPECT_NE(train.out.find("cannot start the training engine " + (alone / "morph-engine").string()), std::string::npos)
+      << train.out;
+}
+
 TEST_F(Cli, BadInputExitsTwoNamingTheProblem) {
   struct Case {
     std::string args, expect;
