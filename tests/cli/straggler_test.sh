@@ -13,13 +13,30 @@
 # slow` exits 2 for a bad factor or an unknown worker. Then the same in a
 # pipeline of 2 stages x 2 replicas: within the window of the onset, the
 # slowed worker's replica gets fewer VNs (nothing moves), same hash.
+#
+#   straggler_test.sh MORPH [PART [DIR]]
+#
+# PART "refs" writes the job file (job.toml) and the single-process runs'
+# hash lines (ref.txt: 400 steps, ref100.txt: 100 steps) into DIR, those
+# files removed first (nothing of an earlier run counts): nothing there
+# depends on timing, so ctest runs it beside other tests
+# (straggler.References, a fixture). PART "slowed" runs the slowed jobs and
+# compares their hashes with DIR's (the detection is timing-sensitive: ctest
+# runs it alone, straggler.SlowWorkerReplannedSameHash); it fails if DIR
+# lacks a file or if its job file differs from the one this script writes.
+# "all" (default) runs both (DIR default: a scratch folder).
 set -euo pipefail
 MORPH=$1
+part=${2:-all}
 source "$(dirname "$0")/shell_util.sh"
+case $part in refs|slowed|all) ;; *) echo "usage: $0 MORPH [refs|slowed|all [DIR]]" >&2; exit 2 ;; esac
 make_work
+refs=${3:-$work/refs}
 WINDOW=4
 
-cat > "$work/job.toml" <<TOML
+# write_job FILE: the job.
+write_job() {
+  cat > "$1" <<TOML
 [job]
 name = "straggler"
 seed = 5
@@ -41,8 +58,28 @@ momentum = 0.9
 straggler_factor = 8.0
 straggler_steps = $WINDOW
 TOML
+}
 
-ref=$("$MORPH" run "$work/job.toml" --quiet --out "$work/ref" | tail -n 1)
+# The single-process references: the whole job, and its first 100 steps
+# (the pipeline's).
+if [[ $part != slowed ]]; then
+  mkdir -p "$refs"
+  rm -f "$refs/job.toml" "$refs/ref.txt" "$refs/ref100.txt"
+  write_job "$refs/job.toml"
+  "$MORPH" run "$refs/job.toml" --quiet --out "$work/ref" | tail -n 1 > "$work/ref.txt"
+  "$MORPH" run "$refs/job.toml" --quiet --steps 100 --out "$work/ref100" | tail -n 1 > "$work/ref100.txt"
+  mv "$work/ref.txt" "$work/ref100.txt" "$refs/"
+  echo "references: $(cat "$refs/ref.txt"), 100 steps: $(cat "$refs/ref100.txt")"
+  if [[ $part == refs ]]; then echo "straggler test (refs) passed"; exit 0; fi
+fi
+for f in job.toml ref.txt ref100.txt; do
+  [[ -s "$refs/$f" ]] || { echo "FAIL: no $refs/$f: run the references first (ctest runs straggler.References; by hand: $0 MORPH refs $refs)"; exit 1; }
+done
+write_job "$work/job.toml"
+cmp -s "$work/job.toml" "$refs/job.toml" \
+  || { echo "FAIL: $refs/job.toml is not the job this script writes (stale references: run them again)"; exit 1; }
+ref=$(cat "$refs/ref.txt")
+ref100=$(cat "$refs/ref100.txt")
 
 # start_slowed NAME WORKER FACTOR RUN_ARGS...: runs the job with RUN_ARGS
 # into $work/NAME (log $work/NAME.log) in the background (mpid, port) and,
@@ -100,7 +137,6 @@ python3 "$check" dp "$work/fst" "$work/fst.log" "$WINDOW" 1
 
 # A pipeline: 2 stages x 2 replicas; worker 3 (stage 1 of replica 1) 40x
 # slower (its stage's compute is the replica's whole step).
-ref100=$("$MORPH" run "$work/job.toml" --quiet --steps 100 --out "$work/ref100" | tail -n 1)
 start_slowed pst 3 40 --workers 4 --stages 2 --steps 100
 wait "$mpid" || { echo "FAIL: pipeline exit $?"; cat "$work/pst.log"; exit 1; }
 got=$(tail -n 1 "$work/pst.log")
@@ -108,4 +144,4 @@ echo "pipeline straggler: $got"
 [[ "$got" == "$ref100" ]] || { echo "FAIL: pipeline hashes differ"; cat "$work/pst.log"; exit 1; }
 grep "straggler" "$work/pst.log" || true
 python3 "$check" pipe "$work/pst" "$work/pst.log" "$WINDOW" 3
-echo "straggler test passed"
+echo "straggler test ($part) passed"
