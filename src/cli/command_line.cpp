@@ -266,6 +266,12 @@ void morph::checkArguments(const Invocation& inv) {
     throw InputError("morph plan needs --workers or --resources");
 }
 
+std::string morph::hugePageTunables(const char* glibc_tunables) {
+  const std::string given = glibc_tunables ? glibc_tunables : "";
+  if (given.find("glibc.malloc.hugetlb=") != std::string::npos) return given;
+  return given.empty() ? "glibc.malloc.hugetlb=1" : given + ":glibc.malloc.hugetlb=1";
+}
+
 int morph::exitCodeOf(const std::function<int()>& command) {
   try {
     return command();

@@ -59,6 +59,14 @@ int parseCommandLine(int argc, char** argv, Invocation& inv);
 // (InputError): made before any work, wherever the command runs.
 void checkArguments(const Invocation& inv);
 
+// The value of GLIBC_TUNABLES the engine runs with, given the caller's
+// (null: unset): glibc's malloc on transparent huge pages
+// (glibc.malloc.hugetlb=1, madvise mode) added, unless the caller chose a
+// glibc.malloc.hugetlb of its own. The front sets it before exec'ing the
+// engine (tunables are read when a process starts); workers and peers the
+// engine starts inherit it. docs/performance.md, "Huge pages".
+std::string hugePageTunables(const char* glibc_tunables);
+
 // Runs `command` and maps what it throws to the exit code, with one line
 // on stderr: InputError 2 ("morph: error: ..."), JobError and any other
 // exception 3 ("morph: job stopped: ...").

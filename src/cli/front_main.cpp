@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <csignal>
 #include <cstring>
 #include <string>
@@ -22,13 +23,15 @@
 
 namespace {
 
-// Replaces this process with the engine; returns only by throwing.
+// Replaces this process with the engine, its malloc on transparent huge
+// pages (command_line.h, hugePageTunables); returns only by throwing.
 [[noreturn]] void execEngine(char** argv) {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n <= 0) throw morph::JobError(std::string("cannot find this binary (/proc/self/exe): ") + std::strerror(errno));
   const std::string self(buf, static_cast<size_t>(n));
   const std::string engine = self.substr(0, self.rfind('/') + 1) + "morph-engine";
+  ::setenv("GLIBC_TUNABLES", morph::hugePageTunables(std::getenv("GLIBC_TUNABLES")).c_str(), 1);
   ::execv(engine.c_str(), argv);
   throw morph::JobError("cannot start the training engine " + engine + ": " + std::strerror(errno) +
                         " (it is built and installed beside `morph`)");

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "cli/command_line.h"
 #include "store/client.h"
 #include "store/protocol.h"
 
@@ -368,6 +369,14 @@ TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
     EXPECT_TRUE(ignoredSignals(w) & (uint64_t{1} << (SIGPIPE - 1))) << "worker " << w << " does not ignore SIGPIPE";
   }
   EXPECT_EQ(workersOfPort(std::to_string(port)), 2);  // what the shell tests' pgrep sees
+  // The front gave the engine's malloc transparent huge pages
+  // (cli/command_line.h, hugePageTunables); its workers inherit them.
+  const std::string tunables = "GLIBC_TUNABLES=" + morph::hugePageTunables(std::getenv("GLIBC_TUNABLES"));
+  EXPECT_NE(tunables.find("glibc.malloc.hugetlb="), std::string::npos);
+  for (pid_t p : {manager, workers[0], workers[1]}) {
+    const std::string env = '\0' + slurp("/proc/" + std::to_string(p) + "/environ");
+    EXPECT_NE(env.find('\0' + tunables + '\0'), std::string::npos) << "process " << p << " runs without " << tunables;
+  }
   ::kill(manager, SIGKILL);
   waitpid(manager, nullptr, 0);
   const auto ended = [](pid_t p) {
