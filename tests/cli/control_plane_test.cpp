@@ -390,6 +390,23 @@ TEST_F(Cli, LocalWorkersAreForkedChildrenOfTheManager) {
   EXPECT_TRUE(gone) << "workers or the zygote outlived their manager";
 }
 
+// A finished job leaves no process behind: its workers and the worker
+// zygote are reaped by the manager before `morph run` exits (run in a
+// session of its own: whatever is left in its process group afterwards is
+// listed; an orphan would be reparented, and here nothing reaps it).
+TEST_F(Cli, NothingOutlivesAFinishedJob) {
+  const std::string j = job(kJob);
+  const std::string cmd = "setsid sh -c '" + std::string(MORPH_BINARY) + " run " + j + " --quiet --steps 3 --workers 2 --out " +
+                          out("done") + " > " + out("done.log") + " 2>&1; echo rc=$?; ps -o pid=,stat=,comm= -g $$'";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string listing;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) listing.append(buf, n);
+  pclose(p);
+  EXPECT_NE(listing.find("rc=0"), std::string::npos) << listing << slurp(out("done.log"));
+  EXPECT_EQ(listing.find("morph"), std::string::npos) << "left in the job's process group:\n" << listing;
+}
+
 // --host 0.0.0.0 listens everywhere, with a warning; an address this
 // machine does not have is refused (exit 2) instead of silently widened.
 TEST_F(Cli, StoreListensOnTheHostAddressOnly) {

@@ -201,6 +201,7 @@ void Membership::killAll() {
 void Membership::waitLocal() {
   for (auto& [id, w] : workers_)
     if (w.pid > 0 && w.alive) procs_.wait(w.pid);
+  procs_.retire();
 }
 
 void Membership::forgetDeparted(store::Table& table, c10d::Store& store) {

@@ -88,7 +88,8 @@ class Membership {
   // Generation 0 formed: later start failures are joiners'.
   void setStarted() { started_ = true; }
   void killAll();
-  // Waits until every live local worker has exited.
+  // Waits until every live local worker has exited, then retires the
+  // processes (WorkerProcesses::retire: the zygote ends and is reaped).
   void waitLocal();
   // Forgets the keys of workers that were already gone at the previous
   // generation change (the store stays bounded).

@@ -56,6 +56,12 @@ std::optional<WorkerProcesses::Exit> LocalProcesses::reap() {
 
 void LocalProcesses::wait(pid_t pid) { waitpid(pid, nullptr, 0); }
 
+void LocalProcesses::retire() {
+  if (WorkerZygote* z = WorkerZygote::get()) z->stop();
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+}
+
 void LocalProcesses::waitAll() {
   if (WorkerZygote* z = WorkerZygote::get()) z->stop();
   while (waitpid(-1, nullptr, 0) > 0) {

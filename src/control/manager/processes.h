@@ -26,6 +26,11 @@ class WorkerProcesses {
   // Waits until `pid` ends; waitAll: until every child has.
   virtual void wait(pid_t pid) = 0;
   virtual void waitAll() = 0;
+  // The job is over and every live worker was waited for: ends what only
+  // served to start workers (the zygote) and reaps children that already
+  // exited, without waiting for any other (one that still runs ends with
+  // the manager, by its death signal).
+  virtual void retire() {}
   // How many of the started processes were forked by the worker zygote
   // (control/manager/zygote.h) rather than exec'd.
   virtual int forked() const { return 0; }
@@ -35,7 +40,7 @@ class WorkerProcesses {
 // each killed by the kernel when the manager dies (PR_SET_PDEATHSIG with
 // kManagerDeathSignal: the worker then names the resume command). Forked by
 // the worker zygote when it runs (control/manager/zygote.h), else exec'd;
-// waitAll ends the zygote first.
+// waitAll and retire end the zygote first.
 class LocalProcesses : public WorkerProcesses {
  public:
   LocalProcesses(std::string self_exe, std::string join, std::string token_file)
@@ -45,6 +50,7 @@ class LocalProcesses : public WorkerProcesses {
   std::optional<Exit> reap() override;
   void wait(pid_t pid) override;
   void waitAll() override;
+  void retire() override;
   int forked() const override { return forked_; }
 
  private:
