@@ -16,8 +16,8 @@ step structure as Morph, using N CPU processes joined by gloo over TCP:
   * SGD, lr 0.05, momentum 0.9 (mlp, cnn); for gpt-mini AdamW, lr 0.003,
     20 warm-up steps then cosine, gradient clipped to norm 1.0, as
     examples/fortunes-gpt.toml;
-  * glibc's malloc thresholds as `morph` sets them (--malloc morph, the
-    default; --malloc glibc keeps glibc's own), so that both sides'
+  * glibc's malloc thresholds and huge-page mode as `morph` sets them
+    (--malloc morph, the default; --malloc glibc keeps glibc's own), so that both sides'
     tensors come from the same kind of allocator.
 
 gpt-mini is the twin of Morph's built-in one (src/models/zoo.cpp): token and
@@ -242,6 +242,21 @@ def tune_allocator(kind):
     for param, value in MORPH_MALLOPT.items():
         if libc.mallopt(param, value) != 1:
             raise RuntimeError("mallopt(%d, %d) failed" % (param, value))
+
+
+# And the engine's malloc on transparent huge pages: the `morph` front execs
+# it with glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (src/cli/command_line.h,
+# hugePageTunables). Tunables are read when a process starts, so a baseline
+# with --malloc morph executes itself again, once, with the same setting
+# (its worker processes inherit it).
+def same_malloc_as_morph(kind):
+    if kind != "morph":
+        return
+    given = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb=" in given:
+        return
+    env = dict(os.environ, GLIBC_TUNABLES=(given + ":" if given else "") + "glibc.malloc.hugetlb=1")
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
 
 
 def worker(rank, args, port, result_queue):
@@ -499,6 +514,8 @@ class _PrintResult:
 
 def main(argv=None):
     args = parse_args(argv)
+    if argv is None:
+        same_malloc_as_morph(args.malloc)
     port = args.port or free_port()
 
     # Keep each child's thread pools at --threads before torch is imported there.

@@ -13,7 +13,7 @@ torch.set_num_threads(1)).
    baseline: a plain loop over the same module file (torch.jit.load, the
    graph executor's optimisations off, as Morph runs it), the same
    micro-batching (4 micro-batches of 8, loss summed / 32, gradients
-   accumulated by backward), torch.optim.SGD, glibc's malloc thresholds as
+   accumulated by backward), torch.optim.SGD, glibc's malloc thresholds and huge-page mode as
    `morph` sets them (bench/ddp_baseline.py's tune_allocator). Step time by
    wall clock over the same window: between the ends of steps S and S + E
    (Morph: `unix_time` of metrics.jsonl; the loop: time.time() after each
@@ -140,6 +140,7 @@ def loop_main(a):
     """The baseline: one process, a plain loop with gradient accumulation."""
     import ddp_baseline
 
+    ddp_baseline.same_malloc_as_morph("morph")  # huge pages, as morph's engine (re-executes once)
     ddp_baseline.tune_allocator("morph")  # before torch allocates anything
     import torch
     import torch.nn.functional as F
