@@ -32,8 +32,6 @@ std::string selfExe(const char* argv0) {
   return ec ? std::string(argv0) : p.string();
 }
 
-
-
 // morph run JOB --export FILE (docs/models.md, "Export"): the run
 // checkpoints its last step (checkpoint.every becomes the greatest common
 // divisor of itself and the step count, the step count when it is off),
