@@ -4,22 +4,12 @@
 // mistyped flag would otherwise print figures of another configuration.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli/cli11_parse.h"
 
 namespace morph::bench {
 
 // Parses argv into `app`. Returns -1 to go on, else the exit code to
 // return from main(): 0 after --help, 2 for bad input.
-inline int parseArgs(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
-  return -1;
-}
+inline int parseArgs(CLI::App& app, int argc, char** argv) { return parseCli11(app, argc, argv); }
 
 }  // namespace morph::bench

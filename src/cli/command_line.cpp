@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/cli11_parse.h"
 #include "core/error.h"
 
 int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
@@ -219,14 +220,7 @@ int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
   cancel_cmd->add_option("--cluster", client.cluster, "HOST:PORT of `morph cluster`")->required();
   cancel_cmd->add_option("--token-file", client.token_file, "the cluster's token (OUT/token; default: $MORPH_TOKEN)");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const int rc = parseCli11(app, argc, argv); rc >= 0) return rc;
 
   using C = Invocation::Command;
   inv.plan_workers_given = plan_workers->count() > 0;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/token_file.h"
 
 namespace morph {
 namespace detail {
@@ -61,24 +62,9 @@ std::pair<std::string, int> parseHostPort(const std::string& s, const std::strin
 }
 
 std::string readToken(const std::string& token_file) {
-  std::string token, from;
-  if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in)
-      throw InputError("missing job token: --token-file " + token_file +
-                       ": cannot read it (the job's token is OUT/token of `morph run`)");
-    std::getline(in, token);
-    from = "--token-file " + token_file;
-  } else if (const char* env = std::getenv("MORPH_TOKEN")) {
-    token = env;
-    from = "MORPH_TOKEN";
-  } else {
-    throw InputError("missing job token: pass --token-file FILE (the job's OUT/token, written by `morph run`) "
-                     "or set MORPH_TOKEN");
-  }
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty()) throw InputError("missing job token: " + from + " is empty");
-  return token;
+  return readTokenFrom(token_file, {"missing job token", "missing job token: ",
+                                    "the job's token is OUT/token of `morph run`",
+                                    "pass --token-file FILE (the job's OUT/token, written by `morph run`) or set MORPH_TOKEN"});
 }
 
 std::string createTokenFile(const std::string& path) {

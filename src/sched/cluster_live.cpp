@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/token_file.h"
 #include "sched/policy.h"
 
 namespace morph::sched {
@@ -660,21 +661,8 @@ class LiveCluster {
 // --- clients ---------------------------------------------------------------
 
 std::string clientToken(const std::string& token_file) {
-  std::string token, from;
-  if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    if (!in) throw InputError("--token-file " + token_file + ": cannot read it (the cluster's token is OUT/token of `morph cluster`)");
-    std::getline(in, token);
-    from = "--token-file " + token_file;
-  } else if (const char* env = std::getenv("MORPH_TOKEN")) {
-    token = env;
-    from = "MORPH_TOKEN";
-  } else {
-    throw InputError("missing cluster token: pass --token-file FILE (OUT/token of `morph cluster`) or set MORPH_TOKEN");
-  }
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
-  if (token.empty()) throw InputError("missing cluster token: " + from + " is empty");
-  return token;
+  return readTokenFrom(token_file, {"missing cluster token", "", "the cluster's token is OUT/token of `morph cluster`",
+                                    "pass --token-file FILE (OUT/token of `morph cluster`) or set MORPH_TOKEN"});
 }
 
 json call(const ClusterClientOptions& c, const std::string& method, const std::string& path, const json& body) {
