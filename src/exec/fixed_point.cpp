@@ -20,48 +20,76 @@ inline int64_t roundMagic(double d) {
   return bits - magic_bits;
 }
 
+template <bool kStore, bool kPair = false>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound,
+                              const float* g2 = nullptr);
+
+#define MORPH_AVX2 __attribute__((target("avx2"), always_inline)) inline
+
+// One quantised term per lane of 4 floats: q = round(g * 2^s).
+MORPH_AVX2 __m256i quant4(const float* p, __m256d vscale, __m256d vmagic) {
+  const __m256d d = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(p)), vscale);
+  return _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(d, vmagic)), _mm256_castpd_si256(vmagic));
+}
+
+// The largest |g| of 8 floats into *vmax (a NaN lane keeps it), NaNs into *vnan.
+MORPH_AVX2 void scan8(const float* p, __m256 vabs_mask, __m256* vmax, __m256* vnan) {
+  const __m256 v = _mm256_loadu_ps(p);
+  *vnan = _mm256_or_ps(*vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  *vmax = _mm256_max_ps(_mm256_and_ps(v, vabs_mask), *vmax);
+}
+
 template <bool kStore>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound);
+MORPH_AVX2 void put4(int64_t* at, __m256i q) {
+  __m256i* dst = reinterpret_cast<__m256i*>(at);
+  if constexpr (kStore) {
+    _mm256_storeu_si256(dst, q);
+  } else {
+    _mm256_storeu_si256(dst, _mm256_add_epi64(_mm256_loadu_si256(dst), q));
+  }
+}
 
 // kStore: acc[i] = q (a segment's first VN of the step: no zeroing pass,
 // no read of acc), else acc[i] += q.
-template <bool kStore>
+// kPair: acc[i] (=|+=) q(g[i]) + q(g2[i]), each term rounded on its own
+// (the same integers as two single passes, one pass over acc).
+template <bool kStore, bool kPair = false>
 __attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int64_t n, int scale_exp,
-                                                            int64_t* acc, double bound) {
+                                                            int64_t* acc, double bound,
+                                                            const float* g2 = nullptr) {
   const __m256d vscale = _mm256_set1_pd(std::ldexp(1.0, scale_exp));
-  const __m256d vbound = _mm256_set1_pd(bound);
   const __m256d vmagic = _mm256_set1_pd(kMagic);
-  const __m256i vmagic_i = _mm256_castpd_si256(vmagic);
-  const __m256d vabs_mask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL));
-  __m256d vmax = _mm256_setzero_pd();
-  const __m256d vinf = _mm256_set1_pd(INFINITY);
-  __m256d vbad = _mm256_setzero_pd();
-  __m256d vnonfinite = _mm256_setzero_pd();
+  const __m256 vabs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  // The bound is checked once, on the largest |g| (g * 2^s is exact in
+  // double, so |g| * 2^s >= bound for some g exactly when it holds for the
+  // largest), found in float, 8 lanes at a time; NaNs, which a max skips,
+  // are caught by an unordered compare.
+  __m256 vmax = _mm256_setzero_ps();
+  __m256 vnan = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    __m256d d = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(g + i)), vscale);
-    __m256d a = _mm256_and_pd(d, vabs_mask);
-    // not-less-than, unordered: true for |d| >= bound (or inf) and for NaN.
-    vbad = _mm256_or_pd(vbad, _mm256_cmp_pd(a, vbound, _CMP_NLT_UQ));
-    vnonfinite = _mm256_or_pd(vnonfinite, _mm256_cmp_pd(a, vinf, _CMP_NLT_UQ));
-    vmax = _mm256_max_pd(a, vmax);  // a NaN in `a` yields vmax (flagged above)
-    __m256i q = _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(d, vmagic)), vmagic_i);
-    __m256i* dst = reinterpret_cast<__m256i*>(acc + i);
-    if constexpr (kStore) {
-      _mm256_storeu_si256(dst, q);
-    } else {
-      _mm256_storeu_si256(dst, _mm256_add_epi64(_mm256_loadu_si256(dst), q));
+  for (; i + 8 <= n; i += 8) {
+    scan8(g + i, vabs_mask, &vmax, &vnan);
+    __m256i q0 = quant4(g + i, vscale, vmagic), q1 = quant4(g + i + 4, vscale, vmagic);
+    if constexpr (kPair) {
+      scan8(g2 + i, vabs_mask, &vmax, &vnan);
+      q0 = _mm256_add_epi64(q0, quant4(g2 + i, vscale, vmagic));
+      q1 = _mm256_add_epi64(q1, quant4(g2 + i + 4, vscale, vmagic));
     }
+    put4<kStore>(acc + i, q0);
+    put4<kStore>(acc + i + 4, q1);
   }
-  alignas(32) double m[4];
-  _mm256_store_pd(m, vmax);
-  double max_scaled = std::fmax(std::fmax(m[0], m[1]), std::fmax(m[2], m[3]));
+  alignas(32) float m[8];
+  _mm256_store_ps(m, vmax);
+  float max_abs = 0.0f;
+  for (float x : m) max_abs = std::fmax(max_abs, x);
   QuantizeResult r;
-  r.overflow = _mm256_movemask_pd(vbad) != 0;
-  r.nonfinite = _mm256_movemask_pd(vnonfinite) != 0;
-  r.max_abs = std::ldexp(max_scaled, -scale_exp);
+  const bool nan = _mm256_movemask_ps(vnan) != 0;
+  r.nonfinite = nan || std::isinf(max_abs);
+  r.overflow = nan || !(std::ldexp(static_cast<double>(max_abs), scale_exp) < bound);
+  r.max_abs = max_abs;
   if (i < n) {
-    QuantizeResult tail = quantizeScalar<kStore>(g + i, n - i, scale_exp, acc + i, bound);
+    QuantizeResult tail = quantizeScalar<kStore, kPair>(g + i, n - i, scale_exp, acc + i, bound,
+                                                        kPair ? g2 + i : nullptr);
     r.overflow = r.overflow || tail.overflow;
     r.nonfinite = r.nonfinite || tail.nonfinite;
     r.max_abs = std::fmax(r.max_abs, tail.max_abs);
@@ -74,29 +102,41 @@ bool haveAvx2() {
   return has;
 }
 
-template <bool kStore>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
+template <bool kStore, bool kPair>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound,
+                              const float* g2) {
   const double scale = std::ldexp(1.0, scale_exp);
   double max_scaled = 0.0;
   QuantizeResult r;
-  for (int64_t i = 0; i < n; ++i) {
-    double d = static_cast<double>(g[i]) * scale;
-    double a = std::fabs(d);
-    if (!(a < bound)) {  // the step will be redone: leave acc alone
-      if constexpr (kStore) acc[i] = 0;  // (but defined)
+  // One term: its rounded value, or false (the step will be redone).
+  auto term = [&](float v, int64_t* q) {
+    const double d = static_cast<double>(v) * scale;
+    const double a = std::fabs(d);
+    if (!(a < bound)) {
       r.overflow = true;
       if (std::isfinite(a)) {
         max_scaled = std::fmax(max_scaled, a);
       } else {
         r.nonfinite = true;
       }
-      continue;
+      return false;
     }
     if (a > max_scaled) max_scaled = a;
+    *q = roundMagic(d);
+    return true;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t q = 0, q2 = 0;
+    bool ok = term(g[i], &q);
+    if constexpr (kPair) ok = term(g2[i], &q2) && ok;
+    if (!ok) {  // leave acc alone
+      if constexpr (kStore) acc[i] = 0;  // (but defined)
+      continue;
+    }
     if constexpr (kStore) {
-      acc[i] = roundMagic(d);
+      acc[i] = q + q2;
     } else {
-      acc[i] += roundMagic(d);
+      acc[i] += q + q2;
     }
   }
   r.max_abs = std::ldexp(max_scaled, -scale_exp);
@@ -121,6 +161,23 @@ QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int64_t* ac
 QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound) {
   if (haveAvx2()) return quantizeAvx2<true>(g, n, scale_exp, acc, bound);
   return quantizeScalar<true>(g, n, scale_exp, acc, bound);
+}
+
+QuantizeResult quantizePairAdd(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                               double bound) {
+  if (haveAvx2()) return quantizeAvx2<false, true>(g, n, scale_exp, acc, bound, g2);
+  return quantizeScalar<false, true>(g, n, scale_exp, acc, bound, g2);
+}
+
+QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                                 double bound) {
+  if (haveAvx2()) return quantizeAvx2<true, true>(g, n, scale_exp, acc, bound, g2);
+  return quantizeScalar<true, true>(g, n, scale_exp, acc, bound, g2);
+}
+
+QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                                     double bound) {
+  return quantizeScalar<false, true>(g, n, scale_exp, acc, bound, g2);
 }
 
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out) {

@@ -36,6 +36,17 @@ QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int64_t* 
 QuantizeResult quantizeStoreScalar(const float* g, int64_t n, int scale_exp, int64_t* acc,
                                    double bound = kFixedBound);
 
+// acc[i] (+)= round(g[i] * 2^s) + round(g2[i] * 2^s): two VNs' terms, each
+// rounded on its own as quantizeAdd() would, in one pass over acc (the
+// int64 buffer is the memory traffic of exact accumulation). The result
+// flags cover both inputs.
+QuantizeResult quantizePairAdd(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                               double bound = kFixedBound);
+QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                                 double bound = kFixedBound);
+QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
+                                     double bound = kFixedBound);
+
 // out[i] = float(double(acc[i]) * 2^-scale_exp / divisor).
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out);
 void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, float* out);

@@ -83,6 +83,19 @@ void GradAccumulator::add(size_t seg, const float* values) {
   }
 }
 
+void GradAccumulator::addPair(size_t seg, const float* a, const float* b) {
+  MORPH_CHECK_LT(seg, sizes_.size());
+  MORPH_CHECK(mode_ == ReduceMode::kExact, "addPair: exact mode");
+  const int64_t n = sizes_[seg], off = offsets_[seg];
+  const bool first = fresh_[seg];
+  fresh_[seg] = 0;
+  QuantizeResult r = first ? quantizePairStore(a, b, n, scales_[seg], exact_.data() + off, bound_)
+                           : quantizePairAdd(a, b, n, scales_[seg], exact_.data() + off, bound_);
+  max_[seg] = std::max(max_[seg], r.max_abs);
+  overflow_ = overflow_ || r.overflow;
+  nonfinite_ = nonfinite_ || r.nonfinite;
+}
+
 void GradAccumulator::settle() {
   for (size_t seg = 0; seg < sizes_.size(); ++seg) {
     if (!fresh_[seg]) continue;

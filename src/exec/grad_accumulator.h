@@ -37,6 +37,10 @@ class GradAccumulator {
   // segments as they were, each "fresh": logically zero, which read(),
   // readScalar() and flagsAndMax() honour).
   void add(size_t seg, const float* values);
+  // Exact mode: two VNs' values of segment `seg` at once, the same as
+  // add(seg, a) then add(seg, b) (each term rounded on its own, integer
+  // sums), in one pass over the buffer.
+  void addPair(size_t seg, const float* a, const float* b);
   // Zeroes the segments no add() has touched this step, so that the buffer
   // itself holds the sums' terms; the non-const buffer accessors (the
   // collectives' way in) do it first.

@@ -81,28 +81,47 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
   seg_ready_.assign(sizes.size(), 0);
   seg_need_.assign(sizes.size(), 1);
 
-  auto hook = [this](size_t i, const torch::Tensor& grad) {
+  // Each hooked leaf k (the parameters, then the tied uses' leaves) is one
+  // quantised term per VN of its parameter hooked_param_[k]'s segment.
+  auto hook = [this](size_t k, const torch::Tensor& grad) {
     if (!accumulating_) return;
-    const size_t seg = segOf(i);
+    const size_t seg = segOf(hooked_param_[k]);
     torch::Tensor g = grad.contiguous();
     if (probe_) {
       g = g.clone();
       probe_->onGradient(step_, vn_, attempt_, g);
+      if (hold_grads_) held_[k] = g;  // (as the probe left it)
     }
-    acc_->add(seg, g.data_ptr<float>());
+    torch::Tensor& held = held_[k];
+    if (hold_grads_) {
+      // Kept: autograd stores the gradient in the leaf's grad (taking the
+      // tensor, no copy), holdGrads() takes it from there.
+    } else if (held.defined()) {
+      const torch::Tensor a = held.contiguous();
+      acc_->addPair(seg, a.data_ptr<float>(), g.data_ptr<float>());
+      held = torch::Tensor();
+    } else {
+      acc_->add(seg, g.data_ptr<float>());
+    }
     ++seg_ready_[seg];
     if (on_grad_) on_grad_();
   };
-  for (size_t i = 0; i < params_.size(); ++i)
-    params_[i].register_hook([hook, i](const torch::Tensor& g) { hook(i, g); });
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hooked_.push_back(params_[i]);
+    hooked_param_.push_back(i);
+  }
   // A tied use's gradient is quantised separately and added into the owner's
   // segment: q(a) + q(b), which a pipeline can reproduce across stages.
   for (size_t l = 0; l < model_->size(); ++l)
     for (auto& [alias, owner] : model_->layer(l).tiedLeaves()) {
       const size_t i = indexOf(params_, owner);
       ++seg_need_[segOf(i)];
-      alias.register_hook([hook, i](const torch::Tensor& g) { hook(i, g); });
+      hooked_.push_back(alias);
+      hooked_param_.push_back(i);
     }
+  for (size_t k = 0; k < hooked_.size(); ++k)
+    hooked_[k].register_hook([hook, k](const torch::Tensor& g) { hook(k, g); });
+  held_.resize(hooked_.size());
   // A tied weight's segment gets two quantised terms per VN: the 32-bit
   // format's bound counts every term of a sum (docs/exact_reduction.md).
   exact_terms_ = job.virtual_nodes * *std::max_element(seg_need_.begin(), seg_need_.end());
@@ -241,6 +260,20 @@ void StepCore::abandonBuffer() {
                                            job_.reduce_bits, exact_terms_);
   acc_->setScales(scales);
   accumulating_ = false;
+}
+
+void StepCore::holdGrads() {
+  for (size_t k = 0; k < hooked_.size(); ++k)
+    if (!held_[k].defined()) held_[k] = std::move(hooked_[k].mutable_grad());
+}
+
+void StepCore::flushHeld() {
+  for (size_t k = 0; k < held_.size(); ++k) {
+    if (!held_[k].defined()) continue;
+    const torch::Tensor g = held_[k].contiguous();
+    acc_->add(segOf(hooked_param_[k]), g.data_ptr<float>());
+    held_[k] = torch::Tensor();
+  }
 }
 
 void StepCore::resizeBuffer(std::vector<int64_t> sizes) {
@@ -707,11 +740,11 @@ void VnExecutor::launchReadyBuckets(bool all) {
   }
 }
 
-void VnExecutor::runVn(int64_t vn, bool last) {
+void VnExecutor::runVn(int64_t vn, bool last, bool hold) {
   StepCore& c = core_;
   const double t0 = nowSeconds();
   Batch b = c.prefetch_.take(c.step_, vn);
-  for (auto& p : c.params_) p.mutable_grad() = torch::Tensor();
+  for (auto& p : c.hooked_) p.mutable_grad() = torch::Tensor();  // (a tied use's leaf too)
   std::fill(c.seg_ready_.begin(), c.seg_ready_.end(), 0);
   // (b, classes), or (b, T, vocab) for a language model, or an mse target's values.
   // The VN's own random streams: the same draws wherever and whenever it runs.
@@ -719,9 +752,18 @@ void VnExecutor::runVn(int64_t vn, bool last) {
   torch::Tensor loss = lossSum(c.job_.model, out, b.y);
   c.vn_ = vn;
   c.accumulating_ = true;
+  c.hold_grads_ = hold && !last;
   launching_ = last;
   loss.backward();
   c.accumulating_ = launching_ = false;
+  if (c.hold_grads_) {
+    c.holdGrads();
+  } else {
+    // A gradient held from the VN before and met by none of this VN's (a
+    // parameter this VN did not use) is quantised alone.
+    c.flushHeld();
+  }
+  c.hold_grads_ = false;
   size_t seg = c.bn_seg_;
   for (auto* bn : c.bns_) {
     c.acc_->add(seg++, bn->lastMean().contiguous().data_ptr<float>());
@@ -803,9 +845,13 @@ StepStats VnExecutor::step() {
     if (core_.probe_ && attempt == 1) core_.probe_->atPoint("compute", core_.step_);
     run_start_ = nowSeconds();
     next_bucket_ = 0;
+    core_.dropHeld();  // (an attempt redone, or abandoned, may leave some)
+    // Exact mode quantises the VNs' gradients in pairs (docs/exact_reduction.md,
+    // "Two VNs in one pass"): each even-numbered VN's are held for the next.
+    const bool pairs = core_.acc_->mode() == ReduceMode::kExact;
     for (size_t k = 0; k < order.size(); ++k) {
       if (k + 1 < order.size()) core_.prefetch_.request(core_.step_, order[k + 1]);
-      runVn(order[k], k + 1 == order.size());
+      runVn(order[k], k + 1 == order.size(), pairs && k % 2 == 0);
     }
   };
   // The buffer's buckets are in flight (started during the last VN's

@@ -272,6 +272,19 @@ class StepCore {
   // current VN goes into the buffer, then on_grad_ runs (the VN executor
   // starts the buckets that are complete).
   bool accumulating_ = false;
+  // Exact mode, two VNs in one pass over the buffer: while hold_grads_, the
+  // hooks quantise nothing and holdGrads() then takes each hooked leaf's
+  // gradient from its grad (held_, by leaf); the next VN's gradient of that
+  // leaf is quantised with it (GradAccumulator::addPair). flushHeld()
+  // quantises those no later gradient met; dropHeld() forgets them (a step
+  // begun again).
+  std::vector<torch::Tensor> hooked_;    // the parameters, then the tied uses' leaves
+  std::vector<size_t> hooked_param_;     // per hooked leaf: its parameter
+  bool hold_grads_ = false;
+  std::vector<torch::Tensor> held_;
+  void holdGrads();
+  void flushHeld();
+  void dropHeld() { std::fill(held_.begin(), held_.end(), torch::Tensor()); }
   int64_t vn_ = 0;  // the VN whose backward runs
   int attempt_ = 1;
   std::function<void()> on_grad_;
@@ -353,7 +366,8 @@ class VnExecutor : public Executor {
   std::string hash() const;  // the model hash
 
  private:
-  void runVn(int64_t vn, bool last);
+  // hold: keep this VN's gradients for the next VN's (StepCore::hold_grads_).
+  void runVn(int64_t vn, bool last, bool hold);
   // What each worker gathers through the last bucket's sum instead of a
   // MAX all-reduce: in exact mode its flags and maxima
   // (GradAccumulator::flagsAndMax, as double bits in int64 slots: adding

@@ -168,6 +168,79 @@ TEST(FixedPoint, VectorAndScalarKernelsAgreeBitwise) {
   EXPECT_EQ(acc[1], -2);
 }
 
+// Two VNs in one pass (quantizePair*, GradAccumulator::addPair) give the
+// integers of two single passes, and the flags of both inputs, on every
+// length (the vector loop's tail included), with NaN, Inf and values past
+// the bound in either input.
+TEST(FixedPoint, PairKernelsEqualTwoSinglePasses) {
+  SplitMix64 rng(11);
+  for (int64_t n : {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 1031}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      auto g = makeVnGrads(2, n, 100 * static_cast<uint64_t>(n) + static_cast<uint64_t>(trial));
+      const int kind = trial % 6;
+      if (n > 0 && kind == 1) g[0][rng.below(static_cast<uint64_t>(n))] = 3e9f;  // past the bound at scale 40
+      if (n > 0 && kind == 2) g[1][rng.below(static_cast<uint64_t>(n))] = -INFINITY;
+      if (n > 0 && kind == 3) g[0][rng.below(static_cast<uint64_t>(n))] = NAN;
+      if (n > 0 && kind == 4) g[1][rng.below(static_cast<uint64_t>(n))] = NAN;
+      const int scale = trial % 2 ? 40 : 3;
+      const double bound = trial % 3 ? kFixedBound : std::ldexp(1.0, 44);
+      std::vector<int64_t> two(static_cast<size_t>(n), 5), pair(two), pair_s(two), stored(static_cast<size_t>(n), -9);
+      QuantizeResult r1 = quantizeAddScalar(g[0].data(), n, scale, two.data(), bound);
+      QuantizeResult r2 = quantizeAddScalar(g[1].data(), n, scale, two.data(), bound);
+      const bool overflow = r1.overflow || r2.overflow, nonfinite = r1.nonfinite || r2.nonfinite;
+      QuantizeResult p = quantizePairAdd(g[0].data(), g[1].data(), n, scale, pair.data(), bound);
+      QuantizeResult ps = quantizePairAddScalar(g[0].data(), g[1].data(), n, scale, pair_s.data(), bound);
+      QuantizeResult st = quantizePairStore(g[0].data(), g[1].data(), n, scale, stored.data(), bound);
+      const std::string at = "n " + std::to_string(n) + " trial " + std::to_string(trial);
+      for (const QuantizeResult& r : {p, ps, st}) {
+        EXPECT_EQ(r.overflow, overflow) << at;
+        EXPECT_EQ(r.nonfinite, nonfinite) << at;
+        if (!nonfinite) EXPECT_EQ(r.max_abs, std::max(r1.max_abs, r2.max_abs)) << at;
+      }
+      if (overflow) continue;  // the buffer is garbage then: the step is redone
+      EXPECT_EQ(pair, two) << at;
+      EXPECT_EQ(pair_s, two) << at;
+      for (auto& v : stored) v += 5;
+      EXPECT_EQ(stored, two) << at;
+      // And the single vector kernel against the scalar one, flags included.
+      std::vector<int64_t> v1(static_cast<size_t>(n), 5);
+      QuantizeResult a = quantizeAdd(g[0].data(), n, scale, v1.data(), bound);
+      quantizeAdd(g[1].data(), n, scale, v1.data(), bound);
+      EXPECT_EQ(v1, two) << at;
+      EXPECT_EQ(a.max_abs, r1.max_abs) << at;
+    }
+  }
+  // Through the accumulator: addPair of a fresh segment stores, of a used one adds.
+  auto g = makeVnGrads(4, 1000, 3);
+  GradAccumulator one(std::vector<int64_t>{1000}, ReduceMode::kExact, 3), two(one);
+  one.beginStep();
+  two.beginStep();
+  for (const auto& v : g) one.add(0, v.data());
+  two.addPair(0, g[0].data(), g[1].data());
+  two.addPair(0, g[2].data(), g[3].data());
+  EXPECT_EQ(std::vector<int64_t>(one.exactBuffer(), one.exactBuffer() + 1000),
+            std::vector<int64_t>(two.exactBuffer(), two.exactBuffer() + 1000));
+  EXPECT_EQ(one.flagsAndMax(), two.flagsAndMax());
+}
+
+// Flags of the vector kernel for NaN, Inf and a value past the bound, alone.
+TEST(FixedPoint, VectorKernelFlagsNanInfAndBound) {
+  for (int64_t n : {8, 13, 64}) {
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      for (float bad : {NAN, INFINITY, -INFINITY, 1e30f}) {
+        std::vector<float> g(static_cast<size_t>(n), 0.25f);
+        g[static_cast<size_t>(at)] = bad;
+        std::vector<int64_t> a(static_cast<size_t>(n)), b(a);
+        QuantizeResult rv = quantizeAdd(g.data(), n, 10, a.data());
+        QuantizeResult rs = quantizeAddScalar(g.data(), n, 10, b.data());
+        EXPECT_TRUE(rv.overflow) << n << " " << at << " " << bad;
+        EXPECT_EQ(rv.nonfinite, rs.nonfinite) << n << " " << at << " " << bad;
+        EXPECT_EQ(rv.nonfinite, !std::isfinite(bad));
+      }
+    }
+  }
+}
+
 // beginStep() zeroes nothing: a segment's first add() of the step stores,
 // and a segment no VN touched reads as zero and is zeroed before the
 // buffer goes to a collective, though it held last step's values.
