@@ -714,6 +714,43 @@ TEST(Planner, PerTypeLayerCostsChangeTheCut) {
   EXPECT_EQ(rows.front().best->plan.cuts, (std::vector<size_t>{0, 2, 4}));
 }
 
+// A group's VN share follows its time per VN through its own stages, from
+// its devices' own per-layer costs.
+TEST(Planner, PerTypeLayerCostsSetTheGroupsShares) {
+  // The types of PerTypeLayerCostsChangeTheCut; host 0 has a and b, host 1
+  // two of type a. NP (a group per host): the cut 2|2 takes 2 per VN on
+  // [a b] and max(1 + 1, 3 + 3) = 6 on [a a]; the cut 3|1 takes 5 on both
+  // (a: 1 + 1 + 3, then b: 1 or a: 3). 8 VNs: 6 + 2 on 2|2 (12 each) beat
+  // 4 + 4 on 3|1 (20). One factor per type makes all four devices alike:
+  // the groups would get 4 + 4.
+  const Profile job = layerTotals({1, 1, 1, 3});
+  PlanRequest rq;
+  rq.workers = 4;
+  rq.virtual_nodes = 8;
+  rq.schedules = {ScheduleKind::k1F1B};
+  rq.try_recompute = false;
+  rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{
+      deviceCostsOf(layerTotals({1, 1, 3, 3}), "a.json"), deviceCostsOf(layerTotals({3, 3, 1, 1}), "b.json")});
+  rq.slot_slowdown = {1.0, 1.0, 1.0, 1.0};
+  rq.slot_costs = {0, 1, 0, 0};
+  rq.slot_host = {0, 0, 1, 1};
+  const auto rows = compareAllocations(job, rq, planJob(job, rq));
+  ASSERT_EQ(rows.front().policy, "NP");
+  ASSERT_TRUE(rows.front().best) << rows.front().why_not;
+  const PlanSpec& np = rows.front().best->plan;
+  EXPECT_EQ(np.stages, 2);
+  EXPECT_EQ(np.cuts, (std::vector<size_t>{0, 2, 4}));
+  EXPECT_EQ(np.vn_shares, (std::vector<int64_t>{6, 2}));
+  EXPECT_EQ(np.workers, (std::vector<int>{0, 1, 2, 3}));
+  PlanRequest one = rq;
+  one.sim.device_costs.reset();
+  one.slot_costs.clear();
+  one.slot_slowdown.assign(4, 4.0 / 3.0);
+  const auto alike = compareAllocations(job, one, planJob(job, one));
+  ASSERT_TRUE(alike.front().best);
+  EXPECT_EQ(alike.front().best->plan.vn_shares, (std::vector<int64_t>{4, 4}));
+}
+
 // A type whose own profile equals the job's is planned as a type without
 // one; per-layer tables that differ keep the pruning exact (the best plan
 // of simulating every candidate).
