@@ -270,6 +270,16 @@ TEST(SimulatorWsp, ASlowerVirtualWorkerSetsTheClockAndCommunicationDoesNotScale)
   EXPECT_EQ(slow.slowest, 1);
   // Speed-sized shares (3 + 1) take the slow VW off the path: 3 x 18 + 1.
   EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({3, 1}, {1.0, 2.0}), w).clock_seconds, 55.0);
+  // The same from VW 1's type's own per-layer costs (f = 2, b = 4 on both
+  // layers: 12 s a VN) instead of a slowdown.
+  SimOptions own;
+  own.device_costs = std::make_shared<const std::vector<DeviceCosts>>(
+      std::vector<DeviceCosts>{{"b.json", {{2, 2, 4, 0}, {2, 2, 4, 0}}, 0.0}});
+  own.rank_costs = {-1, 0};
+  const WspSimResult tables = simulateWsp(prof, vws({2, 2}), w, own);
+  EXPECT_DOUBLE_EQ(tables.vws[1].compute_s, 72.0);
+  EXPECT_DOUBLE_EQ(tables.clock_seconds, 73.0);
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({3, 1}), w, own).clock_seconds, 55.0);
 }
 
 TEST(SimulatorWsp, StalenessZeroWaveOneIsTheSyncStepPlusTheServersClock) {
