@@ -8,6 +8,12 @@
 //    0.4-0.7 s for 128 GPUs.
 // 2. Heterogeneous pools of 8, 128 and 1024 devices of 3 types (the
 //    synthetic profile): planning_seconds of planDevices.
+// 2a. The same pools with per-layer type profiles (issue 30, "a real
+//    profile per device type"): types 1 and 2 get tables of their own whose
+//    per-layer ratio to the profile alternates (1.5 / 0.5 x on even / odd
+//    blocks for type 1, the reverse for type 2), against one factor per
+//    type with the same whole-model compute: planning_seconds, simulations
+//    and the best plan's step (each simulated with the per-layer costs).
 // 2b. Allocation policies (HetPipe §8) on HetPipe's testbed shape: 4 hosts
 //    of 4 devices of one type each, compute factors and memory from the
 //    four GPUs' FP32 peak and memory (TITAN RTX 1.0 / 24 GiB, TITAN V 1.1 /
@@ -160,6 +166,63 @@ void devices(const Profile& p, int64_t vns, int repeat) {
   }
 }
 
+void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
+  std::printf("\nheterogeneous pools, 3 types, types 1 and 2 with per-layer profiles, %lld VNs\n",
+              static_cast<long long>(vns));
+  std::printf("%8s %-10s %14s %12s %14s  %s\n", "devices", "costs", "planning ms", "simulated", "step ms (true)",
+              "best plan");
+  int64_t whole = 0;
+  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+  std::vector<DeviceCosts> tables;
+  std::vector<double> factors{1.0};
+  double base = 0;
+  for (const LayerCost& c : p.layers) base += c.forward_s + c.backward_s;
+  for (int t = 1; t <= 2; ++t) {
+    DeviceCosts d = deviceCostsOf(p, "type" + std::to_string(t));
+    double sum = 0;
+    for (size_t l = 0; l < d.layers.size(); ++l) {
+      const double k = (1.0 + 0.5 * t) * ((l % 2 == static_cast<size_t>(t % 2)) ? 1.5 : 0.5);
+      LayerTimes& x = d.layers[l];
+      x.forward_s *= k, x.forward_nograd_s *= k, x.backward_s *= k, x.recompute_s *= k;
+      sum += x.forward_s + x.backward_s;
+    }
+    tables.push_back(d);
+    factors.push_back(sum / base);
+  }
+  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(tables);
+  for (int n : {8, 128, 1024})
+    for (bool per_layer : {false, true}) {
+      PlanRequest rq;
+      rq.virtual_nodes = vns;
+      rq.workers = n;
+      for (int s = 0; s < n; ++s) {
+        rq.slot_slowdown.push_back(per_layer ? 1.0 : factors[static_cast<size_t>(s % 3)]);
+        rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
+        if (per_layer) rq.slot_costs.push_back(s % 3 - 1);
+      }
+      if (per_layer) rq.sim.device_costs = shared;
+      double best = 1e30;
+      PlanOutcome out;
+      for (int r = 0; r < repeat; ++r) {
+        out = planJob(p, rq);
+        best = std::min(best, out.planning_seconds);
+      }
+      const PlanChoice& c = out.plans.front();
+      // The chosen plan on the devices as they are (per-layer costs).
+      PlanSpec truth = c.plan;
+      SimOptions so = rq.sim;
+      so.device_costs = shared;
+      truth.slowdown.clear();
+      for (int slot : truth.workers) {
+        truth.slowdown.push_back(1.0);
+        so.rank_costs.push_back(slot % 3 - 1);
+      }
+      std::printf("%8d %-10s %14.2f %12lld %14.2f  P=%d D=%d %s\n", n, per_layer ? "per-layer" : "one factor",
+                  best * 1e3, static_cast<long long>(out.simulated), simulate(p, truth, so).step_seconds * 1e3,
+                  c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str());
+    }
+}
+
 void allocation(const Profile& p, int64_t vns) {
   std::printf("\nallocation policies: 16 devices, 4 hosts x 4 of one type, %lld VNs\n", static_cast<long long>(vns));
   const char* names[] = {"RTX", "V", "2060", "P4000"};
@@ -249,6 +312,7 @@ int main(int argc, char** argv) {
   speed("synthetic", syn, 512, repeat);
   cuts("synthetic", syn, 64);
   devices(syn, 512, repeat);
+  perLayerTypes(syn, 512, repeat);
   allocation(synthetic(48, 4 * 1024 * 1024, 2), 64);
   Profile two_cores = syn;
   two_cores.host_cores = 2;

@@ -180,50 +180,69 @@ void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, i
               static_cast<long long>(out.candidates), static_cast<long long>(out.simulated));
 }
 
-// Each device type's compute factor against `base` (the job's profile):
-// the emulated slowdown, or, for a type with its own profile (measured on
-// such a device), that profile's whole-model compute per VN over base's.
-// A type's profile must be of this job (any host).
-std::map<std::string, double> planningSpeeds(const Resources& res, const Profile& base, const JobSpec& job) {
-  std::map<std::string, double> out;
-  double base_c = 0;
-  for (const LayerCost& c : base.layers) base_c += c.forward_s + c.backward_s;
+// Each device type's compute as the planner and the simulator charge it
+// (docs/resources.md): its slowdown times per-layer costs, the job's
+// profile's (`base`) or, for a type with its own profile (measured on such
+// a device), that profile's. A type's profile must be of this job (any
+// host: the fingerprint's host keys may differ), with the same layers.
+struct TypeCosts {
+  std::map<std::string, int> table;  // type -> index in tables; -1: base's costs
+  std::shared_ptr<std::vector<DeviceCosts>> tables = std::make_shared<std::vector<DeviceCosts>>();
+};
+TypeCosts typeCosts(const Resources& res, const Profile& base, const JobSpec& job) {
+  TypeCosts out;
   for (const auto& [name, t] : res.types) {
-    out[name] = t.slowdown;
+    out.table[name] = -1;
     if (t.profile.empty()) continue;
+    const std::string key = res.file + ": key 'types." + name + ".profile': " + t.profile;
     const Profile p = readProfile(t.profile);
     std::string diff;
     for (const std::string& d : fingerprintDifferences(p.fingerprint, jobFingerprint(job, base.fingerprint.layers)))
       if (d.rfind("host.", 0) != 0) diff += (diff.empty() ? "" : "; ") + d;
-    if (!diff.empty())
-      throw InputError(res.file + ": key 'types." + name + ".profile': " + t.profile + " is a profile of another job (" +
-                       diff + ")");
+    if (!diff.empty()) throw InputError(key + " is a profile of another job (" + diff + ")");
+    if (p.layers.size() != base.layers.size())
+      throw InputError(key + " has " + std::to_string(p.layers.size()) + " layers, the job's profile " +
+                       std::to_string(base.layers.size()));
     double c = 0;
     for (const LayerCost& l : p.layers) c += l.forward_s + l.backward_s;
-    if (!(c > 0 && base_c > 0))
-      throw InputError(res.file + ": key 'types." + name + ".profile': " + t.profile + " has no compute times");
-    out[name] = t.slowdown * c / base_c;
+    if (!(c > 0)) throw InputError(key + " has no compute times");
+    out.table[name] = static_cast<int>(out.tables->size());
+    out.tables->push_back(deviceCostsOf(p, t.profile));
   }
   return out;
 }
 
 // A resources file's devices as the planner takes them: per worker slot,
-// its speed factor (planningSpeeds()), memory and host.
-void addDevices(PlanRequest& rq, const std::string& path, const Profile& base, const JobSpec& job) {
-  if (path.empty()) return;
+// its slowdown, cost table (typeCosts()), memory and host. Returns, per
+// type, where its compute comes from (empty without a file).
+std::map<std::string, std::string> addDevices(PlanRequest& rq, const std::string& path, const Profile& base,
+                                              const JobSpec& job) {
+  std::map<std::string, std::string> source;
+  if (path.empty()) return source;
   const Resources res = readResources(path);
-  const auto speed = planningSpeeds(res, base, job);
+  const TypeCosts costs = typeCosts(res, base, job);
+  for (const auto& [name, t] : res.types)
+    source[name] = (costs.table.at(name) >= 0 ? "per-layer costs of its own profile " + t.profile
+                                              : std::string("the job's profile")) +
+                   (t.slowdown != 1.0 ? fmt(" x slowdown %g", t.slowdown) : std::string());
   std::vector<std::string> hosts;
   for (size_t s = 0; s < res.devices.size(); ++s) {
-    rq.slot_slowdown.push_back(speed.at(res.devices[s].type));
+    rq.slot_slowdown.push_back(res.typeOf(s).slowdown);
+    if (!costs.tables->empty()) rq.slot_costs.push_back(costs.table.at(res.devices[s].type));
     rq.slot_memory.push_back(res.typeOf(s).memory_bytes);
     auto it = std::find(hosts.begin(), hosts.end(), res.devices[s].host);
     rq.slot_host.push_back(static_cast<int>(it - hosts.begin()));
     if (it == hosts.end()) hosts.push_back(res.devices[s].host);
   }
   rq.workers = static_cast<int>(res.devices.size());
+  if (!costs.tables->empty()) rq.sim.device_costs = costs.tables;
   rq.sim.cross_host_bytes_per_s = res.between_hosts_bytes_per_s;
   rq.sim.cross_host_latency_s = res.between_hosts_latency_s;
+  return source;
+}
+
+void printTypeSources(const std::map<std::string, std::string>& source) {
+  for (const auto& [name, from] : source) std::printf("device type %s: compute from %s\n", name.c_str(), from.c_str());
 }
 
 // HetPipe's allocation policies against the planner's choice.
@@ -388,11 +407,13 @@ int runSimulate(const SimulateOptions& o) {
     if (res.devices.size() < ranks)
       throw InputError(o.resources + ": lists " + std::to_string(res.devices.size()) + " devices for a plan of " +
                        std::to_string(ranks) + " workers");
-    const auto speed = planningSpeeds(res, prof, job);
+    const TypeCosts costs = typeCosts(res, prof, job);
+    if (!costs.tables->empty()) so.device_costs = costs.tables;
     std::vector<std::string> hosts;
     for (size_t r = 0; r < ranks; ++r) {
       const size_t slot = plan.workers.empty() ? r : static_cast<size_t>(plan.workers[r]);
-      plan.slowdown.push_back(speed.at(res.devices[slot].type));
+      plan.slowdown.push_back(res.typeOf(slot).slowdown);
+      if (!costs.tables->empty()) so.rank_costs.push_back(costs.table.at(res.devices[slot].type));
       auto it = std::find(hosts.begin(), hosts.end(), res.devices[slot].host);
       so.rank_host.push_back(static_cast<int>(it - hosts.begin()));
       if (it == hosts.end()) hosts.push_back(res.devices[slot].host);
@@ -448,7 +469,7 @@ int runPlan(const PlanOptions& o) {
   rq.memory_cap_bytes = static_cast<int64_t>(o.memory_cap_mib * 1048576.0);
   rq.top_k = o.top;
   rq.sim = simOptionsFor(job, false);
-  addDevices(rq, o.resources, prof, job);
+  const auto type_sources = addDevices(rq, o.resources, prof, job);
   // A WSP job: its own grouping's clock beside sync's step, and whether its
   // virtual workers fit their memory (exit 2 first if not).
   std::optional<WspPrediction> wsp;
@@ -476,9 +497,11 @@ int runPlan(const PlanOptions& o) {
       doc["allocations"] = rows;
     }
     if (wsp) doc["wsp"] = wspJson(*wsp, job);
+    if (!type_sources.empty()) doc["device_types"] = type_sources;
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
+  printTypeSources(type_sources);
   printPlans(out, names, rq.workers);
   if (!allocations.empty()) printAllocations(allocations);
   if (wsp) printWsp(*wsp, job);
@@ -528,11 +551,14 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   rq.top_k = 3;
   rq.sim = simOptionsFor(job, o.workers == 0);
   if (o.stages > 1) rq.max_stages = o.stages;  // an upper bound the user set
-  addDevices(rq, o.resources, prof, job);
+  const auto type_sources = addDevices(rq, o.resources, prof, job);
   if (!o.schedule.empty()) rq.schedules = {parseScheduleKind(o.schedule)};
   const PlanOutcome out = planJob(prof, rq);
   const PlanChoice& best = out.plans.front();
-  if (!o.quiet) printPlans(out, names, rq.workers);
+  if (!o.quiet) {
+    printTypeSources(type_sources);
+    printPlans(out, names, rq.workers);
+  }
   const int used = best.plan.stages * best.plan.replicas;
   RunOptions r = o;
   r.plan = dir + "/plan.json";

@@ -28,6 +28,8 @@ namespace morph {
 
 struct PoolDevice {
   int type = 0;      // index of its (speed, memory) class
+  // Its speed, as the time of a VN (a compute factor, or with per-layer
+  // type profiles one VN's seconds through the model): only compared.
   double slowdown = 1.0;
   int host = 0;      // index of its host
 };

@@ -29,25 +29,26 @@ std::string fmtMib(int64_t b) {
 class Search {
  public:
   Search(const Profile& p, const PlanRequest& rq) : p_(p), rq_(rq), L_(p.layers.size()) {
-    lb_prefix_.push_back(0.0);
-    plain_prefix_.push_back(0.0);
-    rc_prefix_.push_back(0.0);
-    for (const LayerCost& c : p.layers) {
-      tied_values_ += static_cast<double>(c.tied_params);
-      lb_prefix_.push_back(lb_prefix_.back() + std::min(c.forward_s, c.forward_nograd_s) + c.backward_s);
-      plain_prefix_.push_back(plain_prefix_.back() + c.forward_s + c.backward_s);
-      rc_prefix_.push_back(rc_prefix_.back() + c.forward_nograd_s + c.recompute_s + c.backward_s);
-    }
+    for (const LayerCost& c : p.layers) tied_values_ += static_cast<double>(c.tied_params);
+    base_ = prefixes(nullptr);
+    if (rq.sim.device_costs)
+      for (const DeviceCosts& d : *rq.sim.device_costs) tables_.push_back(prefixes(&d));
   }
 
   // Seconds per VN of stage [i, j): its compute, or the transfer of its
   // outgoing activation or incoming gradient when a link is slower (the
   // sender and receiver threads overlap them with compute).
   double seconds(size_t i, size_t j, bool rc) const { return std::max(compute(i, j, rc), linkSeconds(i, j)); }
-  // stageComputeSeconds() in O(1), from prefix sums.
-  double compute(size_t i, size_t j, bool rc) const {
-    const auto& pre = rc && j < L_ ? rc_prefix_ : plain_prefix_;
+  // stageComputeSeconds() in O(1), from prefix sums; `table`: an index in
+  // rq.sim.device_costs (a device type's own costs), -1: the profile's.
+  double compute(size_t i, size_t j, bool rc, int table = -1) const {
+    const Prefixes& t = prefixesOf(table);
+    const auto& pre = rc && j < L_ ? t.rc : t.plain;
     return pre[j] - pre[i];
+  }
+  // A device type's optimiser seconds per parameter (table as compute()).
+  double optimizerPerParam(int table = -1) const {
+    return table < 0 ? p_.optimizer_s_per_param : (*rq_.sim.device_costs)[static_cast<size_t>(table)].optimizer_s_per_param;
   }
   double linkSeconds(size_t i, size_t j) const {
     double s = 0;
@@ -76,15 +77,25 @@ class Search {
   // replicas and applied (pipelines only: data parallelism reduces during
   // its last backward; a tied weight is summed in another group, left out).
   // With `factors` (per stage, its device's slowdown; empty: 1), each
-  // stage's compute is that much longer.
+  // stage's compute is that much longer; with `tables` (per stage, its
+  // device's cost table, as compute(); empty: the profile's), each stage's
+  // compute and optimiser step are its device's.
   double lowerBound(const std::vector<size_t>& cuts, int64_t M, int D, ScheduleKind kind, bool rc,
-                    const std::vector<double>& factors = {}) const {
+                    const std::vector<double>& factors = {}, const std::vector<int>& tables = {}) const {
     const size_t P = cuts.size() - 1;
     std::vector<double> f(P, 0.0), b(P, 0.0), values(P, -tied_values_);
+    auto tableOf = [&](size_t k) { return tables.empty() ? -1 : tables[k]; };
     for (size_t k = 0; k < P; ++k) {
+      const int t = tableOf(k);
+      const DeviceCosts* d = t < 0 ? nullptr : &(*rq_.sim.device_costs)[static_cast<size_t>(t)];
       for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
-        f[k] += std::min(p_.layers[l].forward_s, p_.layers[l].forward_nograd_s);
-        b[k] += p_.layers[l].backward_s;
+        if (d) {
+          f[k] += std::min(d->layers[l].forward_s, d->layers[l].forward_nograd_s);
+          b[k] += d->layers[l].backward_s;
+        } else {
+          f[k] += std::min(p_.layers[l].forward_s, p_.layers[l].forward_nograd_s);
+          b[k] += p_.layers[l].backward_s;
+        }
         values[k] += static_cast<double>(p_.layers[l].params + p_.layers[l].bn_values);
       }
       if (!factors.empty()) f[k] *= factors[k], b[k] *= factors[k];
@@ -96,12 +107,12 @@ class Search {
       const double v = std::max(values[k], 0.0);
       const double reduce = P == 1 ? 0.0
                                    : p_.reduceSeconds(v, D) +
-                                         p_.optimizer_s_per_param * v;
+                                         optimizerPerParam(tableOf(k)) * v;
       const double ahead = kind == ScheduleKind::k1F1B ? std::min<double>(static_cast<double>(P - k - 1), M - 1.0)
                                                        : M - 1.0;
       const double idle = std::max(0.0, after - ahead * f[k]);
       const double per_vn = factors.empty() ? seconds(cuts[k], cuts[k + 1], rc)
-                                            : std::max(compute(cuts[k], cuts[k + 1], rc) * factors[k],
+                                            : std::max(compute(cuts[k], cuts[k + 1], rc, tableOf(k)) * factors[k],
                                                        linkSeconds(cuts[k], cuts[k + 1]));
       best = std::max(best, static_cast<double>(M) * per_vn + fill_f + idle + std::max(reduce, fill_b));
       fill_f += f[k], fill_b += b[k];
@@ -155,8 +166,12 @@ class Search {
   }
 
   // The compute of layers [i, j) per VN with or without recomputation is
-  // at least this (an O(1) prefix difference, nondecreasing in j).
-  double computeLowerBound(size_t i, size_t j) const { return lb_prefix_[j] - lb_prefix_[i]; }
+  // at least this (an O(1) prefix difference, nondecreasing in j); table
+  // as compute().
+  double computeLowerBound(size_t i, size_t j, int table = -1) const {
+    const Prefixes& t = prefixesOf(table);
+    return t.lb[j] - t.lb[i];
+  }
 
   // The best cut for every P, for this schedule's memory situation. Without
   // a cap only the recomputation flag changes the cut.
@@ -177,11 +192,30 @@ class Search {
   }
 
  private:
+  // Per layer, prefix sums of one VN's compute: at least (lb), plain, and
+  // with recomputation (rc).
+  struct Prefixes {
+    std::vector<double> lb{0.0}, plain{0.0}, rc{0.0};
+  };
+  Prefixes prefixes(const DeviceCosts* d) const {
+    Prefixes t;
+    for (size_t l = 0; l < L_; ++l) {
+      const LayerCost& c = p_.layers[l];
+      const LayerTimes own = d ? d->layers[l] : LayerTimes{c.forward_s, c.forward_nograd_s, c.backward_s, c.recompute_s};
+      t.lb.push_back(t.lb.back() + std::min(own.forward_s, own.forward_nograd_s) + own.backward_s);
+      t.plain.push_back(t.plain.back() + own.forward_s + own.backward_s);
+      t.rc.push_back(t.rc.back() + own.forward_nograd_s + own.recompute_s + own.backward_s);
+    }
+    return t;
+  }
+  const Prefixes& prefixesOf(int table) const { return table < 0 ? base_ : tables_[static_cast<size_t>(table)]; }
+
   const Profile& p_;
   const PlanRequest& rq_;
   size_t L_;
   double tied_values_ = 0;
-  std::vector<double> lb_prefix_, plain_prefix_, rc_prefix_;
+  Prefixes base_;
+  std::vector<Prefixes> tables_;  // by rq.sim.device_costs index
  public:
   ScheduleCache schedules_;
 
@@ -263,39 +297,80 @@ double distinctOrders(std::vector<int> types) {
 
 // Heterogeneous devices (planner.h): groups of devices (virtual workers)
 // with one shared cut, each group in its own device order, VN shares by
-// group speed. Devices are classed by (slowdown, memory): devices of one
-// class are interchangeable.
+// group speed. Devices are classed by (slowdown, memory, cost table):
+// devices of one class are interchangeable. A class's stage time is its
+// cost table's per-layer compute (the profile's, or its type's own,
+// rq.slot_costs) times its slowdown.
 class DeviceSearch {
  public:
   DeviceSearch(const Profile& p, const PlanRequest& rq, Search& search)
       : p_(p), rq_(rq), search_(search), L_(p.layers.size()) {
     for (size_t s = 0; s < rq.slot_slowdown.size(); ++s) {
-      const std::pair<double, int64_t> k{rq.slot_slowdown[s], capOf(static_cast<int>(s))};
+      const Kind k{rq.slot_slowdown[s], capOf(static_cast<int>(s)), tableOfSlot(static_cast<int>(s))};
       auto it = std::find(kinds_.begin(), kinds_.end(), k);
       class_.push_back(static_cast<int>(it - kinds_.begin()));
       if (it == kinds_.end()) kinds_.push_back(k);
     }
-    for (const auto& k : kinds_) caps_.push_back(k.second);
     whole_bytes_ = stageBytes(p, 0, L_, 1, false, rq.sim);
     per_vn_ = stageComputeSeconds(p, 0, L_, false);
     for (const LayerCost& c : p.layers) c_lb_ += std::min(c.forward_s, c.forward_nograd_s) + c.backward_s;
+    f0_ = 1e300;
+    for (const Kind& k : kinds_) {
+      caps_.push_back(k.memory);
+      const DeviceCosts* d = k.table < 0 ? nullptr : &(*rq.sim.device_costs)[static_cast<size_t>(k.table)];
+      // The profile's classes exactly as before per-type costs (the same
+      // expressions, so the same plans).
+      class_vn_.push_back(d ? stageComputeSeconds(p, 0, L_, false, d) * k.factor : per_vn_ * k.factor);
+      has_tables_ = has_tables_ || d;
+      f0_ = std::min(f0_, k.factor);
+    }
+    if (has_tables_) {
+      // Per layer, its fastest class's time at least: a bound on any
+      // device's stage, and on one VN's path through any group.
+      fast_prefix_.push_back(0.0);
+      fast_opt_ = 1e300;
+      for (size_t l = 0; l < L_; ++l) {
+        double m = 1e300;
+        for (const Kind& k : kinds_) m = std::min(m, search.computeLowerBound(l, l + 1, k.table) * k.factor);
+        fast_prefix_.push_back(fast_prefix_.back() + m);
+      }
+      for (const Kind& k : kinds_) fast_opt_ = std::min(fast_opt_, search.optimizerPerParam(k.table) * k.factor);
+    }
     min_p2p_ = 1e300;
     for (size_t l = 0; l + 1 < L_; ++l)
       min_p2p_ = std::min(min_p2p_, p.p2p.at(static_cast<double>(p.layers[l].output_bytes)) + rq.sim.link_delay_s);
     min_p2p_ = std::max(0.0, L_ > 1 ? min_p2p_ : 0.0);
   }
-  // The whole model's compute per VN, with or without recomputation at
-  // least this.
+  // Some class has its own per-layer costs (rq.slot_costs).
+  bool hasTables() const { return has_tables_; }
+  // The profile's compute of the whole model per VN, at least, and the
+  // smallest slowdown.
   double computeLowerBound() const { return c_lb_; }
+  double minFactor() const { return f0_; }
+  // The compute of layers [i, j) per VN on any of the devices is at least
+  // this (nondecreasing in j). Without cost tables: the profile's bound on
+  // the fastest device; with them, each layer on the class fastest at it
+  // (less a rounding margin: sums in another order).
+  double fastLowerBound(size_t i, size_t j) const {
+    if (!has_tables_) return search_.computeLowerBound(i, j) * f0_;
+    return (fast_prefix_[j] - fast_prefix_[i]) * (1.0 - 1e-12);
+  }
+  // One VN through the whole model on these devices takes at least this.
+  double fastWhole() const { return has_tables_ ? fastLowerBound(0, L_) : c_lb_ * f0_; }
+  // The optimiser's seconds per parameter on any of the devices, at least.
+  double fastOptimizerPerParam() const { return has_tables_ ? fast_opt_ : p_.optimizer_s_per_param * f0_; }
   // One VN's forward and backward through P stages on these devices: the
-  // whole model's compute on the fastest of them, and 2 (P - 1) transfers
-  // of the smallest activation. No plan on them steps faster.
+  // whole model's compute on the fastest of them (with cost tables: each
+  // layer on the class fastest at it), and 2 (P - 1) transfers of the
+  // smallest activation. No plan on them steps faster.
   double pathLowerBound(const std::vector<int>& group) const {
-    double f = 1e300;
-    for (int s : group) f = std::min(f, rq_.slot_slowdown[static_cast<size_t>(s)]);
-    return c_lb_ * f + 2.0 * static_cast<double>(group.size() - 1) * min_p2p_;
+    return groupFastWhole(group) + 2.0 * static_cast<double>(group.size() - 1) * min_p2p_;
   }
   double minTransfer() const { return min_p2p_; }
+  // Seconds of one VN through the whole model on `slot`'s device: orders
+  // devices by speed.
+  double slotSeconds(int slot) const { return class_vn_[static_cast<size_t>(classOf(slot))]; }
+  int tableOfSlot(int slot) const { return rq_.slot_costs.empty() ? -1 : rq_.slot_costs[static_cast<size_t>(slot)]; }
 
   int64_t capOf(int slot) const {
     const int64_t c = rq_.slot_memory.empty() ? 0 : rq_.slot_memory[static_cast<size_t>(slot)];
@@ -305,7 +380,8 @@ class DeviceSearch {
   std::vector<PoolDevice> pool() const {
     std::vector<PoolDevice> out;
     for (size_t s = 0; s < class_.size(); ++s)
-      out.push_back({class_[s], rq_.slot_slowdown[s], rq_.slot_host.empty() ? 0 : rq_.slot_host[s]});
+      out.push_back({class_[s], has_tables_ ? slotSeconds(static_cast<int>(s)) : rq_.slot_slowdown[s],
+                     rq_.slot_host.empty() ? 0 : rq_.slot_host[s]});
     return out;
   }
   int64_t wholeBytes() const { return whole_bytes_; }
@@ -328,11 +404,13 @@ class DeviceSearch {
       // Each group's slowest stage per VN is at least stage_lb and at least
       // its compute spread perfectly over its devices; the best shares for
       // these bounds bound every plan of this grouping.
+      // (With cost tables: the group's P stages hold every layer, each at
+      // least on the class fastest at it, so the slowest at least 1/P.)
       std::vector<double> t;
       for (const auto& grp : g.groups) {
         double speed = 0;
         for (int s : grp) speed += 1.0 / rq_.slot_slowdown[static_cast<size_t>(s)];
-        t.push_back(std::max(stage_lb, c_lb_ / speed));
+        t.push_back(std::max(stage_lb, has_tables_ ? groupFastWhole(grp) / static_cast<double>(P) : c_lb_ / speed));
       }
       const auto shares = weightedShares(rq_.virtual_nodes, t, min_each);
       double bound = 0;
@@ -348,9 +426,7 @@ class DeviceSearch {
       std::vector<double> c(t.size());
       double fill = 0;
       for (size_t d = 0; d < t.size(); ++d) {
-        double f = 1e300;
-        for (int sl : g.groups[d]) f = std::min(f, rq_.slot_slowdown[static_cast<size_t>(sl)]);
-        c[d] = c_lb_ * f;
+        c[d] = groupFastWhole(g.groups[d]);
         fill = std::max(fill, fillBound(c[d], m[d], P));
         next.push({fillBound(c[d], m[d] + 1, P), d});
       }
@@ -369,7 +445,7 @@ class DeviceSearch {
       for (const auto& grp : g.groups) {
         const int64_t cap = capOf(grp[0]);
         if (cap > 0 && whole_bytes_ > cap) return;
-        t.push_back(per_vn_ * rq_.slot_slowdown[static_cast<size_t>(grp[0])]);
+        t.push_back(slotSeconds(grp[0]));
       }
       PlanSpec plan;
       plan.replicas = D;
@@ -467,8 +543,11 @@ class DeviceSearch {
     for (size_t d = 0; d < t.size(); ++d) {
       const std::vector<double> f(plan.slowdown.begin() + static_cast<long>(d * P),
                                   plan.slowdown.begin() + static_cast<long>((d + 1) * P));
+      std::vector<int> tables;
+      if (has_tables_)
+        for (size_t k = 0; k < P; ++k) tables.push_back(tableOfSlot(plan.workers[d * P + k]));
       bound = std::max(bound, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
-                                                 plan.recompute, f));
+                                                 plan.recompute, f, tables));
     }
     out.push_back({std::max(bound, hostBound(plan)), std::move(plan)});
   }
@@ -490,7 +569,7 @@ class DeviceSearch {
         const int host = rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
         host_busy[host] += static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
                            search_.compute(plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1],
-                                           plan.recompute && P > 1);
+                                           plan.recompute && P > 1, tableOfSlot(slot));
       }
     double t = 0;
     for (const auto& [h, busy] : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
@@ -502,11 +581,23 @@ class DeviceSearch {
     return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
 
+  // A class's stage: its cost table's compute times its slowdown.
   double lbSeconds(size_t i, size_t j, int cls) const {
-    return search_.computeLowerBound(i, j) * kinds_[static_cast<size_t>(cls)].first;
+    const Kind& k = kinds_[static_cast<size_t>(cls)];
+    return search_.computeLowerBound(i, j, k.table) * k.factor;
   }
   double classSeconds(size_t i, size_t j, bool rc, int cls) const {
-    return std::max(search_.compute(i, j, rc) * kinds_[static_cast<size_t>(cls)].first, search_.linkSeconds(i, j));
+    const Kind& k = kinds_[static_cast<size_t>(cls)];
+    return std::max(search_.compute(i, j, rc, k.table) * k.factor, search_.linkSeconds(i, j));
+  }
+  // One VN through the whole model on the group's devices, at least: its
+  // fastest device's (with cost tables: each layer on the class fastest
+  // at it, of every class).
+  double groupFastWhole(const std::vector<int>& group) const {
+    if (has_tables_) return fastWhole();
+    double f = 1e300;
+    for (int s : group) f = std::min(f, rq_.slot_slowdown[static_cast<size_t>(s)]);
+    return c_lb_ * f;
   }
 
   // One group's best device order and cut (exact over its distinct orders
@@ -570,10 +661,10 @@ class DeviceSearch {
       // devices first (1F1B stashes the most at the front), then the
       // fastest; the fastest first; the slowest first.
       auto memory = [&](int c) {
-        const int64_t m = kinds_[static_cast<size_t>(c)].second;
+        const int64_t m = kinds_[static_cast<size_t>(c)].memory;
         return m > 0 ? m : INT64_MAX;
       };
-      auto speed = [&](int c) { return kinds_[static_cast<size_t>(c)].first; };
+      auto speed = [&](int c) { return has_tables_ ? class_vn_[static_cast<size_t>(c)] : kinds_[static_cast<size_t>(c)].factor; };
       std::vector<int> orders[3] = {comp, comp, comp};
       std::stable_sort(orders[0].begin(), orders[0].end(), [&](int a, int b) {
         return memory(a) != memory(b) ? memory(a) > memory(b) : speed(a) < speed(b);
@@ -624,7 +715,8 @@ class DeviceSearch {
     });
     std::vector<int> left = comp, order(P, -1);
     std::sort(left.begin(), left.end(), [&](int a, int b) {
-      return kinds_[static_cast<size_t>(a)].first < kinds_[static_cast<size_t>(b)].first;
+      return has_tables_ ? class_vn_[static_cast<size_t>(a)] < class_vn_[static_cast<size_t>(b)]
+                         : kinds_[static_cast<size_t>(a)].factor < kinds_[static_cast<size_t>(b)].factor;
     });
     double t = 0;
     for (size_t k : stages) {
@@ -641,14 +733,42 @@ class DeviceSearch {
   const PlanRequest& rq_;
   Search& search_;
   size_t L_;
-  std::vector<std::pair<double, int64_t>> kinds_;  // class -> (slowdown, memory)
-  std::vector<int> class_;                         // slot -> class
-  std::vector<int64_t> caps_;                      // class -> memory
+  struct Kind {
+    double factor;   // slowdown
+    int64_t memory;  // cap (capOf())
+    int table;       // cost table (rq.slot_costs), -1: the profile's
+    bool operator==(const Kind& o) const { return factor == o.factor && memory == o.memory && table == o.table; }
+  };
+  std::vector<Kind> kinds_;       // class -> kind
+  std::vector<int> class_;        // slot -> class
+  std::vector<int64_t> caps_;     // class -> memory
+  std::vector<double> class_vn_;  // class -> one VN through the whole model (its table, times its factor)
   int64_t whole_bytes_ = 0;
-  double per_vn_ = 0, c_lb_ = 0, min_p2p_ = 0;
+  double per_vn_ = 0, c_lb_ = 0, min_p2p_ = 0, f0_ = 1.0;
+  bool has_tables_ = false;
+  std::vector<double> fast_prefix_;  // with tables: per layer, the fastest class's lower bound, summed
+  double fast_opt_ = 0;
   std::map<std::tuple<std::vector<int>, int, bool, int64_t>, std::optional<DevicePipeline>> pipes_;
   std::map<std::tuple<int, int, bool, int64_t>, std::vector<std::optional<StageCut>>> one_class_;
 };
+
+// rq.slot_costs names tables that exist and cover the profile's layers.
+void checkSlotCosts(const Profile& p, const PlanRequest& rq) {
+  if (rq.slot_costs.empty()) return;
+  if (rq.slot_costs.size() != rq.slot_slowdown.size())
+    throw InputError("planning: " + std::to_string(rq.slot_costs.size()) + " device cost tables for " +
+                     std::to_string(rq.slot_slowdown.size()) + " devices");
+  for (int t : rq.slot_costs) {
+    if (t < 0) continue;
+    if (!rq.sim.device_costs || static_cast<size_t>(t) >= rq.sim.device_costs->size())
+      throw InputError("planning: a device names cost table " + std::to_string(t) + " of " +
+                       std::to_string(rq.sim.device_costs ? rq.sim.device_costs->size() : 0));
+    const DeviceCosts& d = (*rq.sim.device_costs)[static_cast<size_t>(t)];
+    if (d.layers.size() != p.layers.size())
+      throw InputError(d.origin + ": has " + std::to_string(d.layers.size()) + " layers, the job's profile " +
+                       std::to_string(p.layers.size()));
+  }
+}
 
 bool samePlan(const PlanSpec& a, const PlanSpec& b) {
   return a.stages == b.stages && a.replicas == b.replicas && a.cuts == b.cuts && a.schedule == b.schedule &&
@@ -661,6 +781,8 @@ SimOptions simOptionsFor(const PlanRequest& rq, const PlanSpec& plan, Search& se
   so.schedules = &search.schedules_;
   if (!rq.slot_host.empty() && !plan.workers.empty())
     for (int s : plan.workers) so.rank_host.push_back(rq.slot_host[static_cast<size_t>(s)]);
+  if (!rq.slot_costs.empty() && !plan.workers.empty())
+    for (int s : plan.workers) so.rank_costs.push_back(rq.slot_costs[static_cast<size_t>(s)]);
   return so;
 }
 
@@ -680,8 +802,10 @@ std::vector<int> slotsBySpeed(const PlanRequest& rq, const DeviceSearch& ds) {
   std::vector<int> by_speed(rq.slot_slowdown.size());
   for (size_t s = 0; s < by_speed.size(); ++s) by_speed[s] = static_cast<int>(s);
   // Fastest first; among equals, the most memory first.
+  // (With cost tables: by one VN through the whole model on each.)
   std::stable_sort(by_speed.begin(), by_speed.end(), [&](int a, int b) {
-    const double fa = rq.slot_slowdown[static_cast<size_t>(a)], fb = rq.slot_slowdown[static_cast<size_t>(b)];
+    const double fa = ds.hasTables() ? ds.slotSeconds(a) : rq.slot_slowdown[static_cast<size_t>(a)];
+    const double fb = ds.hasTables() ? ds.slotSeconds(b) : rq.slot_slowdown[static_cast<size_t>(b)];
     if (fa != fb) return fa < fb;
     const int64_t ca = ds.capOf(a) > 0 ? ds.capOf(a) : INT64_MAX, cb = ds.capOf(b) > 0 ? ds.capOf(b) : INT64_MAX;
     return ca > cb;
@@ -736,20 +860,21 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   // spread perfectly over their speeds (V x the whole model's fastest
   // compute per VN / sum(1 / slowdown)), the most loaded group's VNs
   // (at least V / D) times the best P-stage cut on the fastest device, and
-  // one VN's path through P stages (pathLowerBound()).
-  const double c_lb = ds.computeLowerBound();
+  // one VN's path through P stages (pathLowerBound()). With device types
+  // of their own per-layer costs, "the fastest" is each layer on the
+  // class fastest at it (DeviceSearch::fastLowerBound()), and the spread is
+  // that over D * P devices.
   std::vector<double> speed_sum(static_cast<size_t>(N) + 1, 0.0);
   for (int i = 0; i < N; ++i)
     speed_sum[static_cast<size_t>(i) + 1] = speed_sum[static_cast<size_t>(i)] + 1.0 / rq.slot_slowdown[static_cast<size_t>(by_speed[static_cast<size_t>(i)])];
   const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
-  const double f0 = rq.slot_slowdown[static_cast<size_t>(by_speed[0])];
+  const double c_fast = ds.fastWhole();  // one VN through the whole model, at least
+  const double c_lb = ds.computeLowerBound(), f0 = ds.minFactor();  // without tables: c_fast = c_lb * f0
   const auto fastest_cuts =
       minMaxCuts(L, max_p,
-                 {[&](size_t i, size_t j) {
-                    return std::max(search.computeLowerBound(i, j) * f0, search.linkSeconds(i, j));
-                  },
+                 {[&](size_t i, size_t j) { return std::max(ds.fastLowerBound(i, j), search.linkSeconds(i, j)); },
                   [](size_t, size_t, int) { return int64_t{0}; },
-                  [&](size_t i, size_t j) { return search.computeLowerBound(i, j) * f0; }},
+                  [&](size_t i, size_t j) { return ds.fastLowerBound(i, j); }},
                  0);
   std::vector<int> counts;  // whole classes
   for (int i = 1; i <= N; ++i)
@@ -764,10 +889,11 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   values = std::max(values, 0.0);
   auto addShape = [&](int P, int D) {
     if (D < 1 || D > V) return;
-    const double spread = static_cast<double>(V) * c_lb / speed_sum[static_cast<size_t>(D * P)];
+    const double spread = ds.hasTables() ? static_cast<double>(V) * c_fast / static_cast<double>(D * P)
+                                         : static_cast<double>(V) * c_lb / speed_sum[static_cast<size_t>(D * P)];
     const double loaded = static_cast<double>((V + D - 1) / D) * fastest_cuts[static_cast<size_t>(P) - 1]->bottleneck_s;
-    const double path = std::max(c_lb * f0 + 2.0 * (P - 1) * ds.minTransfer(),
-                                 fillBound(c_lb * f0, (V + D - 1) / D, P));
+    const double path = std::max(c_fast + 2.0 * (P - 1) * ds.minTransfer(),
+                                 fillBound(c_fast, (V + D - 1) / D, P));
     // Some stage holds at least 1/P of the values; they are summed among
     // the D groups after its compute (data parallelism: every bucket, one
     // after another) and then stepped by the optimiser.
@@ -778,8 +904,9 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
       // its M VNs' compute plus its reduction and step. Averaged over the P
       // stages (all reductions are affine in bytes): M c / P + the
       // reduction and step of 1/P of the values.
-      reduce += p.optimizer_s_per_param * share * f0 +
-                static_cast<double>((V + D - 1) / D) * c_lb * f0 / static_cast<double>(P);
+      const double m = static_cast<double>((V + D - 1) / D);
+      reduce += ds.hasTables() ? ds.fastOptimizerPerParam() * share + m * c_fast / static_cast<double>(P)
+                               : p.optimizer_s_per_param * share * f0 + m * c_lb * f0 / static_cast<double>(P);
     }
     shapes.emplace_back(std::max({spread, loaded, path, reduce}), P, D);
   };
@@ -833,6 +960,7 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
   if (rq.schedules.empty()) throw InputError("planning needs at least one schedule");
   int max_stages = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(rq.workers)));
   if (rq.max_stages > 0) max_stages = std::min(max_stages, rq.max_stages);
+  checkSlotCosts(p, rq);
   Search search(p, rq);
   if (!rq.slot_slowdown.empty()) return planDevices(p, rq, search);
 
@@ -900,6 +1028,7 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
 
 std::vector<AllocationRow> compareAllocations(const Profile& p, const PlanRequest& rq, const PlanOutcome& mine) {
   if (rq.slot_slowdown.empty()) throw InputError("comparing allocations needs a resources file");
+  checkSlotCosts(p, rq);
   Search search(p, rq);
   DeviceSearch ds(p, rq, search);
   std::vector<AllocationRow> rows;
@@ -979,6 +1108,7 @@ WspPrediction predictWsp(const Profile& p, const PlanRequest& rq, const WspOptio
   plan.slowdown = rq.slot_slowdown;  // slot order = VW order
   SimOptions so = rq.sim;
   so.rank_host = rq.slot_host;
+  so.rank_costs = rq.slot_costs;
   out.sync = simulate(p, plan, so);
   out.wsp = simulateWsp(p, plan, wsp, so);
 

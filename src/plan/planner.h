@@ -35,6 +35,10 @@ struct PlanRequest {
   // memory_cap_bytes). Empty: N identical workers.
   std::vector<double> slot_slowdown;
   std::vector<int64_t> slot_memory;
+  // Per worker slot, the index in sim.device_costs of its type's own
+  // per-layer costs (a resources file type with a `profile`; -1: the
+  // profile's costs), times slot_slowdown. Empty: every slot the profile's.
+  std::vector<int> slot_costs;
   // Per worker slot, its host (index); empty: one host. Enables the
   // allocation policies (NP needs hosts) and cross-host link costs
   // (sim.cross_host_*).

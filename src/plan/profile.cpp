@@ -389,4 +389,12 @@ void checkProfileMatches(const Profile& p, const Fingerprint& job, const std::st
   throw InputError(msg + "); calibrate again: morph calibrate JOB.toml --out " + origin);
 }
 
+DeviceCosts deviceCostsOf(const Profile& p, const std::string& origin) {
+  DeviceCosts d;
+  d.origin = origin;
+  d.optimizer_s_per_param = p.optimizer_s_per_param;
+  for (const LayerCost& c : p.layers) d.layers.push_back({c.forward_s, c.forward_nograd_s, c.backward_s, c.recompute_s});
+  return d;
+}
+
 }  // namespace morph

@@ -95,6 +95,22 @@ struct Profile {
   int64_t totalParams() const;
 };
 
+// One device type's compute, per layer of the job, measured on such a
+// device (a resources file's `types.NAME.profile`): a profile's forward,
+// backward and recompute columns and its optimiser time. The planner and
+// the simulator charge a device with such costs its own per-layer times
+// (times its slowdown); a device without them is charged the job
+// profile's times times its slowdown (docs/resources.md).
+struct LayerTimes {
+  double forward_s = 0, forward_nograd_s = 0, backward_s = 0, recompute_s = 0;  // one VN
+};
+struct DeviceCosts {
+  std::string origin;              // the profile they came from (messages)
+  std::vector<LayerTimes> layers;  // the job profile's layers, in order
+  double optimizer_s_per_param = 0;
+};
+DeviceCosts deviceCostsOf(const Profile& p, const std::string& origin);
+
 std::string profileToJson(const Profile& p);  // pretty JSON text
 // InputError naming `origin` (a file) and the key when the text is not a
 // version-1 profile.

@@ -25,7 +25,8 @@ struct DeviceType {
   double slowdown = 1.0;  // >= 1
   // Optional: a calibration profile measured on a device of this type (a
   // path, relative to the resources file's folder when not absolute); the
-  // planner then takes the type's speed from it (docs/resources.md).
+  // planner and the simulator then charge such a device that profile's
+  // per-layer compute costs, times slowdown (docs/resources.md).
   std::string profile;
 };
 

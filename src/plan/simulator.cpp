@@ -32,6 +32,48 @@ struct StageCosts {
   double fwd = 0, bwd = 0, rec = 0;
 };
 
+// The per-layer times of one rank's device: its type's own table
+// (SimOptions::device_costs), or the profile's.
+class LayerView {
+ public:
+  LayerView(const Profile& p, const DeviceCosts* d) : p_(p), d_(d) {}
+  double forward(size_t l) const { return d_ ? d_->layers[l].forward_s : p_.layers[l].forward_s; }
+  double forwardNograd(size_t l) const { return d_ ? d_->layers[l].forward_nograd_s : p_.layers[l].forward_nograd_s; }
+  double backward(size_t l) const { return d_ ? d_->layers[l].backward_s : p_.layers[l].backward_s; }
+  double recompute(size_t l) const { return d_ ? d_->layers[l].recompute_s : p_.layers[l].recompute_s; }
+  double optimizerPerParam() const { return d_ ? d_->optimizer_s_per_param : p_.optimizer_s_per_param; }
+  const DeviceCosts* costs() const { return d_; }
+
+ private:
+  const Profile& p_;
+  const DeviceCosts* d_;
+};
+
+// The table of world rank `rank` (null: the profile's); checkCosts() has
+// checked the indices.
+const DeviceCosts* costsOfRank(const SimOptions& o, int rank) {
+  if (o.rank_costs.empty()) return nullptr;
+  const int t = o.rank_costs[static_cast<size_t>(rank)];
+  return t < 0 ? nullptr : &(*o.device_costs)[static_cast<size_t>(t)];
+}
+
+void checkCosts(const Profile& prof, const SimOptions& o, int ranks) {
+  if (o.rank_costs.empty()) return;
+  if (o.rank_costs.size() != static_cast<size_t>(ranks))
+    throw InputError("simulate: " + std::to_string(o.rank_costs.size()) + " rank cost tables for " +
+                     std::to_string(ranks) + " ranks");
+  for (int t : o.rank_costs) {
+    if (t < 0) continue;
+    if (!o.device_costs || static_cast<size_t>(t) >= o.device_costs->size())
+      throw InputError("simulate: a rank names device cost table " + std::to_string(t) + ", there are " +
+                       std::to_string(o.device_costs ? o.device_costs->size() : 0));
+    const DeviceCosts& d = (*o.device_costs)[static_cast<size_t>(t)];
+    if (d.layers.size() != prof.layers.size())
+      throw InputError(d.origin + ": has " + std::to_string(d.layers.size()) + " layers, the job's profile " +
+                       std::to_string(prof.layers.size()));
+  }
+}
+
 // The arrival time of message n, once everything it depends on is known:
 // its hand-over (plus the emulated delay), the sender's previous transfer,
 // and its receive, which the receiver posts after message n-1 arrived and
@@ -233,13 +275,12 @@ const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
   return lists_[key] = makeSchedule(so);
 }
 
-double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool recompute) {
+double stageComputeSeconds(const Profile& p, size_t first, size_t end, bool recompute, const DeviceCosts* costs) {
   const bool rc = recompute && end < p.layers.size();
+  const LayerView v(p, costs);
   double s = 0;
-  for (size_t l = first; l < end; ++l) {
-    const LayerCost& c = p.layers[l];
-    s += (rc ? c.forward_nograd_s + c.recompute_s : c.forward_s) + c.backward_s;
-  }
+  for (size_t l = first; l < end; ++l)
+    s += (rc ? v.forwardNograd(l) + v.recompute(l) : v.forward(l)) + v.backward(l);
   return s;
 }
 
@@ -306,6 +347,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(P * D))
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " +
                      std::to_string(P * D) + " ranks");
+  checkCosts(prof, opts, P * D);
+  auto view = [&](int d, int k) { return LayerView(prof, costsOfRank(opts, d * P + k)); };
   auto group = [&](int n, double values) { return opts.in_process ? 0.0 : prof.reduceSeconds(values, n); };
   const bool exact = prof.exact();
   const double overhead = opts.in_process ? 0.0 : prof.step_overhead_s;
@@ -344,20 +387,25 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     }
     std::vector<double> bucket_ready(buckets.size(), 0.0);
     double compute_end = 0, busy_max = 0;
-    const double per_vn_all = stageComputeSeconds(prof, 0, L, false);
-    double fwd_all = 0;
-    for (const LayerCost& c : prof.layers) fwd_all += c.forward_s;
+    // Per replica, its device's compute of one VN (unscaled) and forward.
+    std::vector<double> per_vn_all(static_cast<size_t>(D)), fwd_all(static_cast<size_t>(D), 0.0);
+    for (int d = 0; d < D; ++d) {
+      const LayerView v = view(d, 0);
+      per_vn_all[static_cast<size_t>(d)] = stageComputeSeconds(prof, 0, L, false, v.costs());
+      for (size_t l = 0; l < L; ++l) fwd_all[static_cast<size_t>(d)] += v.forward(l);
+    }
     for (int d = 0; d < D; ++d) {
       const double f = slow(d, 0);
-      const double per_vn = per_vn_all * f;
+      const LayerView v = view(d, 0);
+      const double per_vn = per_vn_all[static_cast<size_t>(d)] * f;
       const double last_bwd_start =
-          per_vn * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)] - 1) + fwd_all * f;
+          per_vn * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)] - 1) + fwd_all[static_cast<size_t>(d)] * f;
       const double done = per_vn * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
       for (size_t b = 0; b < buckets.size(); ++b) {
         double ready = done;
         if (b + 1 < buckets.size()) {
           ready = last_bwd_start;
-          for (size_t l = L; l-- > buckets[b].first;) ready += prof.layers[l].backward_s * f;
+          for (size_t l = L; l-- > buckets[b].first;) ready += v.backward(l) * f;
         }
         bucket_ready[b] = std::max(bucket_ready[b], ready);
       }
@@ -371,7 +419,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // host's cores carry this machine's compute only.)
     std::map<int, double> host_busy;
     for (int d = 0; d < D; ++d)
-      host_busy[hostOf(d)] += per_vn_all * contention * static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
+      host_busy[hostOf(d)] += per_vn_all[static_cast<size_t>(d)] * contention *
+                              static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
     double cores_bound = 0;
     for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
     if (!opts.in_process && cores_bound > compute_end) {
@@ -385,7 +434,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     const double reduced = prev;
     double step = 0;
     for (int d = 0; d < D; ++d)
-      step = std::max(step, reduced + prof.optimizer_s_per_param * static_cast<double>(prof.totalParams()) * slow(d, 0));
+      step = std::max(step, reduced + view(d, 0).optimizerPerParam() * static_cast<double>(prof.totalParams()) * slow(d, 0));
     out.schedule_seconds = compute_end;
     out.reduce_seconds = reduced - compute_end;
     out.step_seconds = step + overhead;
@@ -398,12 +447,13 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // Pipelines: each replica's schedule, then the reductions. Replicas with
   // the same VN share and the same devices run alike: simulated once.
   std::vector<ReplicaRun> runs;
-  std::map<std::tuple<int64_t, std::vector<double>, std::vector<int>>, size_t> seen;
+  std::map<std::tuple<int64_t, std::vector<double>, std::vector<int>, std::vector<int>>, size_t> seen;
   for (int d = 0; d < D; ++d) {
     std::vector<double> factors;
-    std::vector<int> hosts;
+    std::vector<int> hosts, tables;
     for (int k = 0; k < P; ++k) {
       factors.push_back(slow(d, k));
+      if (!opts.rank_costs.empty()) tables.push_back(opts.rank_costs[static_cast<size_t>(d * P + k)]);
       if (!opts.rank_host.empty()) hosts.push_back(opts.rank_host.at(static_cast<size_t>(d * P + k)));
     }
     // runReplica() looks at hosts only to see which neighbours are on
@@ -411,7 +461,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // run alike (512 replicas on 128 hosts: a few runs, not 512).
     std::vector<int> crossings;
     for (size_t k = 0; k + 1 < hosts.size(); ++k) crossings.push_back(hosts[k] != hosts[k + 1]);
-    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, crossings);
+    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, crossings, tables);
     if (auto it = seen.find(key); it != seen.end()) {
       runs.push_back(runs[it->second]);
       continue;
@@ -421,10 +471,11 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
       const bool rc = plan.recompute && b < L;
       StageCosts& c = cost[static_cast<size_t>(k)];
+      const LayerView v = view(d, k);
       for (size_t l = a; l < b; ++l) {
-        c.fwd += rc ? prof.layers[l].forward_nograd_s : prof.layers[l].forward_s;
-        c.bwd += prof.layers[l].backward_s;
-        c.rec += prof.layers[l].recompute_s;
+        c.fwd += rc ? v.forwardNograd(l) : v.forward(l);
+        c.bwd += v.backward(l);
+        c.rec += v.recompute(l);
       }
       const double f = factors[static_cast<size_t>(k)];
       c.fwd *= f, c.bwd *= f, c.rec *= f;
@@ -478,7 +529,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     double done = std::max(stats, ready + group(D, values));
     if (tied > 0) done = std::max(done, all_ready + group(2 * D, tied));
     for (int d = 0; d < D; ++d)
-      step = std::max(step, done + prof.optimizer_s_per_param * params * slow(d, k));
+      step = std::max(step, done + view(d, k).optimizerPerParam() * params * slow(d, k));
     StageSim& st = out.stages[static_cast<size_t>(k)];
     double bubble = 0;
     for (int d = 0; d < D; ++d) {
@@ -511,6 +562,7 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " + std::to_string(W) +
                      " ranks");
   auto hostOf = [&](int v) { return opts.rank_host.empty() ? 0 : opts.rank_host[static_cast<size_t>(v)]; };
+  checkCosts(prof, opts, W);
   // As simulate(): the host's workers compute at once (contention), times
   // each device's factor.
   const double contention = prof.compute_contention;
@@ -532,18 +584,21 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
       t += opts.cross_host_latency_s + (opts.cross_host_bytes_per_s > 0 ? bytes / opts.cross_host_bytes_per_s : 0.0);
     return t;
   };
-  const double per_vn = stageComputeSeconds(prof, 0, L, false), nm = static_cast<double>(wsp.wave);
-  // A shard's clock: the W pushes summed (a fixed-point add per value each)
-  // and one optimiser step over its parameters.
-  const double server_cpu = prof.quantize_s_per_value * values + prof.optimizer_s_per_param * params / w;
+  const double nm = static_cast<double>(wsp.wave);
   WspSimResult out;
   std::map<int, double> host_cpu;
   for (int v = 0; v < W; ++v) {
+    const DeviceCosts* costs = costsOfRank(opts, v);
+    const double per_vn = stageComputeSeconds(prof, 0, L, false, costs);
+    const double opt = LayerView(prof, costs).optimizerPerParam();
+    // A shard's clock: the W pushes summed (a fixed-point add per value
+    // each) and one optimiser step over its parameters.
+    const double server_cpu = prof.quantize_s_per_value * values + opt * params / w;
     const double f = slow(v), share = static_cast<double>(plan.vn_shares[static_cast<size_t>(v)]);
     WspVwSim s;
     // VnExecutor::localStep: the VNs, then the local SGD update; VW 0 posts
     // each minibatch's metrics line (one of a sync step's two round trips).
-    const double minibatch = per_vn * share * f + prof.optimizer_s_per_param * params * f +
+    const double minibatch = per_vn * share * f + opt * params * f +
                              (v == 0 ? prof.step_overhead_s / 2 : 0.0);
     s.compute_s = nm * minibatch;
     for (int r = 0; r < W; ++r) {
@@ -553,7 +608,7 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
     }
     s.cycle_s = s.compute_s + s.push_s + s.pull_s;
     s.server_s = server_cpu * f;
-    host_cpu[hostOf(v)] += nm * (per_vn * share * contention + prof.optimizer_s_per_param * params) + server_cpu;
+    host_cpu[hostOf(v)] += nm * (per_vn * share * contention + opt * params) + server_cpu;
     out.vws.push_back(s);
   }
   double cycle = 0;

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <string>
 #include <vector>
@@ -79,6 +80,13 @@ struct SimOptions {
   std::vector<int> rank_host;
   double cross_host_latency_s = 0;
   double cross_host_bytes_per_s = 0;
+  // Device types with their own per-layer costs (a resources file type
+  // with a `profile`): the tables, and per world rank the index of its
+  // device's table (-1: the profile's own costs; empty: every rank the
+  // profile's). A rank's compute (forward, backward, recompute, optimiser)
+  // is its table's, times its PlanSpec::slowdown.
+  std::shared_ptr<const std::vector<DeviceCosts>> device_costs;
+  std::vector<int> rank_costs;
 };
 
 struct StageSim {
@@ -159,7 +167,10 @@ WspSimResult simulateWsp(const Profile& profile, const PlanSpec& plan, const Wsp
                          const SimOptions& opts = {});
 
 // Seconds of one VN's compute on stage [first, end) (forward, backward and,
-// with recomputation on a stage that is not the last, the recompute).
-double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute);
+// with recomputation on a stage that is not the last, the recompute), from
+// `costs` (a device type's own, as many layers as the profile) or, when
+// null, the profile's.
+double stageComputeSeconds(const Profile& profile, size_t first, size_t end, bool recompute,
+                           const DeviceCosts* costs = nullptr);
 
 }  // namespace morph

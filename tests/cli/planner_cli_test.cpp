@@ -308,8 +308,9 @@ TEST_F(PlannerCli, GroupsOfMixedDevicesKeepTheHashAndPoliciesAreCompared) {
     }
 }
 
-// Real mixed hardware: a type's speed comes from a profile measured on it
-// (here: this machine's profile with every compute time tripled).
+// Real mixed hardware: a type's per-layer costs come from a profile
+// measured on it (here: this machine's profile with every compute time
+// tripled).
 TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
   const std::string j = job(gptWith(36, 9));
   const std::string p = profile(j);
@@ -332,6 +333,25 @@ TEST_F(PlannerCli, ATypesOwnProfileSetsItsSpeed) {
       found = true;
     }
   EXPECT_TRUE(found) << r.out;
+  // The type is planned with that profile's own per-layer costs, and the
+  // output says so.
+  EXPECT_NE(doc.at("device_types").at("slow").get<std::string>().find("per-layer costs of its own profile"),
+            std::string::npos) << r.out;
+  EXPECT_EQ(doc.at("device_types").at("fast"), "the job's profile") << r.out;
+  r = run("plan " + j + " --profile " + p + " --resources " + out("res.toml"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("device type slow: compute from per-layer costs of its own profile"), std::string::npos)
+      << r.out;
+  // A profile of other layers is refused, naming the type's key and the layers.
+  const nlohmann::json good = slow;
+  slow["fingerprint"]["layers"][0] = "another_layer";
+  slow["layers"][0]["name"] = "another_layer";
+  std::ofstream(out("slow.json")) << slow.dump();
+  r = run("plan " + j + " --profile " + p + " --resources " + out("res.toml"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("key 'types.slow.profile'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers: profile 'another_layer"), std::string::npos) << r.out;
+  slow = good;
   // A profile of another job is refused, naming the type's key.
   slow["fingerprint"]["vn_size"] = 99;
   std::ofstream(out("slow.json")) << slow.dump();

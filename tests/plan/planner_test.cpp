@@ -634,6 +634,169 @@ TEST(Allocation, AlikeGroupsTakeTheHomogeneousCut) {
   EXPECT_GE(pipelines, 20);
 }
 
+// A profile of layers whose forward + backward per VN take `totals` (f =
+// t/3, b = 2t/3), free communication, cores for every rank.
+Profile layerTotals(const std::vector<double>& totals) {
+  Profile p;
+  p.host_cores = 64;
+  p.fingerprint.reduce_mode = "exact";
+  for (size_t l = 0; l < totals.size(); ++l) {
+    LayerCost c;
+    c.name = "l" + std::to_string(l);
+    c.forward_s = c.forward_nograd_s = c.recompute_s = totals[l] / 3;
+    c.backward_s = 2 * totals[l] / 3;
+    c.output_bytes = 1000;
+    c.params = 10;
+    c.param_bytes = 40;
+    p.layers.push_back(c);
+    p.fingerprint.layers.push_back(c.name);
+  }
+  for (auto* m : {&p.allreduce_exact, &p.allreduce_float, &p.allreduce_max}) (*m)[2] = LinearFit{};
+  return p;
+}
+
+// Issue 30, "a real profile per device type": a device type measured on
+// its own hardware is planned with its own per-layer costs, not with one
+// factor for the whole model.
+TEST(Planner, PerTypeLayerCostsChangeTheCut) {
+  // Layers 0-1 are matrix products, 2-3 attention. Per VN (forward +
+  // backward) the job's profile takes 1, 1, 1, 3; type a (fast at matrix
+  // products, slow at attention) 1, 1, 3, 3; type b the reverse, 3, 3, 1, 1.
+  // Both take 8 through the model, 4/3 of the profile's 6.
+  const Profile job = layerTotals({1, 1, 1, 3});
+  std::vector<DeviceCosts> types{deviceCostsOf(layerTotals({1, 1, 3, 3}), "a.json"),
+                                 deviceCostsOf(layerTotals({3, 3, 1, 1}), "b.json")};
+  PlanRequest rq;
+  rq.workers = 2;
+  rq.virtual_nodes = 8;
+  rq.schedules = {ScheduleKind::k1F1B};
+  rq.try_recompute = false;
+  rq.top_k = 10;
+  rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(types);
+  rq.slot_slowdown = {1.0, 1.0};
+  rq.slot_costs = {0, 1};  // slot 0 is of type a, slot 1 of type b
+  // Per layer: a before b, cut 2|2: stages of 1 + 1 on a and 1 + 1 on b,
+  // the slowest 2 (every other order and cut has a stage of 5 or more).
+  // Uniform stages (f = 2/3, b = 4/3): (M + P - 1)(f + b) = 9 x 2 = 18,
+  // against 32 for data parallelism (4 VNs of 8 each).
+  const PlanOutcome out = planJob(job, rq);
+  const PlanChoice& best = out.plans.front();
+  EXPECT_EQ(best.plan.stages, 2);
+  EXPECT_EQ(best.plan.cuts, (std::vector<size_t>{0, 2, 4}));
+  EXPECT_EQ(best.plan.workers, (std::vector<int>{0, 1}));
+  EXPECT_NEAR(best.sim.schedule_seconds, 18.0, 1e-9);
+
+  // One factor per type (the whole model's 8 / 6): the profile's shape,
+  // 1, 1, 1, 3 times 4/3, is best cut 3|1 (4 and 4; 2|2 gives 8/3 and 16/3).
+  PlanRequest one = rq;
+  one.sim.device_costs.reset();
+  one.slot_costs.clear();
+  one.slot_slowdown = {4.0 / 3.0, 4.0 / 3.0};
+  const PlanOutcome factor = planJob(job, one);
+  const PlanChoice* pipe = nullptr;
+  for (const PlanChoice& c : factor.plans)
+    if (!pipe && c.plan.stages == 2) pipe = &c;
+  ASSERT_NE(pipe, nullptr);
+  EXPECT_EQ(pipe->plan.cuts, (std::vector<size_t>{0, 3, 4}));
+  // On the real devices that cut has a stage of 5 (1 + 1 + 3 on a) or 7.
+  PlanSpec on_devices = pipe->plan;
+  on_devices.workers = {0, 1};
+  on_devices.slowdown = {1.0, 1.0};
+  SimOptions so = rq.sim;
+  so.rank_costs = {0, 1};
+  EXPECT_GT(simulate(job, on_devices, so).schedule_seconds, 1.5 * best.sim.schedule_seconds);
+
+  // The allocation policies plan with the same costs (one host: NP is the
+  // pipeline of both devices).
+  rq.slot_host = {0, 0};
+  const auto rows = compareAllocations(job, rq, planJob(job, rq));
+  ASSERT_TRUE(rows.front().best);
+  EXPECT_EQ(rows.front().best->plan.cuts, (std::vector<size_t>{0, 2, 4}));
+}
+
+// A group's VN share follows its time per VN through its own stages, from
+// its devices' own per-layer costs.
+TEST(Planner, PerTypeLayerCostsSetTheGroupsShares) {
+  // The types of PerTypeLayerCostsChangeTheCut; host 0 has a and b, host 1
+  // two of type a. NP (a group per host): the cut 2|2 takes 2 per VN on
+  // [a b] and max(1 + 1, 3 + 3) = 6 on [a a]; the cut 3|1 takes 5 on both
+  // (a: 1 + 1 + 3, then b: 1 or a: 3). 8 VNs: 6 + 2 on 2|2 (12 each) beat
+  // 4 + 4 on 3|1 (20). One factor per type makes all four devices alike:
+  // the groups would get 4 + 4.
+  const Profile job = layerTotals({1, 1, 1, 3});
+  PlanRequest rq;
+  rq.workers = 4;
+  rq.virtual_nodes = 8;
+  rq.schedules = {ScheduleKind::k1F1B};
+  rq.try_recompute = false;
+  rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{
+      deviceCostsOf(layerTotals({1, 1, 3, 3}), "a.json"), deviceCostsOf(layerTotals({3, 3, 1, 1}), "b.json")});
+  rq.slot_slowdown = {1.0, 1.0, 1.0, 1.0};
+  rq.slot_costs = {0, 1, 0, 0};
+  rq.slot_host = {0, 0, 1, 1};
+  const auto rows = compareAllocations(job, rq, planJob(job, rq));
+  ASSERT_EQ(rows.front().policy, "NP");
+  ASSERT_TRUE(rows.front().best) << rows.front().why_not;
+  const PlanSpec& np = rows.front().best->plan;
+  EXPECT_EQ(np.stages, 2);
+  EXPECT_EQ(np.cuts, (std::vector<size_t>{0, 2, 4}));
+  EXPECT_EQ(np.vn_shares, (std::vector<int64_t>{6, 2}));
+  EXPECT_EQ(np.workers, (std::vector<int>{0, 1, 2, 3}));
+  PlanRequest one = rq;
+  one.sim.device_costs.reset();
+  one.slot_costs.clear();
+  one.slot_slowdown.assign(4, 4.0 / 3.0);
+  const auto alike = compareAllocations(job, one, planJob(job, one));
+  ASSERT_TRUE(alike.front().best);
+  EXPECT_EQ(alike.front().best->plan.vn_shares, (std::vector<int64_t>{4, 4}));
+}
+
+// A type whose own profile equals the job's is planned as a type without
+// one; per-layer tables that differ keep the pruning exact (the best plan
+// of simulating every candidate).
+TEST(Planner, PerTypeLayerCostsKeepThePruningExact) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<double> scale(0.3, 3.0);
+  int differ = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const Profile p = randomProfile(rng, 3 + static_cast<size_t>(trial % 5));
+    PlanRequest rq;
+    rq.virtual_nodes = 4 + trial % 7;
+    rq.workers = 3 + trial % 4;
+    rq.top_k = 1;
+    for (int s = 0; s < rq.workers; ++s) {
+      rq.slot_slowdown.push_back(s % 3 == 2 ? 1.5 : 1.0);
+      rq.slot_memory.push_back(0);
+      rq.slot_host.push_back(trial % 2 ? s / 2 : 0);
+    }
+    const PlanOutcome plain = planJob(p, rq);
+    // Types 0 and 1 (slots s % 3 == 0, 1) with tables equal to the profile.
+    PlanRequest same = rq;
+    same.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(
+        std::vector<DeviceCosts>{deviceCostsOf(p, "a.json"), deviceCostsOf(p, "b.json")});
+    for (int s = 0; s < rq.workers; ++s) same.slot_costs.push_back(s % 3 == 2 ? -1 : s % 3);
+    const PlanOutcome same_out = planJob(p, same);
+    EXPECT_DOUBLE_EQ(same_out.plans.front().sim.step_seconds, plain.plans.front().sim.step_seconds)
+        << "trial " << trial;
+    // Tables of their own: every layer scaled differently per type.
+    std::vector<DeviceCosts> own{deviceCostsOf(p, "a.json"), deviceCostsOf(p, "b.json")};
+    for (DeviceCosts& d : own) {
+      d.optimizer_s_per_param *= scale(rng);
+      for (LayerTimes& l : d.layers) {
+        const double k = scale(rng);
+        l.forward_s *= k, l.forward_nograd_s *= k, l.backward_s *= k, l.recompute_s *= k;
+      }
+    }
+    same.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(own);
+    const PlanOutcome pruned = planJob(p, same);
+    same.top_k = 1 << 20;  // never full: every candidate is simulated
+    const PlanOutcome all = planJob(p, same);
+    EXPECT_DOUBLE_EQ(pruned.plans.front().sim.step_seconds, all.plans.front().sim.step_seconds) << "trial " << trial;
+    differ += pruned.plans.front().sim.step_seconds != plain.plans.front().sim.step_seconds;
+  }
+  EXPECT_GE(differ, 12);
+}
+
 // WSP's memory check (docs/wsp.md, "Memory and wave"): the pushes a shard
 // may hold grow with sync.staleness; sync.wave adds nothing.
 TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNot) {

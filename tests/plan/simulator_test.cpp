@@ -193,6 +193,57 @@ TEST(Simulator, RejectsPlansThatDoNotFitTheProfile) {
   EXPECT_THROW(simulate(prof, shares), InputError);
 }
 
+// A device type with its own profile (a resources file's types.NAME.profile)
+// computes with its own per-layer times, times its slowdown.
+TEST(Simulator, EachRankComputesWithItsDevicesOwnLayerCosts) {
+  // The job's profile: two layers of f=1, b=2. Rank 1's type takes f=2,
+  // b=4 on layer 1: the stages of NonUniformProfileByHand, so 15.
+  const Profile prof = uniform(2, 1, 2, 0);
+  DeviceCosts slow_attention;
+  slow_attention.origin = "b.json";
+  slow_attention.layers = {{9, 9, 9, 9}, {2, 2, 4, 0}};  // layer 0 is never on rank 1
+  SimOptions o;
+  o.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{slow_attention});
+  o.rank_costs = {-1, 0};
+  const SimResult r = simulate(prof, pipeline(2, 2, ScheduleKind::k1F1B), o);
+  EXPECT_DOUBLE_EQ(r.schedule_seconds, 15.0);
+  EXPECT_DOUBLE_EQ(r.stages[0].busy_s, 6.0);
+  EXPECT_DOUBLE_EQ(r.stages[1].busy_s, 12.0);
+  // Its slowdown multiplies its own times: stage 1 f=4, b=8. Rank 1: F0
+  // [1,5] B0 [5,13] F1 [13,17] B1 [17,25]; rank 0: F0 [0,1] F1 [1,2], B0
+  // [13,15], B1 [25,27].
+  PlanSpec slowed = pipeline(2, 2, ScheduleKind::k1F1B);
+  slowed.slowdown = {1.0, 2.0};
+  EXPECT_DOUBLE_EQ(simulate(prof, slowed, o).schedule_seconds, 27.0);
+
+  // Data parallelism: replica 0's type takes f=0.5, b=1 per layer (3 per
+  // VN against the profile's 6): 3 VNs there take 9, 1 VN here 6.
+  DeviceCosts fast;
+  fast.origin = "a.json";
+  fast.layers = {{0.5, 0.5, 1, 0.5}, {0.5, 0.5, 1, 0.5}};
+  SimOptions dp;
+  dp.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{fast});
+  dp.rank_costs = {0, -1};
+  PlanSpec plan;
+  plan.replicas = 2;
+  plan.vn_shares = {3, 1};
+  EXPECT_NEAR(simulate(prof, plan, dp).schedule_seconds, 9.0, 1e-12);
+  plan.vn_shares = {1, 3};
+  EXPECT_NEAR(simulate(prof, plan, dp).schedule_seconds, 18.0, 1e-12);
+
+  // Tables that do not fit the plan or the profile are refused.
+  SimOptions bad = dp;
+  bad.rank_costs = {0};
+  EXPECT_THROW(simulate(prof, plan, bad), InputError);
+  bad.rank_costs = {0, 1};
+  EXPECT_THROW(simulate(prof, plan, bad), InputError);
+  DeviceCosts short_table = fast;
+  short_table.layers.pop_back();
+  bad.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{short_table});
+  bad.rank_costs = {0, -1};
+  EXPECT_THROW(simulate(prof, plan, bad), InputError);
+}
+
 // WSP (docs/planner.md, "WSP beside sync"): two uniform layers of f = 1,
 // b = 2 make one VN 6 s; 20 parameters, 22 pushed values, 20 pulled floats.
 PlanSpec vws(std::vector<int64_t> shares, std::vector<double> slowdown = {}) {
@@ -219,6 +270,16 @@ TEST(SimulatorWsp, ASlowerVirtualWorkerSetsTheClockAndCommunicationDoesNotScale)
   EXPECT_EQ(slow.slowest, 1);
   // Speed-sized shares (3 + 1) take the slow VW off the path: 3 x 18 + 1.
   EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({3, 1}, {1.0, 2.0}), w).clock_seconds, 55.0);
+  // The same from VW 1's type's own per-layer costs (f = 2, b = 4 on both
+  // layers: 12 s a VN) instead of a slowdown.
+  SimOptions own;
+  own.device_costs = std::make_shared<const std::vector<DeviceCosts>>(
+      std::vector<DeviceCosts>{{"b.json", {{2, 2, 4, 0}, {2, 2, 4, 0}}, 0.0}});
+  own.rank_costs = {-1, 0};
+  const WspSimResult tables = simulateWsp(prof, vws({2, 2}), w, own);
+  EXPECT_DOUBLE_EQ(tables.vws[1].compute_s, 72.0);
+  EXPECT_DOUBLE_EQ(tables.clock_seconds, 73.0);
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({3, 1}), w, own).clock_seconds, 55.0);
 }
 
 TEST(SimulatorWsp, StalenessZeroWaveOneIsTheSyncStepPlusTheServersClock) {
