@@ -7,7 +7,7 @@
 # momentum on 2 and 3 workers, a CNN with batch norm on 2); with a device
 # 3x slower the VN shares are sized by speed (9 + 3 of 12 VNs, docs/wsp.md
 # "VN shares by device speed") and D = 0, wave = 1 still gives the sync
-# hash, as sync does with a plan file of the same shares; a replay whose
+# hash (the hash of sync with any shares); a replay whose
 # shares differ from the log's exits 2 naming the log. With one worker
 # emulated 6x slower and 2 VNs (1 + 1 whatever the speeds) and D = 2 the
 # log's clock gap reaches 2 and never exceeds it, and --replay of that log
@@ -114,7 +114,9 @@ done
 
 # Speed-sized shares: a device 3x slower gets 3 of the 12 VNs; D = 0,
 # wave = 1 is still the sync step (the servers divide by the global batch
-# whatever the split), and sync with a plan file of those shares agrees.
+# whatever the split). Sync with a plan file of those shares has the same
+# hash (any shares do: PlannerCli.PlanFilesFromThePlannerAndUnevenSharesKeepTheHash),
+# not run again here to keep this test short.
 cat > "$work/res3.toml" <<TOML
 [types.fast]
 memory_mib = 1024
@@ -128,15 +130,13 @@ count = 1
 type = "slow"
 count = 1
 TOML
-echo '{"stages": [["flatten", "head"]], "vn_shares": [9, 3]}' > "$work/dp93.json"
 ref=$ref2
-planned=$("$MORPH" run "$work/m.toml" --quiet --workers 2 --plan "$work/dp93.json" --out "$work/msp" | tail -n 1)
 got=$("$MORPH" run "$work/m0.toml" --quiet --resources "$work/res3.toml" --out "$work/mwr" | tail -n 1)
 shares=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]+"/summary.json"))["vn_shares"])' "$work/mwr")
-echo "mlp, a device 3x slower: sync $ref, sync with shares 9+3 $planned, wsp D=0 with shares $shares $got"
+echo "mlp, a device 3x slower: sync $ref, wsp D=0 with shares $shares $got"
 [[ "$shares" == "[9, 3]" ]] || { echo "FAIL: the WSP shares on a 3x slower device are $shares, not [9, 3]"; exit 1; }
 head -n 1 "$work/mwr/wsp_log.jsonl" | grep -qF '{"vn_shares":[9,3]}' || { echo "FAIL: the log's shares record"; exit 1; }
-[[ "$ref" == "$got" && "$ref" == "$planned" ]] || { echo "FAIL: D = 0, wave = 1 with shares 9+3 differs from sync"; exit 1; }
+[[ "$ref" == "$got" ]] || { echo "FAIL: D = 0, wave = 1 with shares 9+3 differs from sync"; exit 1; }
 set +e
 "$MORPH" run "$work/m0.toml" --quiet --workers 2 --replay "$work/mwr/wsp_log.jsonl" --out "$work/badout" > /dev/null 2> "$work/bad.err"
 rc=$?
