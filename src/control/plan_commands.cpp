@@ -473,9 +473,13 @@ int runPlan(const PlanOptions& o) {
   // A WSP job: its own grouping's clock beside sync's step, and whether its
   // virtual workers fit their memory (exit 2 first if not).
   std::optional<WspPrediction> wsp;
-  if (job.sync_mode == SyncMode::kWsp)
+  if (job.sync_mode == SyncMode::kWsp) {
+    // The VN shares morph run gives it (docs/wsp.md, "VN shares by device speed").
+    std::vector<double> share_seconds;
+    if (!o.resources.empty()) share_seconds = deviceVnSeconds(readResources(o.resources), job).seconds;
     wsp = predictWsp(prof, rq, {job.staleness, job.wave}, job.steps > 0 ? (job.steps + job.wave - 1) / job.wave : 0,
-                     job.file);
+                     job.file, share_seconds);
+  }
   const PlanOutcome out = planJob(prof, rq);
   std::vector<AllocationRow> allocations;
   if (!o.resources.empty()) allocations = compareAllocations(prof, rq, out);

@@ -23,6 +23,7 @@
 #include "exec/fixed_point.h"
 #include "exec/pipeline.h"
 #include "plan/resources.h"
+#include "plan/vn_shares.h"
 #include "status/status_server.h"
 #include "wsp/wsp_log.h"
 
@@ -178,7 +179,14 @@ int runJob(const RunOptions& given) {
     ss << in.rdbuf();
     if (!in) throw InputError("--replay " + o.replay + ": cannot read the file");
     o.replay_text = ss.str();
-    ReplayPlan::parse(o.replay_text, o.replay, o.workers);  // exit 2 before any work when it does not fit
+    // Exit 2 before any work when it does not fit: another worker count, or
+    // other VN shares (docs/wsp.md, "VN shares by device speed").
+    const ReplayPlan rp = ReplayPlan::parse(o.replay_text, o.replay, o.workers);
+    std::vector<double> seconds;
+    if (!o.resources.empty()) seconds = deviceVnSeconds(readResources(o.resources), job).seconds;
+    std::vector<int64_t> slots;
+    for (int64_t s = 0; s < o.workers; ++s) slots.push_back(s);
+    rp.checkShares(wspShares(job.virtual_nodes, seconds, slots), o.replay);
   }
   if (o.workers == 0 && pipeline) {
     // One worker per stage by default.

@@ -1090,7 +1090,7 @@ std::string allocationTable(const std::vector<AllocationRow>& rows, const std::f
 }
 
 WspPrediction predictWsp(const Profile& p, const PlanRequest& rq, const WspOptions& wsp, int64_t clocks,
-                         const std::string& job_file) {
+                         const std::string& job_file, const std::vector<double>& slot_vn_seconds) {
   const int W = rq.workers;
   if (W < 2)
     throw InputError(job_file + ": key 'sync.mode': \"wsp\" needs at least two virtual workers (--workers N, N >= 2 "
@@ -1104,7 +1104,9 @@ WspPrediction predictWsp(const Profile& p, const PlanRequest& rq, const WspOptio
   plan.stages = 1;
   plan.replicas = W;
   plan.cuts = {0, L};
-  plan.vn_shares = evenShares(rq.virtual_nodes, W);
+  std::vector<int64_t> slots;
+  for (int v = 0; v < W; ++v) slots.push_back(v);
+  plan.vn_shares = wspShares(rq.virtual_nodes, slot_vn_seconds, slots);  // as the runtime's generations
   plan.slowdown = rq.slot_slowdown;  // slot order = VW order
   SimOptions so = rq.sim;
   so.rank_host = rq.slot_host;

@@ -103,9 +103,11 @@ std::string allocationTable(const std::vector<AllocationRow>& rows, const std::f
 
 // WSP beside sync for one grouping (docs/planner.md, "WSP beside sync"):
 // the grouping `morph run` gives a WSP job on the request's workers, each
-// worker slot a virtual worker in slot order with even VN shares (the WSP
-// runtime takes no plan). Its sync step (simulate()) and WSP clock
-// (simulateWsp()) from the same profile, and each VW's memory: the
+// worker slot a virtual worker in slot order with the VN shares the WSP
+// runtime gives it: wspShares() of `slot_vn_seconds` (deviceVnSeconds() of
+// the resources file, per slot; empty: even shares). Its sync step
+// (simulate(), with the same shares) and WSP clock (simulateWsp()) from the
+// same profile, and each VW's memory: the
 // data-parallel worker's (stageBytes()) plus wspWorkerMemory(), against its
 // device's memory (slot_memory) or memory_cap_bytes.
 struct WspPrediction {
@@ -123,7 +125,7 @@ struct WspPrediction {
 // D = 0 would fit; naming sync.mode when not even D = 0 fits. Also when the
 // request has fewer than 2 workers or more workers than VNs.
 WspPrediction predictWsp(const Profile& profile, const PlanRequest& request, const WspOptions& wsp, int64_t clocks,
-                         const std::string& job_file);
+                         const std::string& job_file, const std::vector<double>& slot_vn_seconds = {});
 
 // "gpipe" etc. for P > 1; "-" for data parallelism (no schedule).
 std::string scheduleLabel(const PlanSpec& plan);

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "plan/profile.h"
 
 namespace morph {
 
@@ -152,6 +153,39 @@ Resources readResources(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return parseResources(ss.str(), path);
+}
+
+DeviceVnSeconds deviceVnSeconds(const Resources& res, const JobSpec& job) {
+  std::set<std::string> used, unprofiled;
+  for (const Device& d : res.devices) {
+    used.insert(d.type);
+    if (res.types.at(d.type).profile.empty()) unprofiled.insert(d.type);
+  }
+  DeviceVnSeconds out;
+  std::map<std::string, double> per_type;
+  for (const std::string& name : used) per_type[name] = res.types.at(name).slowdown;
+  if (unprofiled.size() < used.size()) {
+    if (!unprofiled.empty()) {
+      out.note = "types." + *unprofiled.begin() + " has no profile, so the types' profiles are not compared: "
+                 "VN shares by slowdown alone";
+    } else {
+      for (const std::string& name : used) {
+        const DeviceType& t = res.types.at(name);
+        const Profile p = readProfile(t.profile);
+        std::string diff;
+        for (const std::string& d : fingerprintDifferences(p.fingerprint, jobFingerprint(job, p.fingerprint.layers)))
+          if (d.rfind("host.", 0) != 0) diff += (diff.empty() ? "" : "; ") + d;
+        if (!diff.empty())
+          fail(res.file, "types." + name + ".profile", t.profile + " is a profile of another job (" + diff + ")");
+        double c = 0;
+        for (const LayerCost& l : p.layers) c += l.forward_s + l.backward_s;
+        if (!(c > 0)) fail(res.file, "types." + name + ".profile", t.profile + " has no compute times");
+        per_type[name] *= c;
+      }
+    }
+  }
+  for (const Device& d : res.devices) out.seconds.push_back(per_type.at(d.type));
+  return out;
 }
 
 }  // namespace morph

@@ -46,6 +46,21 @@ struct Resources {
   const DeviceType& typeOf(size_t slot) const { return types.at(devices.at(slot).type); }
 };
 
+struct JobSpec;
+
+// Per worker slot, the seconds one VN of `job` takes on its device, in a
+// unit common to the file's devices (docs/wsp.md, "VN shares by device
+// speed"): its type's slowdown, times the whole-model forward and backward
+// of one VN in its type's profile when every type in use names one. A
+// profile must be of this job (any host), else InputError naming
+// types.NAME.profile. `note`: why profiles were left out (only some types
+// name one), else empty.
+struct DeviceVnSeconds {
+  std::vector<double> seconds;
+  std::string note;
+};
+DeviceVnSeconds deviceVnSeconds(const Resources& res, const JobSpec& job);
+
 // InputError naming the file and the key: not TOML, an unknown key, a type
 // without memory_mib, a slowdown below 1, a device of an unknown type, a
 // worker slot listed twice or left out.

@@ -1,5 +1,6 @@
 #include "plan/vn_shares.h"
 
+#include <algorithm>
 #include <functional>
 #include <queue>
 #include <string>
@@ -32,6 +33,21 @@ std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seco
     next.push({static_cast<double>(out[w] + 1) * seconds[w], w});
   }
   return out;
+}
+
+std::vector<int64_t> wspShares(int64_t vns, const std::vector<double>& slot_seconds, const std::vector<int64_t>& slots) {
+  const int n = static_cast<int>(slots.size());
+  if (n < 1 || vns < n)
+    throw InputError("batch.virtual_nodes = " + std::to_string(vns) + " cannot feed " + std::to_string(n) +
+                     " virtual workers (each needs at least one VN)");
+  if (slot_seconds.empty()) return evenShares(vns, n);
+  // A slot past the file's devices (a joiner with a new id) counts as its fastest device.
+  const double fastest = *std::min_element(slot_seconds.begin(), slot_seconds.end());
+  std::vector<double> s;
+  for (int64_t slot : slots)
+    s.push_back(slot >= 0 && static_cast<size_t>(slot) < slot_seconds.size() ? slot_seconds[static_cast<size_t>(slot)]
+                                                                             : fastest);
+  return weightedShares(vns, s, 1);
 }
 
 std::vector<VnRange> rangesOf(const std::vector<int64_t>& shares) {

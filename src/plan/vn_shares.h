@@ -32,6 +32,16 @@ std::vector<int64_t> evenShares(int64_t vns, int parts);
 // InputError when vns cannot give every worker min_each.
 std::vector<int64_t> weightedShares(int64_t vns, const std::vector<double>& seconds, int64_t min_each = 0);
 
+// A WSP job's virtual workers' shares (docs/wsp.md, "VN shares by device
+// speed"): VW r runs on worker slot slots[r], whose device takes
+// slot_seconds[slot] per VN (deviceVnSeconds(), plan/resources.h). Empty
+// slot_seconds (no resources file): even shares. Otherwise
+// weightedShares(vns, ..., 1): every VW at least one VN (a slot past
+// slot_seconds, a joiner with a new id, counts as the fastest). The runtime's
+// generations and the planner's prediction both call this.
+// InputError when vns < slots.size().
+std::vector<int64_t> wspShares(int64_t vns, const std::vector<double>& slot_seconds, const std::vector<int64_t>& slots);
+
 // Contiguous ranges of the shares, in order, from VN 0.
 std::vector<VnRange> rangesOf(const std::vector<int64_t>& shares);
 

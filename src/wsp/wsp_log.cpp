@@ -52,6 +52,30 @@ std::optional<RestoreRecord> RestoreRecord::fromJson(const nlohmann::json& j, co
   return r;
 }
 
+std::optional<SharesRecord> SharesRecord::fromJson(const nlohmann::json& j, const std::string& origin) {
+  if (!j.is_object() || !j.contains("vn_shares")) return std::nullopt;
+  SharesRecord r;
+  const nlohmann::json& v = j.at("vn_shares");
+  if (!v.is_array() || v.empty()) throw InputError(origin + ": not a WSP shares record: " + j.dump());
+  for (const nlohmann::json& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > (int64_t{1} << 40))
+      throw InputError(origin + ": a WSP shares record with a share out of range: " + j.dump());
+    r.vn_shares.push_back(x.get<int64_t>());
+  }
+  return r;
+}
+
+void ReplayPlan::checkShares(const std::vector<int64_t>& shares, const std::string& origin) const {
+  if (!vn_shares || *vn_shares == shares) return;
+  auto text = [](const std::vector<int64_t>& v) {
+    std::string t;
+    for (int64_t x : v) t += (t.empty() ? "" : "+") + std::to_string(x);
+    return t;
+  };
+  throw InputError(origin + ": the run gave its virtual workers VN shares " + text(*vn_shares) + ", this one gives " +
+                   text(shares) + " (replay needs the same mapping: the same resources file, or none; docs/wsp.md)");
+}
+
 ReplayPlan ReplayPlan::parse(const std::string& text, const std::string& origin, int vws) {
   ReplayPlan p;
   p.per_shard.resize(static_cast<size_t>(vws));
@@ -67,6 +91,16 @@ ReplayPlan ReplayPlan::parse(const std::string& text, const std::string& origin,
       if (p.restored || !p.pulls.empty())
         throw InputError(origin + ":" + std::to_string(n) + ": a restore record must be the log's first line");
       p.restored = *rr;
+      continue;
+    }
+    if (auto sr = SharesRecord::fromJson(j, origin + ":" + std::to_string(n))) {
+      if (p.vn_shares || !p.pulls.empty())
+        throw InputError(origin + ":" + std::to_string(n) + ": a shares record must come before the pulls, once");
+      if (static_cast<int>(sr->vn_shares.size()) != vws)
+        throw InputError(origin + ":" + std::to_string(n) + ": shares of " + std::to_string(sr->vn_shares.size()) +
+                         " virtual workers, but this run has " + std::to_string(vws) +
+                         " (replay needs the same mapping)");
+      p.vn_shares = sr->vn_shares;
       continue;
     }
     const PullRecord r = PullRecord::fromJson(j, origin + ":" + std::to_string(n));

@@ -39,9 +39,21 @@ struct RestoreRecord {
   static std::optional<RestoreRecord> fromJson(const nlohmann::json& j, const std::string& origin);
 };
 
+// The VN shares of the generation whose pulls follow (docs/wsp.md, "The
+// log and replay"), first after any restore record:
+//   {"vn_shares": [5, 3]}
+struct SharesRecord {
+  std::vector<int64_t> vn_shares;
+  nlohmann::json toJson() const { return {{"vn_shares", vn_shares}}; }
+  // nullopt when `j` is not one; InputError naming `origin` when malformed.
+  static std::optional<SharesRecord> fromJson(const nlohmann::json& j, const std::string& origin);
+};
+
 struct ReplayPlan {
   // The run restored a checkpoint after a lost worker: its replay starts there.
   std::optional<RestoreRecord> restored;
+  // The run's VN shares (a log written before they were recorded has none).
+  std::optional<std::vector<int64_t>> vn_shares;
   // Per VW, its pulls' versions in order.
   std::map<int, std::vector<std::vector<int64_t>>> pulls;
   // Per shard: version -> the number of pulls that received it.
@@ -50,6 +62,9 @@ struct ReplayPlan {
   // The log's text; InputError naming `origin` (the file) when it is not a
   // log of `vws` virtual workers.
   static ReplayPlan parse(const std::string& text, const std::string& origin, int vws);
+  // InputError naming `origin` when the log records other shares than
+  // `shares` (what this run gives its VWs): another mapping.
+  void checkShares(const std::vector<int64_t>& shares, const std::string& origin) const;
 };
 
 }  // namespace morph

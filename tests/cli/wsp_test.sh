@@ -4,10 +4,14 @@
 # exact format's 4096 terms, "wsp" with one virtual worker or a pipeline;
 # the sync default keeps the hash of a job without [sync]. Then the runtime:
 # D = 0, wave = 1 gives the sync hash on the same workers (MLP with
-# momentum on 2 and 3 workers, a CNN with batch norm on 2); with one
-# worker emulated 6x slower and D = 2 the log's clock gap reaches 2 and
-# never exceeds it, and --replay of that log (without the slowdown, so the
-# timing differs) reproduces the run's hash. Faults (docs/wsp.md,
+# momentum on 2 and 3 workers, a CNN with batch norm on 2); with a device
+# 3x slower the VN shares are sized by speed (9 + 3 of 12 VNs, docs/wsp.md
+# "VN shares by device speed") and D = 0, wave = 1 still gives the sync
+# hash (the hash of sync with any shares); a replay whose
+# shares differ from the log's exits 2 naming the log. With one worker
+# emulated 6x slower and 2 VNs (1 + 1 whatever the speeds) and D = 2 the
+# log's clock gap reaches 2 and never exceeds it, and --replay of that log
+# (without the slowdown, so the timing differs) reproduces the run's hash. Faults (docs/wsp.md,
 # "Checkpoints and lost workers"): D = 0, wave = 1 with checkpoints run 16
 # steps, then --resume on another worker count gives the sync hash; a
 # virtual worker killed mid-run (the tests' build, CRASHY) loses its shard:
@@ -100,12 +104,45 @@ for workers in 2 3; do
   ref=$("$MORPH" run "$work/m.toml" --quiet --workers $workers --out "$work/ms$workers" | tail -n 1)
   got=$("$MORPH" run "$work/m0.toml" --quiet --workers $workers --out "$work/mw$workers" | tail -n 1)
   echo "mlp on $workers workers: sync $ref, wsp D=0 $got"
+  ref2=$ref  # the sync hash of any worker count
   [[ "$ref" == "$got" ]] || { echo "FAIL: D = 0, wave = 1 differs from sync on $workers workers"; exit 1; }
   read -r gap pushes pulls < <(summary_wsp "$work/mw$workers")
   (( gap == 0 && pushes == 24 * workers && pulls == 24 * workers )) \
     || { echo "FAIL: summary wsp = $gap $pushes $pulls on $workers workers"; exit 1; }
-  [[ $(wc -l < "$work/mw$workers/wsp_log.jsonl") == $(( 24 * workers )) ]] || { echo "FAIL: log lines"; exit 1; }
+  [[ $(wc -l < "$work/mw$workers/wsp_log.jsonl") == $(( 24 * workers + 1 )) ]] || { echo "FAIL: log lines"; exit 1; }  # + the shares
 done
+
+# Speed-sized shares: a device 3x slower gets 3 of the 12 VNs; D = 0,
+# wave = 1 is still the sync step (the servers divide by the global batch
+# whatever the split). Sync with a plan file of those shares has the same
+# hash (any shares do: PlannerCli.PlanFilesFromThePlannerAndUnevenSharesKeepTheHash),
+# not run again here to keep this test short.
+cat > "$work/res3.toml" <<TOML
+[types.fast]
+memory_mib = 1024
+[types.slow]
+memory_mib = 1024
+slowdown = 3.0
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+ref=$ref2
+got=$("$MORPH" run "$work/m0.toml" --quiet --resources "$work/res3.toml" --out "$work/mwr" | tail -n 1)
+shares=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]+"/summary.json"))["vn_shares"])' "$work/mwr")
+echo "mlp, a device 3x slower: sync $ref, wsp D=0 with shares $shares $got"
+[[ "$shares" == "[9, 3]" ]] || { echo "FAIL: the WSP shares on a 3x slower device are $shares, not [9, 3]"; exit 1; }
+head -n 1 "$work/mwr/wsp_log.jsonl" | grep -qF '{"vn_shares":[9,3]}' || { echo "FAIL: the log's shares record"; exit 1; }
+[[ "$ref" == "$got" ]] || { echo "FAIL: D = 0, wave = 1 with shares 9+3 differs from sync"; exit 1; }
+set +e
+"$MORPH" run "$work/m0.toml" --quiet --workers 2 --replay "$work/mwr/wsp_log.jsonl" --out "$work/badout" > /dev/null 2> "$work/bad.err"
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "wsp_log.jsonl: the run gave its virtual workers VN shares 9+3, this one gives 6+6" "$work/bad.err" \
+  || { echo "FAIL: a replay of other shares: exit $rc"; cat "$work/bad.err"; exit 1; }
 
 cat > "$work/cnn.toml" <<TOML
 [job]
@@ -137,6 +174,8 @@ echo "cnn on 2 workers: sync $ref, wsp D=0 $got"
 
 drift() {
 # Drift: worker 1 emulates a device 6x slower; D = 2, waves of 2 minibatches.
+# Two VNs: the shares stay 1 + 1 whatever the speeds, so the VWs drift (and
+# the replay on even devices runs the same minibatches).
 cat > "$work/res.toml" <<TOML
 [types.fast]
 memory_mib = 1024
@@ -158,10 +197,13 @@ type = "fast"
 count = 2
 TOML
 elastic_mlp_job "$work/d2.toml" wsp-d2 6 60 $'[sync]\nmode = "wsp"\nstaleness = 2\nwave = 2'
+sed -i 's/^virtual_nodes = 12$/virtual_nodes = 2/' "$work/d2.toml"
 h1=$("$MORPH" run "$work/d2.toml" --quiet --resources "$work/res.toml" --out "$work/d2" | tail -n 1)
 python3 - "$work/d2/wsp_log.jsonl" <<'PY' || { echo "FAIL: the clock gap"; exit 1; }
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
+assert recs[0] == {"vn_shares": [1, 1]}, recs[0]
+recs = recs[1:]
 gaps = [r["clock"] - min(r["versions"]) for r in recs]
 assert all(g == r["gap"] for g, r in zip(gaps, recs)), "gap field"
 print("pulls", len(recs), "largest gap", max(gaps), "pulls at gap 2:", sum(g == 2 for g in gaps))

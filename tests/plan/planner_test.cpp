@@ -1,6 +1,7 @@
 // The planner (memory caps, pruning, infeasible pools) and the profile
 // format (round trip, refusals naming the file and the key).
 #include "plan/planner.h"
+#include "plan/vn_shares.h"
 #include "plan/allocation.h"
 #include "plan/partitioner.h"
 #include "plan/resources.h"
@@ -859,6 +860,41 @@ TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNo
   }
   rq.workers = 1;
   EXPECT_THROW(predictWsp(p, rq, {0, 1}, 0, "job.toml"), InputError);
+}
+
+// docs/wsp.md, "VN shares by device speed": the prediction runs the shares
+// morph run gives a WSP job (wspShares() of the devices' seconds per VN),
+// not even ones: a VW 2x slower gets 1 of 4 VNs, and the clock is the fast
+// VW's 3 VNs instead of the slow one's 2 (6 VN-times -> 3 + 1 local step).
+TEST(PlannerWsp, TheVirtualWorkersGetTheRuntimesSpeedSizedShares) {
+  Profile p;
+  p.host_cores = 64;
+  p.fingerprint.reduce_mode = "exact";
+  for (int l = 0; l < 2; ++l) {
+    LayerCost c;
+    c.name = "l" + std::to_string(l);
+    c.forward_s = c.backward_s = 0.5;  // 2 s a VN
+    c.params = 10;
+    c.param_bytes = 40;
+    p.layers.push_back(c);
+    p.fingerprint.layers.push_back(c.name);
+  }
+  p.allreduce_exact[2] = p.allreduce_float[2] = p.allreduce_max[2] = LinearFit{};
+  PlanRequest rq;
+  rq.workers = 2;
+  rq.virtual_nodes = 4;
+  rq.slot_slowdown = {1.0, 2.0};
+  const WspPrediction even = predictWsp(p, rq, {1, 1}, 0, "job.toml");
+  EXPECT_EQ(even.plan.vn_shares, (std::vector<int64_t>{2, 2}));
+  EXPECT_DOUBLE_EQ(even.wsp.clock_seconds, 2 * 2.0 * 2);  // the slow VW: 2 VNs x 2 s x 2
+  const std::vector<double> seconds = {1.0, 2.0};
+  const WspPrediction sized = predictWsp(p, rq, {1, 1}, 0, "job.toml", seconds);
+  EXPECT_EQ(sized.plan.vn_shares, wspShares(4, seconds, {0, 1}));
+  EXPECT_EQ(sized.plan.vn_shares, (std::vector<int64_t>{3, 1}));
+  EXPECT_DOUBLE_EQ(sized.wsp.clock_seconds, 3 * 2.0);  // the fast VW: 3 VNs x 2 s
+  EXPECT_EQ(sized.wsp.slowest, 0);
+  // Sync on the same grouping is predicted with the same shares.
+  EXPECT_EQ(sized.sync.step_seconds, simulate(p, sized.plan, rq.sim).step_seconds);
 }
 
 }  // namespace

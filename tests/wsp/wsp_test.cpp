@@ -1,5 +1,6 @@
 // The WSP pieces that need no processes (docs/wsp.md): scaled fixed-point
-// sums, the shard map, the pull log's decoder and a shard's clock rule.
+// sums, the shard map, the pull log's decoder, a shard's clock rule and the
+// virtual workers' VN shares by device speed.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +15,9 @@
 #include "comm/communicator.h"
 #include "wsp/wsp_log.h"
 #include "wsp/wsp_recovery.h"
+#include "plan/profile.h"
+#include "plan/resources.h"
+#include "plan/vn_shares.h"
 
 namespace morph {
 namespace {
@@ -88,6 +92,99 @@ TEST(WspLog, RestoreRecordLeadsTheLogOfARegroupedRun) {
   EXPECT_FALSE(ReplayPlan::parse(rec, "log.jsonl", 2).restored.has_value());
   EXPECT_THROW(ReplayPlan::parse(rec + r.toJson().dump() + "\n", "log.jsonl", 2), InputError);
   EXPECT_THROW(ReplayPlan::parse(R"({"restored":{"clock":-1}})", "log.jsonl", 2), InputError);
+}
+
+// docs/wsp.md, "VN shares by device speed": even without a resources file;
+// with one, each VN to the device that would finish it first, every VW at
+// least one, by worker slot (a regroup's survivors keep their devices'
+// speeds; a slot past the file counts as its fastest device).
+TEST(WspShares, EvenWithoutDevicesAndSizedBySpeedWithThem) {
+  const std::vector<double> none;
+  EXPECT_EQ(wspShares(12, none, {0, 1, 2, 3, 4}), evenShares(12, 5));
+  EXPECT_EQ(wspShares(8, {1.0, 2.0}, {0, 1}), (std::vector<int64_t>{6, 2}));  // 6 and 4 VN-times (5 + 3: 5 and 6)
+  EXPECT_EQ(wspShares(4, {1.0, 2.0}, {0, 1}), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(wspShares(12, {1.0, 3.0}, {0, 1}), (std::vector<int64_t>{9, 3}));
+  EXPECT_EQ(wspShares(12, {1.0, 3.0}, {1, 0}), (std::vector<int64_t>{3, 9}));  // rank order of the slots
+  EXPECT_EQ(wspShares(4, {1.0, 100.0}, {0, 1}), (std::vector<int64_t>{3, 1}));  // at least one each
+  EXPECT_EQ(wspShares(9, {1.0, 4.0, 2.0}, {0, 2}), (std::vector<int64_t>{6, 3}));  // survivors 0 and 2
+  EXPECT_EQ(wspShares(8, {2.0, 4.0}, {1, 5}), (std::vector<int64_t>{3, 5}));  // slot 5: as the fastest
+  for (int64_t vns : {5, 12, 13})
+    EXPECT_EQ(wspShares(vns, {1.5, 1.5, 1.5}, {0, 1, 2}), evenShares(vns, 3)) << vns;  // equal devices: even
+  EXPECT_THROW(wspShares(2, none, {0, 1, 2}), InputError);
+  EXPECT_THROW(wspShares(2, {1.0, 1.0, 1.0}, {0, 1, 2}), InputError);
+}
+
+TEST(WspShares, DeviceSecondsFromSlowdownsOrEveryTypesProfile) {
+  const std::string head = "[types.fast]\nmemory_mib = 64\n[types.slow]\nmemory_mib = 64\nslowdown = 2.5\n";
+  const std::string devs = "[[devices]]\ntype = \"slow\"\n[[devices]]\ntype = \"fast\"\ncount = 2\n";
+  JobSpec job;
+  job.global_batch = 12;
+  job.virtual_nodes = 4;
+  DeviceVnSeconds d = deviceVnSeconds(parseResources(head + devs, "devs.toml"), job);
+  EXPECT_EQ(d.seconds, (std::vector<double>{2.5, 1.0, 1.0}));
+  EXPECT_TRUE(d.note.empty());
+  // Profiles of this job on both types: slowdown x compute per VN.
+  const std::string dir = testing::TempDir();
+  auto profile = [&](const std::string& name, double fwd, double bwd) {
+    Profile p;
+    p.fingerprint = jobFingerprint(job, {"a", "b"});
+    p.layers = {LayerCost{"a", fwd, 0, bwd}, LayerCost{"b", fwd, 0, bwd}};
+    p.allreduce_exact = p.allreduce_float = p.allreduce_max = {{2, LinearFit{}}};
+    writeProfile(p, dir + "/" + name);
+  };
+  profile("fast.json", 0.001, 0.002);
+  profile("slow.json", 0.004, 0.004);
+  const std::string both = "[types.fast]\nmemory_mib = 64\nprofile = \"" + dir + "/fast.json\"\n" +
+                           "[types.slow]\nmemory_mib = 64\nslowdown = 2.0\nprofile = \"" + dir + "/slow.json\"\n";
+  d = deviceVnSeconds(parseResources(both + devs, dir + "/devs.toml"), job);
+  ASSERT_EQ(d.seconds.size(), 3u);
+  EXPECT_DOUBLE_EQ(d.seconds[0], 2.0 * 0.016);
+  EXPECT_DOUBLE_EQ(d.seconds[1], 0.006);
+  EXPECT_TRUE(d.note.empty());
+  EXPECT_EQ(wspShares(11, d.seconds, {0, 1, 2}), (std::vector<int64_t>{1, 5, 5}));
+  // A type without one: the slowdowns alone, and why.
+  const std::string one = "[types.fast]\nmemory_mib = 64\n[types.slow]\nmemory_mib = 64\nslowdown = 2.0\nprofile = \"" +
+                          dir + "/slow.json\"\n";
+  d = deviceVnSeconds(parseResources(one + devs, dir + "/devs.toml"), job);
+  EXPECT_EQ(d.seconds, (std::vector<double>{2.0, 1.0, 1.0}));
+  EXPECT_NE(d.note.find("types.fast has no profile"), std::string::npos) << d.note;
+  // A profile of another job is refused, naming the key.
+  JobSpec other = job;
+  other.virtual_nodes = 2;
+  try {
+    deviceVnSeconds(parseResources(both + devs, dir + "/devs.toml"), other);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("types.fast.profile"), std::string::npos) << e.what();
+  }
+}
+
+// The log records the run's shares; a replay that would give other shares
+// (another resources file) is refused, naming the log.
+TEST(WspLog, SharesRecordRefusesAReplayOfOtherShares) {
+  const std::string rec = R"({"vw":0,"pull":0,"clock":1,"versions":[1,1]}
+{"vw":1,"pull":0,"clock":1,"versions":[0,1]}
+)";
+  const std::string shares = SharesRecord{{9, 3}}.toJson().dump() + "\n";
+  const ReplayPlan p = ReplayPlan::parse(shares + rec, "log.jsonl", 2);
+  ASSERT_TRUE(p.vn_shares.has_value());
+  EXPECT_EQ(*p.vn_shares, (std::vector<int64_t>{9, 3}));
+  EXPECT_NO_THROW(p.checkShares({9, 3}, "log.jsonl"));
+  try {
+    p.checkShares({6, 6}, "log.jsonl");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("log.jsonl: the run gave its virtual workers VN shares 9+3, this one gives 6+6"),
+              std::string::npos) << e.what();
+  }
+  // A log without the record (written before it existed) checks nothing.
+  EXPECT_NO_THROW(ReplayPlan::parse(rec, "log.jsonl", 2).checkShares({6, 6}, "log.jsonl"));
+  // After the restore record of a regrouped run; never after a pull, never of another count.
+  const std::string restored = RestoreRecord{1, 8, "/x"}.toJson().dump() + "\n";
+  EXPECT_TRUE(ReplayPlan::parse(restored + shares + rec, "log.jsonl", 2).vn_shares.has_value());
+  EXPECT_THROW(ReplayPlan::parse(rec + shares, "log.jsonl", 2), InputError);
+  EXPECT_THROW(ReplayPlan::parse(SharesRecord{{9, 2, 1}}.toJson().dump() + "\n" + rec, "log.jsonl", 2), InputError);
+  EXPECT_THROW(ReplayPlan::parse("{\"vn_shares\":[9,0]}\n" + rec, "log.jsonl", 2), InputError);
 }
 
 // A shard of one parameter, two virtual workers: clock 0 is applied only

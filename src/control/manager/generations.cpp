@@ -356,6 +356,9 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
     plan.pipeline = pm_.layout();
     for (size_t r = 0; r < next.size(); ++r)
       plan.vn_ranges.push_back(pm_.layout()->replica_ranges.at(r / static_cast<size_t>(pm_.layout()->stages)));
+  } else if (job_.sync_mode == SyncMode::kWsp) {
+    // Even, or by the members' devices' speeds (docs/wsp.md, "VN shares by device speed").
+    plan.vn_ranges = rangesOf(wspShares(job_.virtual_nodes, pm_.wspVnSeconds(), next));
   } else if (auto measured = straggler_.shares(next, job_.virtual_nodes)) {
     plan.vn_ranges = rangesOf(*measured);  // shares by measured speed, once a straggler was re-planned around
   } else if (pm_.dpShares().size() == next.size()) {

@@ -21,8 +21,10 @@ using namespace detail;
 namespace {
 // A WSP job's log, OUT/wsp_log.jsonl (docs/wsp.md): every member's pull
 // records, by virtual worker then pull, after the restore record of a run
-// that lost a worker (null: none); returns summary.json's "wsp".
-json writeWspLog(const std::string& dir, const std::vector<json>& results, const json& restored) {
+// that lost a worker (null: none) and the shares of the generation they
+// are from; returns summary.json's "wsp".
+json writeWspLog(const std::string& dir, const std::vector<json>& results, const json& restored,
+                 const std::vector<int64_t>& shares) {
   std::vector<json> recs;
   int64_t pushes = 0, pulls = 0, gap = 0;
   for (const json& r : results) {
@@ -39,6 +41,7 @@ json writeWspLog(const std::string& dir, const std::vector<json>& results, const
   });
   std::ofstream out(dir + "/wsp_log.jsonl");
   if (!restored.is_null()) out << restored.dump() << "\n";
+  out << SharesRecord{shares}.toJson().dump() << "\n";
   for (const json& rec : recs) out << rec.dump() << "\n";
   if (!out) throw JobError("cannot write " + dir + "/wsp_log.jsonl");
   return {{"max_clock_gap", gap}, {"pushes", pushes}, {"pulls", pulls}};
@@ -129,7 +132,7 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
       const std::string first = o_.replay_text.substr(0, o_.replay_text.find('\n'));
       if (auto r = RestoreRecord::fromJson(json::parse(first, nullptr, false), "--replay")) restored = r->toJson();
     }
-    wsp = writeWspLog(dir_, results, restored);
+    wsp = writeWspLog(dir_, results, restored, g.vnShares());
   }
   setString(store, keys::kJobFinished, "1");
   m.waitLocal();

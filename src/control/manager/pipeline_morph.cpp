@@ -37,6 +37,12 @@ void PipelineMorpher::setUp(int workers) {
 void PipelineMorpher::setUpPipeline() {
   const bool plan_file = !o_.plan.empty() && o_.plan != "auto";
   if (!o_.resources.empty()) res_ = readResources(o_.resources);
+  if (res_ && job_.sync_mode == SyncMode::kWsp) {
+    // docs/wsp.md, "VN shares by device speed".
+    DeviceVnSeconds speeds = deviceVnSeconds(*res_, job_);
+    if (!speeds.note.empty()) std::printf("morph: WSP: %s: %s\n", res_->file.c_str(), speeds.note.c_str());
+    wsp_vn_seconds_ = std::move(speeds.seconds);
+  }
   if (o_.stages <= 1 && !plan_file && !res_) return;
   auto model = buildModel(job_.model, job_.seed);
   std::vector<std::string> names;

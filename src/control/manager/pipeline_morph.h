@@ -46,6 +46,10 @@ class PipelineMorpher {
   // Data parallelism from a plan file: VNs per worker (empty: even).
   const std::vector<int64_t>& dpShares() const { return dp_shares_; }
   const std::optional<Resources>& resources() const { return res_; }
+  // A WSP job with a resources file: per worker slot, its device's seconds
+  // per VN (deviceVnSeconds(), plan/resources.h), which size the VWs' VN
+  // shares (wspShares()); empty otherwise (even shares).
+  const std::vector<double>& wspVnSeconds() const { return wsp_vn_seconds_; }
 
   // Whether the pipeline should grow onto `joiners` waiting workers
   // (checked when their number changes and every elastic.grow_interval
@@ -107,6 +111,7 @@ class PipelineMorpher {
   std::vector<int> plan_workers_;
   std::vector<int64_t> dp_shares_;
   std::optional<Resources> res_;
+  std::vector<double> wsp_vn_seconds_;
   std::vector<std::string> layer_names_;  // pipeline jobs: the model's layers, for its hash
   std::vector<int64_t> layer_bytes_;      // per layer: parameters, buffers and optimiser state
   std::vector<std::pair<size_t, size_t>> tied_layers_;  // (user, owner) of shared weights
