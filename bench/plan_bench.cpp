@@ -139,6 +139,18 @@ void cuts(const char* label, const Profile& p, int64_t vns) {
   }
 }
 
+// planJob `repeat` times: the last outcome, and in *best the shortest
+// planning time.
+PlanOutcome planTimed(const Profile& p, const PlanRequest& rq, int repeat, double* best) {
+  PlanOutcome out;
+  *best = 1e30;
+  for (int r = 0; r < repeat; ++r) {
+    out = planJob(p, rq);
+    *best = std::min(*best, out.planning_seconds);
+  }
+  return out;
+}
+
 // Heterogeneous pools: 3 device types (speed factors 1, 1.5 and 2; the
 // slower, the less memory), equal numbers of each.
 void devices(const Profile& p, int64_t vns, int repeat) {
@@ -154,12 +166,8 @@ void devices(const Profile& p, int64_t vns, int repeat) {
       rq.slot_slowdown.push_back(1.0 + 0.5 * (s % 3));
       rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
     }
-    double best = 1e30;
-    PlanOutcome out;
-    for (int r = 0; r < repeat; ++r) {
-      out = planJob(p, rq);
-      best = std::min(best, out.planning_seconds);
-    }
+    double best = 0;
+    const PlanOutcome out = planTimed(p, rq, repeat, &best);
     const PlanChoice& c = out.plans.front();
     std::printf("%8d %14.2f %12lld %12.2f  P=%d D=%d %s\n", n, best * 1e3, static_cast<long long>(out.simulated),
                 c.sim.step_seconds * 1e3, c.plan.stages, c.plan.replicas, scheduleLabel(c.plan).c_str());
@@ -201,12 +209,8 @@ void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
         if (per_layer) rq.slot_costs.push_back(s % 3 - 1);
       }
       if (per_layer) rq.sim.device_costs = shared;
-      double best = 1e30;
-      PlanOutcome out;
-      for (int r = 0; r < repeat; ++r) {
-        out = planJob(p, rq);
-        best = std::min(best, out.planning_seconds);
-      }
+      double best = 0;
+      const PlanOutcome out = planTimed(p, rq, repeat, &best);
       const PlanChoice& c = out.plans.front();
       // The chosen plan on the devices as they are (per-layer costs).
       PlanSpec truth = c.plan;

@@ -29,6 +29,23 @@ make_work
 part=${3:-all}
 
 # summary_wsp DIR: prints summary.json's wsp as "gap pushes pulls".
+# fast_and_slow SLOWDOWN FILE: a resources file of one device and one SLOWDOWN times slower.
+fast_and_slow() {
+cat > "$2" <<TOML
+[types.fast]
+memory_mib = 1024
+[types.slow]
+memory_mib = 1024
+slowdown = $1
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+}
+
 summary_wsp() {
   python3 -c 'import json,sys; w=json.load(open(sys.argv[1]+"/summary.json"))["wsp"]; print(w["max_clock_gap"], w["pushes"], w["pulls"])' "$1"
 }
@@ -117,19 +134,7 @@ done
 # whatever the split). Sync with a plan file of those shares has the same
 # hash (any shares do: PlannerCli.PlanFilesFromThePlannerAndUnevenSharesKeepTheHash),
 # not run again here to keep this test short.
-cat > "$work/res3.toml" <<TOML
-[types.fast]
-memory_mib = 1024
-[types.slow]
-memory_mib = 1024
-slowdown = 3.0
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-TOML
+fast_and_slow 3.0 "$work/res3.toml"
 ref=$ref2
 got=$("$MORPH" run "$work/m0.toml" --quiet --resources "$work/res3.toml" --out "$work/mwr" | tail -n 1)
 shares=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]+"/summary.json"))["vn_shares"])' "$work/mwr")
@@ -176,19 +181,7 @@ drift() {
 # Drift: worker 1 emulates a device 6x slower; D = 2, waves of 2 minibatches.
 # Two VNs: the shares stay 1 + 1 whatever the speeds, so the VWs drift (and
 # the replay on even devices runs the same minibatches).
-cat > "$work/res.toml" <<TOML
-[types.fast]
-memory_mib = 1024
-[types.slow]
-memory_mib = 1024
-slowdown = 6.0
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-TOML
+fast_and_slow 6.0 "$work/res.toml"
 cat > "$work/res1.toml" <<TOML
 [types.fast]
 memory_mib = 1024

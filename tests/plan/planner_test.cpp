@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "hand_profiles.h"
 
 namespace morph {
 namespace {
@@ -638,22 +639,10 @@ TEST(Allocation, AlikeGroupsTakeTheHomogeneousCut) {
 // A profile of layers whose forward + backward per VN take `totals` (f =
 // t/3, b = 2t/3), free communication, cores for every rank.
 Profile layerTotals(const std::vector<double>& totals) {
-  Profile p;
-  p.host_cores = 64;
-  p.fingerprint.reduce_mode = "exact";
-  for (size_t l = 0; l < totals.size(); ++l) {
-    LayerCost c;
-    c.name = "l" + std::to_string(l);
+  return handProfile(totals.size(), [&](size_t l, LayerCost& c) {
     c.forward_s = c.forward_nograd_s = c.recompute_s = totals[l] / 3;
     c.backward_s = 2 * totals[l] / 3;
-    c.output_bytes = 1000;
-    c.params = 10;
-    c.param_bytes = 40;
-    p.layers.push_back(c);
-    p.fingerprint.layers.push_back(c.name);
-  }
-  for (auto* m : {&p.allreduce_exact, &p.allreduce_float, &p.allreduce_max}) (*m)[2] = LinearFit{};
-  return p;
+  });
 }
 
 // Issue 30, "a real profile per device type": a device type measured on
@@ -801,22 +790,15 @@ TEST(Planner, PerTypeLayerCostsKeepThePruningExact) {
 // WSP's memory check (docs/wsp.md, "Memory and wave"): the pushes a shard
 // may hold grow with sync.staleness; sync.wave adds nothing.
 TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNot) {
-  Profile p;
-  p.host_cores = 64;
-  p.fingerprint.reduce_mode = "exact";
-  p.runtime_bytes = 64 << 20;
-  for (int l = 0; l < 4; ++l) {
-    LayerCost c;
-    c.name = "l" + std::to_string(l);
+  Profile p = handProfile(4, [](size_t, LayerCost& c) {
     c.forward_s = c.backward_s = 0.01;
+    c.output_bytes = 0;
     c.params = 1 << 20;  // 4 MiB of weights a layer
     c.param_bytes = 4 * c.params;
     c.optimizer_bytes = 4 * c.params;  // momentum
     c.activation_bytes = 1 << 20;
-    p.layers.push_back(c);
-    p.fingerprint.layers.push_back(c.name);
-  }
-  p.allreduce_exact[2] = p.allreduce_float[2] = p.allreduce_max[2] = LinearFit{};
+  });
+  p.runtime_bytes = 64 << 20;
   PlanRequest rq;
   rq.workers = 2;
   rq.virtual_nodes = 4;
@@ -867,19 +849,10 @@ TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNo
 // not even ones: a VW 2x slower gets 1 of 4 VNs, and the clock is the fast
 // VW's 3 VNs instead of the slow one's 2 (6 VN-times -> 3 + 1 local step).
 TEST(PlannerWsp, TheVirtualWorkersGetTheRuntimesSpeedSizedShares) {
-  Profile p;
-  p.host_cores = 64;
-  p.fingerprint.reduce_mode = "exact";
-  for (int l = 0; l < 2; ++l) {
-    LayerCost c;
-    c.name = "l" + std::to_string(l);
+  const Profile p = handProfile(2, [](size_t, LayerCost& c) {
     c.forward_s = c.backward_s = 0.5;  // 2 s a VN
-    c.params = 10;
-    c.param_bytes = 40;
-    p.layers.push_back(c);
-    p.fingerprint.layers.push_back(c.name);
-  }
-  p.allreduce_exact[2] = p.allreduce_float[2] = p.allreduce_max[2] = LinearFit{};
+    c.output_bytes = 0;
+  });
   PlanRequest rq;
   rq.workers = 2;
   rq.virtual_nodes = 4;

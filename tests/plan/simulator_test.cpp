@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "hand_profiles.h"
 
 namespace morph {
 namespace {
@@ -11,23 +12,11 @@ namespace {
 // A profile of `layers` identical layers and free communication, on a host
 // with cores enough for every rank.
 Profile uniform(size_t layers, double f, double b, double rc) {
-  Profile p;
-  p.host_cores = 64;
-  p.fingerprint.reduce_mode = "exact";
-  for (size_t l = 0; l < layers; ++l) {
-    LayerCost c;
-    c.name = "l" + std::to_string(l);
+  return handProfile(layers, [&](size_t, LayerCost& c) {
     c.forward_s = c.forward_nograd_s = f;
     c.backward_s = b;
     c.recompute_s = rc;
-    c.output_bytes = 1000;
-    c.params = 10;
-    c.param_bytes = 40;
-    p.layers.push_back(c);
-    p.fingerprint.layers.push_back(c.name);
-  }
-  for (auto* m : {&p.allreduce_exact, &p.allreduce_float, &p.allreduce_max}) (*m)[2] = LinearFit{};
-  return p;
+  });
 }
 
 // One layer per stage, one replica of M VNs.
