@@ -405,9 +405,10 @@ PipelineMorpher::MorphTarget PipelineMorpher::morphTarget(int workers, int targe
 }
 
 // Growth: the rule grows whenever the workers at hand make a bigger shape;
-// the planner when its plan for them is predicted faster than the current
-// one by kGrowGain. Checked when the number of waiting workers changes and
-// every elastic.grow_interval seconds while some wait.
+// the planner when its cheapest plan for them, the state its morph moves
+// included, costs less over the next K steps than K steps of the current
+// plan by kGrowGain (morphPays()). Checked when the number of waiting
+// workers changes and every elastic.grow_interval seconds while some wait.
 bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, double now, int64_t steps_left) {
   constexpr double kGrowGain = 0.97;
   if (joiners == 0) {
