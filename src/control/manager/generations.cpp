@@ -289,7 +289,7 @@ MemberReport readReport(c10d::Store& store, const std::string& key) {
 
 }  // namespace
 
-GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
+GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step, int64_t steps_left) {
   const int64_t g = gen_ + 1;
   std::vector<int64_t> survivors;
   int64_t best = -1;
@@ -344,7 +344,8 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step) {
     auto measured = [this](const std::vector<int64_t>& ids, int stages) {
       return pstraggler_.shares(ids, stages, job_.virtual_nodes);
     };
-    plan.morph = pm_.publishMorph(plan.members, survivors, reports, waiting, target_, measured, plan.released);
+    plan.morph =
+        pm_.publishMorph(plan.members, survivors, reports, waiting, target_, measured, plan.released, steps_left);
   }
   const std::vector<int64_t>& next = plan.members;
   for (size_t r = 0; r < next.size(); ++r)
@@ -482,7 +483,7 @@ void Generations::forgetPast(c10d::Store& store) {
 // A running generation: starts a transition when a member posted ready or
 // left (a leave, or a failure a survivor saw first), when joiners can grow
 // it, or when a resize request shrinks it.
-void Generations::watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done) {
+void Generations::watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done, int64_t steps_left) {
   // Members bump "events" after posting ready/left: one read instead of
   // two per member.
   const int64_t events = store.add(keys::kEvents, 0);
@@ -502,7 +503,7 @@ void Generations::watchMembership(c10d::Store& store, const Clock& clock, bool a
   } else if (pm_.pipelined()) {
     // Grow when the workers at hand make a bigger shape (joiners, or a
     // larger --workers target); extra workers wait as spares.
-    if (pm_.shouldGrow(size, joiners, target_, clock.now())) {
+    if (pm_.shouldGrow(size, joiners, target_, clock.now(), steps_left)) {
       writeWant(store, gen_ + 1);
       startTransition(clock, resize_seq_ > 0 ? "request" : "join");
     } else if (size > target_) {

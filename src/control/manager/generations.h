@@ -69,7 +69,9 @@ class Generations {
   // or left, when waiting workers can grow it, or when a resize request
   // shrinks it. `all_steps_done` (the last step is committed): no growth
   // or shrink any more, the members are posting their results.
-  void watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done);
+  // `steps_left`: the job's steps to go (< 0: unknown), a pipeline morph's
+  // horizon (plan/morph_cost.h).
+  void watchMembership(c10d::Store& store, const Clock& clock, bool all_steps_done, int64_t steps_left = -1);
   // Every member still alive posted its result of the current generation
   // (its training loop ended). Also while a transition is under way: one
   // started as the last step committed (a resize request, a joiner) is
@@ -90,8 +92,9 @@ class Generations {
   void onDeath(c10d::Store& store, const Clock& clock, int64_t id, const std::string& why, bool all_steps_done);
   // The next generation, written under gen/<g>/plan and gen/current.
   // `next_step`: the first step whose metrics line the manager has not
-  // read. NoWorkerLeft when no member survived.
-  GenerationPlan publish(c10d::Store& store, int64_t next_step);
+  // read; `steps_left` as for watchMembership(). NoWorkerLeft when no
+  // member survived.
+  GenerationPlan publish(c10d::Store& store, int64_t next_step, int64_t steps_left = -1);
   // A committed step's metrics line: the longest time between two commits
   // (the regroup deadline's measure), stragglers, and the resize record
   // completed at its generation's first step.

@@ -284,9 +284,9 @@ void Manager::superviseGenerations() {
     } else if (g.inTransition()) {
       const Generations::Answered a = g.transitionComplete(store, clock_);
       for (const auto& d : a.stuck) markDead(d.id, d.why);
-      if (a.complete) g.publish(store, outputs_->nextStep());
+      if (a.complete) g.publish(store, outputs_->nextStep(), outputs_->stepsLeft());
     } else {
-      g.watchMembership(store, clock_, outputs_->allStepsDone(store));
+      g.watchMembership(store, clock_, outputs_->allStepsDone(store), outputs_->stepsLeft());
     }
     if (outputs_->resultsPosted(store, g)) return;
     if (!m.anyone() && g.current() >= 0) throw NoWorkerLeft("no worker is left");

@@ -5,6 +5,7 @@
 // pipeline's figures and trace) and the model hash. docs/outputs.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +45,9 @@ class Outputs {
   // Every step's metrics read.
   bool allStepsRead() const { return log_ && next_ == steps_; }
   int64_t nextStep() const { return next_; }
+  // Steps the job has still to commit, as far as the manager has read; -1
+  // before it knows the job's step count.
+  int64_t stepsLeft() const { return log_ ? std::max<int64_t>(0, steps_ - next_) : -1; }
   // Whether training is over: every step's metrics read and every member
   // still alive posted its result of this generation (Generations::resultsPosted).
   bool resultsPosted(c10d::Store& store, const Generations& g) const;

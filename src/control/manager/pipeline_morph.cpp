@@ -294,7 +294,60 @@ int64_t PipelineMorpher::morphMemoryCap() const {
   return cap;
 }
 
-PipelineMorpher::MorphTarget PipelineMorpher::morphTarget(int workers, int target_workers) {
+// The planner's plans a morph weighs: its best few by step time, of which
+// the one that costs least over the next K steps, its move included, is
+// taken (docs/planner.md, "Morph choices: what a morph moves").
+constexpr int kMorphPlans = 5;
+
+const std::vector<PipelineMorpher::MorphTarget>& PipelineMorpher::plannedTargets(int workers) {
+  auto it = planned_.find(workers);
+  if (it != planned_.end()) return it->second;
+  std::vector<MorphTarget>& out = planned_[workers];
+  if (workers <= 0) return out;
+  PlanRequest rq;
+  rq.workers = workers;
+  rq.virtual_nodes = job_.virtual_nodes;
+  rq.memory_cap_bytes = morphMemoryCap();
+  rq.top_k = kMorphPlans;
+  rq.sim = simOptionsFor(job_, false);
+  try {
+    for (const PlanChoice& c : planJob(*profile_, rq).plans) {
+      MorphTarget t;
+      t.by = "planner";
+      t.shape = {c.plan.stages, c.plan.replicas};
+      t.cuts = c.plan.cuts.empty() ? evenCuts(layer_names_.size(), 1) : c.plan.cuts;
+      t.schedule = toString(c.plan.schedule);
+      t.recompute = c.plan.recompute;
+      t.vn_shares = c.plan.vn_shares;
+      t.predicted_s = c.sim.step_seconds;
+      out.push_back(t);
+    }
+  } catch (const InputError& e) {  // no plan fits the memory cap
+    std::printf("morph: the planner finds no plan for %d workers: %s\n", workers, e.what());
+  }
+  return out;
+}
+
+MorphCostInput PipelineMorpher::costInput(std::vector<MorphCandidate> holders, int target_workers,
+                                          int64_t steps_left) const {
+  MorphCostInput in;
+  in.morph.candidates = std::move(holders);
+  in.morph.stages = pipeline_->stages;
+  in.morph.cuts = pipeline_->cuts;
+  in.morph.target = target_workers;
+  in.morph.virtual_nodes = job_.virtual_nodes;
+  // The profile's per-layer figures (parameters, optimiser state, buffers);
+  // the model's own where the profile does not name every layer.
+  in.morph.layer_bytes = profile_ && profile_->layers.size() == layer_names_.size() ? layerMoveBytes(*profile_)
+                                                                                     : layer_bytes_;
+  in.morph.tied = tied_layers_;
+  if (profile_) in.p2p = profile_->p2p;
+  in.horizon = morphHorizon(steps_left);
+  return in;
+}
+
+PipelineMorpher::MorphTarget PipelineMorpher::morphTarget(int workers, int target_workers,
+                                                          const MorphCostInput* at_hand) {
   workers = std::min(workers, target_workers);
   const size_t L = layer_names_.size();
   const int P = pipeline_->stages;
@@ -302,30 +355,34 @@ PipelineMorpher::MorphTarget PipelineMorpher::morphTarget(int workers, int targe
   const int64_t cap = morphMemoryCap();
   MorphTarget t;
   if (profile_) {
-    auto it = planned_.find(workers);
-    if (it != planned_.end()) return it->second;
-    t.by = "planner";
-    if (workers > 0) {
-      PlanRequest rq;
-      rq.workers = workers;
-      rq.virtual_nodes = job_.virtual_nodes;
-      rq.memory_cap_bytes = cap;
-      rq.top_k = 1;
-      rq.sim = simOptionsFor(job_, false);
-      try {
-        const PlanOutcome out = planJob(*profile_, rq);
-        const PlanChoice& best = out.plans.front();
-        t.shape = {best.plan.stages, best.plan.replicas};
-        t.cuts = best.plan.cuts.empty() ? evenCuts(L, 1) : best.plan.cuts;
-        t.schedule = toString(best.plan.schedule);
-        t.recompute = best.plan.recompute;
-        t.vn_shares = best.plan.vn_shares;
-        t.predicted_s = best.sim.step_seconds;
-      } catch (const InputError& e) {  // no plan fits the memory cap
-        std::printf("morph: the planner finds no plan for %d workers: %s\n", workers, e.what());
-      }
+    const std::vector<MorphTarget>& plans = plannedTargets(workers);
+    if (plans.empty()) {
+      t.by = "planner";
+      return t;
     }
-    planned_[workers] = t;
+    if (!at_hand) return plans.front();
+    std::vector<MorphCost> costs;
+    for (const MorphTarget& c : plans) costs.push_back(morphCost(*at_hand, c.shape, c.cuts, c.predicted_s));
+    const size_t i = cheapestMorph(costs);
+    t = plans[i];
+    t.cost = costs[i];
+    const MorphCost& c = costs[i];
+    char buf[320];
+    int n = std::snprintf(buf, sizeof buf, "the planner's cheapest of %zu plans over the next %lld steps: ",
+                          plans.size(), static_cast<long long>(c.horizon));
+    if (c.live)
+      n += std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), "moves %.1f MiB in %.1f ms + ",
+                         static_cast<double>(c.bytes_moved) / 1048576.0, c.move_seconds * 1e3);
+    else
+      n += std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), "%lld steps redone + ",
+                         static_cast<long long>(c.steps_redone));
+    n += std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), "%lld x %.2f ms = %.3f s",
+                       static_cast<long long>(c.horizon), c.step_seconds * 1e3, c.total_seconds);
+    if (i != 0)
+      std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n),
+                    " (the fastest step, %d x %d at %.2f ms, would cost %.3f s)", plans[0].shape.stages,
+                    plans[0].shape.replicas, plans[0].predicted_s * 1e3, costs[0].total_seconds);
+    t.figures = buf;
     return t;
   }
   // The rule: stages cut evenly unless the depth stays; each stage's
@@ -354,10 +411,11 @@ PipelineMorpher::MorphTarget PipelineMorpher::morphTarget(int workers, int targe
 }
 
 // Growth: the rule grows whenever the workers at hand make a bigger shape;
-// the planner when its plan for them is predicted faster than the current
-// one by kGrowGain. Checked when the number of waiting workers changes and
-// every elastic.grow_interval seconds while some wait.
-bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, double now) {
+// the planner when its cheapest plan for them, the state its morph moves
+// included, costs less over the next K steps than K steps of the current
+// plan by kGrowGain (morphPays()). Checked when the number of waiting
+// workers changes and every elastic.grow_interval seconds while some wait.
+bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, double now, int64_t steps_left) {
   constexpr double kGrowGain = 0.97;
   if (joiners == 0) {
     grow_joiners_ = 0;
@@ -367,9 +425,19 @@ bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, doub
   grow_joiners_ = joiners;
   grow_checked_ = now;
   const MorphShape cur = pipeline_->shape();
-  const MorphTarget could = morphTarget(size + joiners, target_workers);
-  if (could.shape.workers() == 0) return false;
-  if (!profile_) return could.shape.workers() > cur.workers();
+  if (!profile_) {
+    const MorphTarget could = morphTarget(size + joiners, target_workers);
+    return could.shape.workers() > 0 && could.shape.workers() > cur.workers();
+  }
+  // From the current placement: every member holds its stage at one step,
+  // the other workers at hand nothing. A growth never counts on a
+  // checkpoint (no checkpoint_step: a candidate that must reload one is
+  // not taken).
+  const MorphCostInput at_hand =
+      costInput(steadyHolders(cur.stages, cur.replicas, pipeline_->cuts, std::max(0, size + joiners - cur.workers())),
+                target_workers, steps_left);
+  const MorphTarget could = morphTarget(size + joiners, target_workers, &at_hand);
+  if (could.shape.workers() == 0 || !could.cost) return false;
   PlanSpec now_plan;
   now_plan.stages = cur.stages;
   now_plan.replicas = cur.replicas;
@@ -378,10 +446,12 @@ bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, doub
   now_plan.recompute = pipeline_->recompute;
   now_plan.vn_shares = pipeline_->replicaShares();
   const double now_s = simulate(*profile_, now_plan, simOptionsFor(job_, false)).step_seconds;
-  const bool faster = could.predicted_s < kGrowGain * now_s;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%d x %d predicted %.2f ms per step against %.2f ms now", could.shape.stages,
-                could.shape.replicas, could.predicted_s * 1e3, now_s * 1e3);
+  const bool faster = morphPays(*could.cost, now_s, kGrowGain);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%d x %d predicted %.2f ms per step against %.2f ms now; %s, against %lld x %.2f ms = %.3f s",
+                could.shape.stages, could.shape.replicas, could.predicted_s * 1e3, now_s * 1e3, could.figures.c_str(),
+                static_cast<long long>(could.cost->horizon), now_s * 1e3,
+                static_cast<double>(could.cost->horizon) * now_s);
   if (!faster && grow_said_ != buf) {
     std::printf("morph: %d workers at hand, %d waiting: the planner keeps %d x %d (%s)\n", size + joiners, joiners,
                 cur.stages, cur.replicas, buf);
@@ -393,7 +463,8 @@ bool PipelineMorpher::shouldGrow(int size, int joiners, int target_workers, doub
 PipelineMorph PipelineMorpher::publishMorph(std::vector<int64_t>& members, const std::vector<int64_t>& survivors,
                                    const std::map<int64_t, MemberReport>& reports,
                                            const std::vector<int64_t>& waiting, int target_workers,
-                                           const MeasuredShares& measured, std::vector<int64_t>& released) {
+                                           const MeasuredShares& measured, std::vector<int64_t>& released,
+                                           int64_t steps_left) {
   const double t0 = nowSeconds();
   MorphInput in;
   in.stages = pipeline_->stages;
@@ -414,7 +485,21 @@ PipelineMorph PipelineMorpher::publishMorph(std::vector<int64_t>& members, const
     in.candidates.push_back(c);
   }
   for (int64_t id : waiting) in.candidates.push_back({id, -1, 0, 0});
-  const MorphTarget target = morphTarget(static_cast<int>(in.candidates.size()), target_workers);
+  // The newest intact checkpoint, looked up (it is read and checked) only
+  // when some candidate or the morph itself cannot go live.
+  const std::string cdir = checkpointDir(o_, job_);
+  int64_t ck_step = -2;
+  auto checkpointStep = [&] {
+    if (ck_step == -2) ck_step = job_.checkpoint_every > 0 ? newestGoodCheckpoint(cdir) : -1;
+    return ck_step;
+  };
+  std::optional<MorphCostInput> at_hand;
+  if (profile_) {
+    at_hand = costInput(in.candidates, target_workers, steps_left);
+    at_hand->checkpoint_step = checkpointStep;
+  }
+  const MorphTarget target =
+      morphTarget(static_cast<int>(in.candidates.size()), target_workers, at_hand ? &*at_hand : nullptr);
   const MorphShape shape = target.shape;
   if (shape.workers() == 0)
     throw NoWorkerLeft("no pipeline shape fits the " + std::to_string(in.candidates.size()) + " workers left" +
@@ -451,8 +536,7 @@ PipelineMorph PipelineMorpher::publishMorph(std::vector<int64_t>& members, const
   } else {
     // Some layer has no holder at the newest step: every member reloads
     // from the newest checkpoint and the steps since are done again.
-    const std::string cdir = checkpointDir(o_, job_);
-    const int64_t ck = job_.checkpoint_every > 0 ? newestGoodCheckpoint(cdir) : -1;
+    const int64_t ck = checkpointStep();
     if (ck < 0)
       throw NoWorkerLeft("pipeline cannot morph: " + mp.why_not_live + ", and there is no checkpoint to restore it from");
     m.checkpoint = cdir + "/" + checkpointDirName(ck);
@@ -479,9 +563,11 @@ PipelineMorph PipelineMorpher::publishMorph(std::vector<int64_t>& members, const
   m.planning_seconds = nowSeconds() - t0;
   m.chosen_by = target.by;
   m.to_cuts = cuts;
-  std::string why = target.by == "planner" ? "the planner's choice, predicted " +
-                                                 std::to_string(target.predicted_s * 1e3).substr(0, 6) + " ms per step"
-                                           : "the rule";
+  std::string why = target.by != "planner" ? "the rule"
+                    : !target.figures.empty()
+                        ? target.figures
+                        : "the planner's choice, predicted " + std::to_string(target.predicted_s * 1e3).substr(0, 6) +
+                              " ms per step";
   if (schedule_changes) why += ", schedule " + target.schedule + (target.recompute ? " with recomputation" : "");
   std::printf("morph: pipeline morphs from %d stages x %d replicas to %d x %d (cut: %s; %s); %s\n", was.stages,
               was.replicas, shape.stages, shape.replicas, describeCuts(layer_names_, cuts).c_str(), why.c_str(),

@@ -23,6 +23,7 @@
 #include "core/job_spec.h"
 #include "data/dataset.h"
 #include "exec/schedule.h"
+#include "plan/morph_cost.h"
 #include "plan/morph_plan.h"
 #include "plan/profile.h"
 #include "plan/resources.h"
@@ -53,8 +54,11 @@ class PipelineMorpher {
 
   // Whether the pipeline should grow onto `joiners` waiting workers
   // (checked when their number changes and every elastic.grow_interval
-  // seconds while some wait; `now` on the manager's clock).
-  bool shouldGrow(int size, int joiners, int target_workers, double now);
+  // seconds while some wait; `now` on the manager's clock). With a profile,
+  // the morph's cost over the next K steps (`steps_left`: the job's steps
+  // to go, < 0 unknown; plan/morph_cost.h) against K steps of the current
+  // plan.
+  bool shouldGrow(int size, int joiners, int target_workers, double now, int64_t steps_left = -1);
   // VN shares per replica by measured speed for members in rank order
   // (PipelineStragglerWatch::shares), or none.
   using MeasuredShares =
@@ -63,9 +67,12 @@ class PipelineMorpher {
   // and the layers that move from `survivors` (their reports) and the
   // `waiting` workers. Sets `members` (by world rank) and the workers
   // released; NoWorkerLeft when no shape fits or nothing can restore it.
+  // With a profile, of the planner's best plans the cheapest over the next
+  // K steps (`steps_left` as for shouldGrow()).
   PipelineMorph publishMorph(std::vector<int64_t>& members, const std::vector<int64_t>& survivors,
                              const std::map<int64_t, MemberReport>& reports, const std::vector<int64_t>& waiting,
-                             int target_workers, const MeasuredShares& measured, std::vector<int64_t>& released);
+                             int target_workers, const MeasuredShares& measured, std::vector<int64_t>& released,
+                             int64_t steps_left = -1);
 
   // The pipeline's plan as summary.json names it (docs/planner.md).
   nlohmann::json planSummary() const {
@@ -85,8 +92,10 @@ class PipelineMorpher {
   std::string pipelineHash(const std::map<int, std::string>& stage_hashes);
 
  private:
-  // How a pipeline job runs on `workers` workers: the planner's best plan
-  // when the job has a profile (--plan auto), else the documented rule.
+  // How a pipeline job runs on `workers` workers: with a profile (--plan
+  // auto) of the planner's best plans the one that costs least over the
+  // next K steps from the workers `at_hand` (null: the fastest step), else
+  // the documented rule.
   struct MorphTarget {
     MorphShape shape;             // {0, 0}: nothing fits
     std::vector<size_t> cuts;
@@ -95,8 +104,16 @@ class PipelineMorpher {
     std::vector<int64_t> vn_shares;  // per replica; empty: even
     double predicted_s = 0;          // the planner's step time
     std::string by;                  // "planner" or "rule"
+    std::optional<MorphCost> cost;   // when chosen by its cost over K steps
+    std::string figures;             // that choice's figures, for the morph: lines
   };
-  MorphTarget morphTarget(int workers, int target_workers);
+  MorphTarget morphTarget(int workers, int target_workers, const MorphCostInput* at_hand = nullptr);
+  // The planner's best plans for `workers` workers, fastest step first
+  // (cached by worker count; empty: none fits).
+  const std::vector<MorphTarget>& plannedTargets(int workers);
+  // What a morph's cost is computed from: the workers `holders`, the
+  // profile's layer bytes and p2p fit, K from `steps_left`.
+  MorphCostInput costInput(std::vector<MorphCandidate> holders, int target_workers, int64_t steps_left) const;
   // The memory cap a morph's shape must fit (--memory-cap, or the smallest
   // device of a resources file); 0: none.
   int64_t morphMemoryCap() const;
@@ -119,7 +136,7 @@ class PipelineMorpher {
   // worker count, the rule's memory verdicts by (stages, replicas), and
   // when spares were last considered for growth.
   std::optional<Profile> profile_;
-  std::map<int, MorphTarget> planned_;
+  std::map<int, std::vector<MorphTarget>> planned_;
   std::map<std::pair<int, int>, bool> fits_;
   std::unique_ptr<Dataset> mem_train_;
   int grow_joiners_ = -1;
