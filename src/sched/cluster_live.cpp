@@ -70,8 +70,11 @@ std::string lastLine(const std::string& path) {
   return tail.substr(begin, end - begin);
 }
 
-// Processes of the process group `pgid` other than its leader (a job's
-// manager): the job's worker processes, read from /proc.
+// The job's worker processes (`morph worker ...`) in the process group
+// `pgid`, read from /proc. Not every process of the group: the manager's
+// worker zygote (control/manager/zygote.h) is a copy of `morph run` that
+// stays for the job's life, and counting it kept every shrink from ever
+// looking finished while the job ran.
 int workersInGroup(pid_t pgid) {
   int n = 0;
   std::error_code ec;
@@ -85,7 +88,10 @@ int workersInGroup(pid_t pgid) {
     std::string state;
     long ppid = 0, pgrp = 0;
     fields >> state >> ppid >> pgrp;
-    if (pgrp == pgid && std::stol(name) != pgid && state != "Z") ++n;
+    if (pgrp != pgid || std::stol(name) == pgid || state == "Z") continue;
+    const std::string cmd = readFile(e.path().string() + "/cmdline");  // argv, NUL-separated
+    const size_t arg1 = cmd.find('\0');
+    if (arg1 != std::string::npos && cmd.compare(arg1 + 1, 7, std::string("worker\0", 7)) == 0) ++n;
   }
   return n;
 }
