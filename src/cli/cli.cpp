@@ -20,6 +20,7 @@
 #include "core/job_spec.h"
 #include "core/sys.h"
 #include "models/export.h"
+#include "plan/resources.h"
 #include "sched/cluster_command.h"
 #include "sched/cluster_live.h"
 #include "status/status_server.h"
@@ -53,14 +54,56 @@ int runAndExport(morph::RunOptions run, const std::string& file) {
   return 0;
 }
 
+// A resources file's device types as cluster slot types (docs/cluster.md,
+// "Slot types"): the types that have devices, in the file's type order
+// (by name), each with its device count.
+std::vector<morph::sched::SlotType> slotTypesOf(const std::string& path) {
+  std::vector<morph::sched::SlotType> out;
+  if (path.empty()) return out;
+  const morph::Resources res = morph::readResources(path);
+  for (const auto& [name, t] : res.types) {
+    morph::sched::SlotType s;
+    s.name = name;
+    s.slowdown = t.slowdown;
+    s.memory_mib = static_cast<double>(t.memory_bytes) / 1048576.0;
+    for (const morph::Device& d : res.devices) s.count += d.type == name;
+    if (s.count > 0) out.push_back(s);
+  }
+  return out;
+}
+
+// Allocations by type the planner is asked about for one job, at most.
+constexpr int64_t kMaxTypedAllocations = 2000;
+
+// A job's speed from its profile: by worker count and, with slot types, by
+// slots per type (the planner on those devices).
+morph::sched::Speed plannedSpeed(const std::string& job, const std::string& profile, int max_workers,
+                                 const std::string& resources, const std::vector<morph::sched::SlotType>& types) {
+  std::map<std::vector<int>, double> by_type;
+  if (!types.empty()) {
+    std::vector<std::string> names;
+    std::vector<int> counts;
+    for (const auto& t : types) names.push_back(t.name), counts.push_back(t.count);
+    by_type = morph::plannedStepSecondsByType(job, profile, max_workers, resources, names, counts,
+                                              kMaxTypedAllocations);
+  }
+  return morph::sched::Speed(morph::plannedStepSeconds(job, profile, max_workers), by_type);
+}
+
 // What the cluster scheduler checks of a job file before queueing it (and
-// its planned step time when a profile is given).
+// its planned step time when a profile is given, by slot type with a
+// resources file).
 morph::sched::JobFacts validateJob(const std::string& path, const std::vector<std::string>& ov,
-                                   const std::string& profile) {
+                                   const std::string& profile, const std::string& resources = {},
+                                   const std::vector<morph::sched::SlotType>& types = {}) {
   const morph::JobSpec job = morph::loadJobFile(path, ov);
-  morph::sched::JobFacts f{job.name, job.steps, job.virtual_nodes, {}};
-  if (!profile.empty())
-    f.step_seconds = morph::plannedStepSeconds(path, profile, static_cast<int>(std::min<int64_t>(job.virtual_nodes, 32)));
+  morph::sched::JobFacts f{job.name, job.steps, job.virtual_nodes, {}, {}};
+  if (!profile.empty()) {
+    const morph::sched::Speed s =
+        plannedSpeed(path, profile, static_cast<int>(std::min<int64_t>(job.virtual_nodes, 32)), resources, types);
+    f.step_seconds = s.table();
+    f.step_seconds_by_type = s.byType();
+  }
   return f;
 }
 
@@ -86,20 +129,40 @@ int dispatch(morph::Invocation& inv) {
     case C::kStatus: return morph::runStatus(inv.ctl_join, inv.ctl_token_file);
     case C::kSlow: return morph::runSlow(inv.ctl_join, inv.slow_worker, inv.slow_factor, inv.ctl_token_file);
     case C::kView: return morph::runView(inv.view_dir, inv.view_status);
-    case C::kClusterSimulate:
-      inv.csim.resolve = morph::plannedStepSeconds;
-      return morph::sched::runClusterSimulate(inv.csim);
+    case C::kClusterSimulate: {
+      auto& csim = inv.csim;
+      csim.types = slotTypesOf(csim.resources);
+      csim.resolve = [&csim](const std::string& job, const std::string& profile, int max_workers,
+                             const std::vector<morph::sched::SlotType>& types) {
+        return plannedSpeed(job, profile, max_workers, csim.resources, types);
+      };
+      return morph::sched::runClusterSimulate(csim);
+    }
     case C::kClusterGenerate: return morph::sched::runClusterGenerate(inv.cgen);
     case C::kCluster: {
       auto& live = inv.live;
       if (live.slurm && live.slots < 1 && std::getenv("SLURM_NTASKS")) live.slots = std::atoi(std::getenv("SLURM_NTASKS"));
+      live.types = slotTypesOf(live.resources);
+      if (!live.types.empty()) {
+        if (live.slurm) throw morph::InputError("--resources " + live.resources + ": not with --slurm (slot types are local slots)");
+        int devices = 0;
+        for (const auto& t : live.types) devices += t.count;
+        if (live.slots == 0) live.slots = devices;
+        if (live.slots != devices)
+          throw morph::InputError("--resources " + live.resources + ": lists " + std::to_string(devices) +
+                                  " devices, but --slots is " + std::to_string(live.slots) + " (one slot per device)");
+      }
       if (live.slots < 1) throw morph::InputError("morph cluster needs --slots N (or a subcommand: simulate, generate)");
-      live.validate = validateJob;
+      live.validate = [&live](const std::string& path, const std::vector<std::string>& ov, const std::string& profile) {
+        return validateJob(path, ov, profile, live.resources, live.types);
+      };
       return morph::sched::runCluster(live);
     }
     case C::kSubmit:
       return morph::sched::runSubmit(inv.client, inv.submit_job, inv.submit_priority, inv.submit_demand,
-                                     inv.submit_overrides, inv.submit_profile, validateJob);
+                                     inv.submit_overrides, inv.submit_profile,
+                                     [](const std::string& path, const std::vector<std::string>& ov,
+                                        const std::string& profile) { return validateJob(path, ov, profile); });
     case C::kQueue: return morph::sched::runQueue(inv.client, inv.queue_json);
     case C::kCancel: return morph::sched::runCancel(inv.client, inv.cancel_id);
   }

@@ -173,11 +173,15 @@ int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
   cluster_cmd->add_option("--out", live.out, "output folder: token, address, queue.json, jobs/<id>/ (default runs/cluster)");
   cluster_cmd->add_option("--resize-seconds", live.resize_seconds, "resize cost the morph policy weighs (default 0.6)")
       ->check(CLI::Range(0.0, 1e6));
+  cluster_cmd->add_option("--resources", live.resources,
+                          "the slots' device types (docs/resources.md; one slot per device, host local)");
   cluster_cmd->add_flag("--slurm", live.slurm,
                         "inside a Slurm allocation: managers and workers as job steps (slots: SLURM_NTASKS)");
   auto* csim_cmd = cluster_cmd->add_subcommand("simulate", "run a trace of jobs under a policy in simulated time");
   csim_cmd->add_option("trace", csim.trace, "trace (JSON; morph cluster generate writes one)")->required();
-  csim_cmd->add_option("--slots", csim.slots, "worker slots")->required()->check(CLI::Range(1, 1 << 20));
+  csim_cmd->add_option("--slots", csim.slots, "worker slots (default: the devices of --resources)")
+      ->check(CLI::Range(1, 1 << 20));
+  csim_cmd->add_option("--resources", csim.resources, "the slots' device types (docs/resources.md; one slot per device)");
   csim_cmd->add_option("--policy", csim.policy, "fifo, wfs or morph (default morph)");
   csim_cmd->add_option("--resize-seconds", csim.resize_seconds,
                        "seconds a resized job makes no progress (default 0.6)")->check(CLI::Range(0.0, 1e6));

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <numeric>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -599,6 +600,54 @@ std::map<int, double> plannedStepSeconds(const std::string& job_path, const std:
     rq.top_k = 1;
     rq.sim = simOptionsFor(job, false);
     table[k] = planJob(prof, rq).plans.front().sim.step_seconds;
+  }
+  return table;
+}
+
+std::map<std::vector<int>, double> plannedStepSecondsByType(const std::string& job_path,
+                                                            const std::string& profile_path, int max_workers,
+                                                            const std::string& resources_path,
+                                                            const std::vector<std::string>& types,
+                                                            const std::vector<int>& counts, int64_t max_entries) {
+  const JobSpec job = loadJobFile(job_path);
+  const Profile prof = loadProfileFor(profile_path, job);
+  const Resources res = readResources(resources_path);
+  const auto speed = planningSpeeds(res, prof, job);
+  const int most = static_cast<int>(std::min<int64_t>(max_workers, job.virtual_nodes));
+  // Every allocation of 1..most slots within the counts, odometer order.
+  std::vector<std::vector<int>> all;
+  std::vector<int> x(types.size(), 0);
+  for (;;) {
+    size_t d = 0;
+    for (; d < x.size(); ++d) {
+      if (x[d] < std::min(counts[d], most)) {
+        ++x[d];
+        break;
+      }
+      x[d] = 0;
+    }
+    if (d == x.size()) break;
+    const int sum = std::accumulate(x.begin(), x.end(), 0);
+    if (sum >= 1 && sum <= most) all.push_back(x);
+    if (static_cast<int64_t>(all.size()) > max_entries) return {};  // too many: the slowest-device rule
+  }
+  std::map<std::vector<int>, double> table;
+  for (const std::vector<int>& a : all) {
+    PlanRequest rq;
+    rq.virtual_nodes = job.virtual_nodes;
+    rq.top_k = 1;
+    rq.sim = simOptionsFor(job, false);
+    for (size_t t = 0; t < a.size(); ++t)
+      for (int k = 0; k < a[t]; ++k) {
+        rq.slot_slowdown.push_back(speed.at(types[t]));
+        rq.slot_memory.push_back(res.types.at(types[t]).memory_bytes);
+      }
+    rq.workers = static_cast<int>(rq.slot_slowdown.size());
+    try {
+      table[a] = planJob(prof, rq).plans.front().sim.step_seconds;
+    } catch (const InputError&) {
+      // No plan fits these devices' memory: the allocation stays unlisted.
+    }
   }
   return table;
 }

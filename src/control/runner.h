@@ -117,5 +117,16 @@ int runPlan(const PlanOptions& opts);
 // file and a profile (docs/cluster.md).
 std::map<int, double> plannedStepSeconds(const std::string& job_path, const std::string& profile_path,
                                          int max_workers);
+// The same by slots per device type of a resources file (docs/cluster.md,
+// "Slot types"): for every allocation of 1..max_workers slots (at most the
+// job's VNs) with at most counts[t] of types[t], the planner's best plan
+// on those devices (speed-weighted VN shares, pipelines, slow devices left
+// idle). An allocation no plan fits (memory) is left out; an empty table
+// when there would be more than max_entries allocations.
+std::map<std::vector<int>, double> plannedStepSecondsByType(const std::string& job_path,
+                                                            const std::string& profile_path, int max_workers,
+                                                            const std::string& resources_path,
+                                                            const std::vector<std::string>& types,
+                                                            const std::vector<int>& counts, int64_t max_entries);
 
 }  // namespace morph

@@ -16,9 +16,20 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
   PolicyOptions po;
   po.resize_seconds = o.resize_seconds;
   const auto policy = makePolicy(o.policy, po);  // before reading: a wrong name is cheap to report
-  const Trace trace = readTrace(o.trace, o.resolve);
+  int slots = o.slots;
+  if (!o.types.empty()) {
+    int devices = 0;
+    for (const SlotType& t : o.types) devices += t.count;
+    if (slots == 0) slots = devices;
+    if (slots != devices)
+      throw InputError("--resources " + o.resources + ": lists " + std::to_string(devices) + " devices, but --slots is " +
+                       std::to_string(slots) + " (one slot per device)");
+  }
+  if (slots < 1) throw InputError("morph cluster simulate needs --slots N or --resources FILE");
+  const Trace trace = readTrace(o.trace, o.resolve, o.types);
   SimConfig cfg;
-  cfg.slots = o.slots;
+  cfg.slots = slots;
+  cfg.types = o.types;
   cfg.policy = po;
   cfg.start_seconds = o.start_seconds;
   const ClusterSimResult r = simulateCluster(trace, *policy, cfg);
@@ -29,7 +40,11 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
                       {"start", j.start}, {"end", j.end}, {"jct_seconds", j.jct()},
                       {"queue_seconds", j.queued()}, {"resizes", j.resizes}, {"max_workers", j.max_workers}});
     json rows = json::array();
-    for (const AllocationRow& a : r.rows) rows.push_back({{"time", a.time}, {"workers", a.workers}});
+    for (const AllocationRow& a : r.rows) {
+      json row = {{"time", a.time}, {"workers", a.workers}};
+      if (!a.by_type.empty()) row["by_type"] = a.by_type;
+      rows.push_back(row);
+    }
     json doc = {{"policy", r.policy},
                 {"slots", r.slots},
                 {"jobs_count", r.jobs.size()},
@@ -46,11 +61,25 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
                 {"start_seconds", o.start_seconds},
                 {"jobs", jobs},
                 {"allocations", rows}};
+    if (!o.types.empty()) {
+      json types = json::array();
+      for (const SlotType& t : o.types)
+        types.push_back({{"name", t.name}, {"slowdown", t.slowdown}, {"count", t.count}});
+      doc["types"] = types;
+    }
     std::printf("%s\n", doc.dump().c_str());
     return 0;
   }
   std::printf("policy %s, %d slots, %zu jobs, resize cost %.3g s\n", r.policy.c_str(), r.slots, r.jobs.size(),
               o.resize_seconds);
+  std::string type_names;
+  for (const SlotType& t : o.types)
+    type_names += (type_names.empty() ? "" : "+") + t.name;
+  if (!o.types.empty()) {
+    std::printf("slot types        ");
+    for (const SlotType& t : o.types) std::printf(" %s x%d (slowdown %g)", t.name.c_str(), t.count, t.slowdown);
+    std::printf("\n");
+  }
   std::printf("makespan_seconds   %.1f\n", r.makespan_s);
   std::printf("mean_jct_seconds   %.1f\n", r.mean_jct_s);
   std::printf("median_jct_seconds %.1f\n", r.median_jct_s);
@@ -68,8 +97,14 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
   }
   // Allocation table: one row per decision that changed something, one
   // column per job (by #; '.' = no slots).
-  std::printf("\nallocations (slots per job # after each change; '.' none)\n%10s %5s ", "time", "used");
-  for (size_t i = 0; i < r.jobs.size(); ++i) std::printf("%3zu", i);
+  // With slot types a cell is the slots per type, joined by '+' (type order).
+  const int width = o.types.empty() ? 3 : int(2 * o.types.size());  // typed: one space before each cell
+  auto cellOut = [&](const std::string& cell) {
+    o.types.empty() ? std::printf("%3s", cell.c_str()) : std::printf(" %*s", width - 1, cell.c_str());
+  };
+  std::printf("\nallocations (slots per job # after each change%s; '.' none)\n%10s %5s ",
+              o.types.empty() ? "" : (", as " + type_names).c_str(), "time", "used");
+  for (size_t i = 0; i < r.jobs.size(); ++i) cellOut(std::to_string(i));
   std::printf("\n");
   size_t shown = 0;
   for (const AllocationRow& a : r.rows) {
@@ -78,7 +113,15 @@ int runClusterSimulate(const ClusterSimulateOptions& o) {
     int used = 0;
     for (int w : a.workers) used += w;
     std::printf("%10.1f %5d ", a.time, used);
-    for (int w : a.workers) w ? std::printf("%3d", w) : std::printf("%3s", ".");
+    for (size_t i = 0; i < a.workers.size(); ++i) {
+      std::string cell = ".";
+      if (a.workers[i] > 0 && a.by_type.empty()) cell = std::to_string(a.workers[i]);
+      if (a.workers[i] > 0 && !a.by_type.empty()) {
+        cell.clear();
+        for (int c : a.by_type[i]) cell += (cell.empty() ? "" : "+") + std::to_string(c);
+      }
+      cellOut(cell);
+    }
     std::printf("\n");
   }
   if (shown < r.rows.size())

@@ -12,7 +12,9 @@ namespace morph::sched {
 
 struct ClusterSimulateOptions {
   std::string trace;
-  int slots = 0;
+  int slots = 0;  // 0: the slot types' counts
+  std::string resources;         // the file the slot types came from (messages)
+  std::vector<SlotType> types;   // the slots' device types; empty: one type
   std::string policy = "morph";
   double resize_seconds = 0.6;
   double start_seconds = 0;

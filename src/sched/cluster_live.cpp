@@ -27,6 +27,8 @@
 #include <sstream>
 #include <thread>
 
+#include <numeric>
+
 #include "core/error.h"
 #include "core/token_file.h"
 #include "sched/policy.h"
@@ -70,8 +72,11 @@ std::string lastLine(const std::string& path) {
   return tail.substr(begin, end - begin);
 }
 
-// Processes of the process group `pgid` other than its leader (a job's
-// manager): the job's worker processes, read from /proc.
+// The job's worker processes (`morph worker ...`) in the process group
+// `pgid`, read from /proc. Not every process of the group: the manager's
+// worker zygote (control/manager/zygote.h) is a copy of `morph run` that
+// stays for the job's life, and counting it kept every shrink from ever
+// looking finished while the job ran.
 int workersInGroup(pid_t pgid) {
   int n = 0;
   std::error_code ec;
@@ -85,7 +90,10 @@ int workersInGroup(pid_t pgid) {
     std::string state;
     long ppid = 0, pgrp = 0;
     fields >> state >> ppid >> pgrp;
-    if (pgrp == pgid && std::stol(name) != pgid && state != "Z") ++n;
+    if (pgrp != pgid || std::stol(name) == pgid || state == "Z") continue;
+    const std::string cmd = readFile(e.path().string() + "/cmdline");  // argv, NUL-separated
+    const size_t arg1 = cmd.find('\0');
+    if (arg1 != std::string::npos && cmd.compare(arg1 + 1, 7, std::string("worker\0", 7)) == 0) ++n;
   }
   return n;
 }
@@ -186,6 +194,13 @@ struct LiveJob {
   bool cancel = false;
   Speed speed;  // from the job's profile (morph submit --profile)
   bool has_speed = false;
+  // With slot types: the type of each slot it holds, in its workers' rank
+  // order (`held` entries: a job that grows appends its new workers, one
+  // that shrinks releases its last ranks), the policy's slots per type,
+  // and the worker id its manager gives next (ids are taken in turn).
+  std::vector<int> types;
+  std::vector<int> desired_types;
+  int64_t next_worker_id = 0;
   // Slurm: the worker steps (their srun processes), the manager's address,
   // workers still to start once the port is known, and a grow waiting for
   // its new workers to register before the resize is asked.
@@ -382,9 +397,14 @@ class LiveCluster {
       // about a tenth of a core (bench/cluster_live_vs_sim.py).
       const bool shrinking = j.held > j.target && j.resize_pid < 0 && j.grow_to == 0 && j.observed == j.target;
       if (shrinking && (o_.slurm ? int(j.worker_steps.size()) : workersInGroup(j.pid)) <= j.target) {
-        j.held = j.target;
+        setHeld(j, j.target);
         changed = true;
       }
+    }
+    for (auto it = helpers_.begin(); it != helpers_.end();) {  // `morph slow` helpers
+      int st = 0;
+      if (::waitpid(*it, &st, WNOHANG) == *it) it = helpers_.erase(it);
+      else ++it;
     }
     if (dirty_) decide();
     changed |= apply();
@@ -413,6 +433,7 @@ class LiveCluster {
     endHelper(j.status_pid);
     j.ended = unixNow();
     j.held = j.target = j.desired = 0;
+    j.types.clear();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (j.cancel) {
       j.state = "cancelled";
@@ -435,6 +456,7 @@ class LiveCluster {
     ClusterView v;
     v.now = unixNow();
     v.slots = o_.slots;
+    v.types = o_.types;
     std::vector<LiveJob*> active;
     for (LiveJob& j : jobs_) {
       if (j.state != "queued" && j.state != "running") continue;
@@ -446,12 +468,92 @@ class LiveCluster {
       s.arrival = j.submitted;
       s.remaining_steps = double(std::max<int64_t>(1, j.steps - j.step_done));
       s.allocated = j.target;
+      if (!o_.types.empty()) s.held = typeCounts(j, j.target);
       s.speed = j.has_speed ? &j.speed : nullptr;
       v.jobs.push_back(s);
       active.push_back(&j);
     }
-    const std::vector<int> t = policy_->allocate(v);
-    for (size_t k = 0; k < active.size(); ++k) active[k]->desired = t[k];
+    const TypedTargets t = policy_->allocateTyped(v);
+    for (size_t k = 0; k < active.size(); ++k) {
+      active[k]->desired = std::accumulate(t[k].begin(), t[k].end(), 0);
+      active[k]->desired_types = t[k];
+    }
+  }
+
+  // Slot types: how many of its first `ranks` workers are of each type.
+  std::vector<int> typeCounts(const LiveJob& j, int ranks) const {
+    std::vector<int> c(o_.types.size(), 0);
+    for (int r = 0; r < ranks && r < int(j.types.size()); ++r) ++c[size_t(j.types[size_t(r)])];
+    return c;
+  }
+
+  // A job's held slots change: its last ranks' slots are released.
+  void setHeld(LiveJob& j, int held) {
+    j.held = held;
+    if (int(j.types.size()) > held) j.types.resize(size_t(held));
+  }
+
+  // Types for `more` new workers of j: what the policy asked of each type
+  // beyond what it holds, within the free slots of each type; then any
+  // free slot, fastest type first (a shrink releases a job's last ranks,
+  // which need not be the types the policy meant to free).
+  std::vector<int> pickTypes(const LiveJob& j, int more) const {
+    std::vector<int> free(o_.types.size());
+    for (size_t t = 0; t < o_.types.size(); ++t) free[t] = o_.types[t].count;
+    for (const LiveJob& o : jobs_)
+      for (int t : o.types) --free[size_t(t)];
+    const std::vector<int> have = typeCounts(j, int(j.types.size()));
+    std::vector<int> out;
+    for (size_t t = 0; t < o_.types.size() && int(out.size()) < more; ++t) {
+      const int want = t < j.desired_types.size() ? j.desired_types[t] - have[t] : 0;
+      for (int k = 0; k < want && free[t] > 0 && int(out.size()) < more; ++k, --free[t]) out.push_back(int(t));
+    }
+    std::vector<size_t> by_speed(o_.types.size());
+    std::iota(by_speed.begin(), by_speed.end(), size_t{0});
+    std::stable_sort(by_speed.begin(), by_speed.end(),
+                     [&](size_t a, size_t b) { return o_.types[a].slowdown < o_.types[b].slowdown; });
+    for (size_t t : by_speed)
+      for (; free[t] > 0 && int(out.size()) < more; --free[t]) out.push_back(int(t));
+    MORPH_CHECK_EQ(int(out.size()), more);
+    // Fastest first: a later shrink releases the last ranks, the slowest.
+    std::stable_sort(out.begin(), out.end(),
+                     [&](int a, int b) { return o_.types[size_t(a)].slowdown < o_.types[size_t(b)].slowdown; });
+    return out;
+  }
+
+  // The job's resources file (docs/resources.md): one local device per
+  // worker, of the types it starts on, so that `morph run --resources`
+  // emulates their slowdowns.
+  std::string writeJobResources(const LiveJob& j) const {
+    std::string text = "# written by morph cluster: the slot types job " + std::to_string(j.id) + " started on\n";
+    for (const SlotType& t : o_.types) {
+      char line[256];
+      std::snprintf(line, sizeof line, "[types.%s]\nmemory_mib = %.17g\nslowdown = %.17g\n", t.name.c_str(),
+                    std::max(1.0, t.memory_mib), t.slowdown);
+      text += line;
+    }
+    for (int t : j.types) text += "[[devices]]\ntype = \"" + o_.types[size_t(t)].name + "\"\nhost = \"local\"\ncount = 1\n";
+    const std::string path = j.dir + "/resources.toml";
+    writeFileAtomic(path, text, 0644);
+    return path;
+  }
+
+  // Workers that join a typed job later run at its slot's emulated speed
+  // through `morph slow` (the job's resources file lists only the workers
+  // it started with; the manager gives later ones the next ids in turn).
+  void slowNewWorkers(LiveJob& j, size_t from_rank) {
+    for (size_t r = from_rank; r < j.types.size(); ++r) {
+      const int64_t id = j.next_worker_id++;
+      const double f = o_.types[size_t(j.types[r])].slowdown;
+      if (f == 1.0) continue;
+      char factor[32];
+      std::snprintf(factor, sizeof factor, "%.17g", f);
+      // The worker must have registered first: retried for up to 30 s.
+      helpers_.push_back(spawn({"sh", "-c", "for i in $(seq 150); do \"$@\" && exit 0; sleep 0.2; done; exit 1", "slow",
+                                o_.self_exe, "slow", "--join", j.host + ":" + std::to_string(j.port), "--worker",
+                                std::to_string(id), "--factor", factor, "--token-file", j.dir + "/token"},
+                               o_.out + "/slow.log"));
+    }
   }
 
   // Shrinks first; starts and grows only within the slots no job holds.
@@ -479,6 +581,7 @@ class LiveCluster {
       if (a.kind == SlotAction::kShrink) {
         changed |= resize(*j, a.workers);
       } else if (a.kind == SlotAction::kStart) {
+        if (!o_.types.empty()) j->types = pickTypes(*j, a.workers);
         start(*j, a.workers);
         changed = true;
       } else {
@@ -493,8 +596,12 @@ class LiveCluster {
           j->held = j->desired;
           slurmTick(*j);
           changed = true;
-        } else {
-          changed |= resize(*j, a.workers);
+        } else if (resize(*j, a.workers) && !o_.types.empty()) {
+          const size_t from = j->types.size();
+          const std::vector<int> more = pickTypes(*j, a.workers - int(from));
+          j->types.insert(j->types.end(), more.begin(), more.end());
+          slowNewWorkers(*j, from);
+          changed = true;
         }
       }
     }
@@ -514,6 +621,8 @@ class LiveCluster {
       j.to_launch = workers;
     }
     for (const auto& s : j.overrides) args.insert(args.end(), {"--set", s});
+    if (!o_.types.empty()) args.insert(args.end(), {"--resources", writeJobResources(j)});
+    j.next_worker_id = workers;
     j.pid = spawn(args, j.log);
     j.state = "running";
     j.started = unixNow();
@@ -548,7 +657,7 @@ class LiveCluster {
       std::printf("morph: job %lld: resize to %d failed (%s/resize.log); retried at the next event\n",
                   static_cast<long long>(j.id), j.resize_to, o_.out.c_str());
       j.desired = j.target;
-      j.held = std::max(j.target, j.observed);
+      setHeld(j, std::max(j.target, j.observed));
     } else {
       std::printf("morph: job %lld resized %d -> %d workers\n", static_cast<long long>(j.id), j.target, j.resize_to);
       j.target = j.resize_to;
@@ -656,6 +765,7 @@ class LiveCluster {
   std::condition_variable cv_;
   bool dirty_ = false;
   std::vector<LiveJob> jobs_;
+  std::vector<pid_t> helpers_;  // `morph slow` processes not yet reaped
 };
 
 // --- clients ---------------------------------------------------------------

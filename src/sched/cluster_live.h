@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "sched/policy.h"
+
 namespace morph::sched {
 
 // What the scheduler needs of a job file (validated: InputError otherwise).
@@ -33,6 +35,9 @@ struct JobFacts {
   // planner's best plan on each), the morph policy's speed for the job;
   // empty: taken as linear.
   std::map<int, double> step_seconds;
+  // With a profile and slot types: seconds per step by slots per type (the
+  // planner's best plan on those devices; Speed's by-type table).
+  std::map<std::vector<int>, double> step_seconds_by_type;
 };
 using JobValidator = std::function<JobFacts(const std::string& path, const std::vector<std::string>& overrides,
                                             const std::string& profile)>;
@@ -45,6 +50,11 @@ struct LiveClusterOptions {
   std::string out = "runs/cluster";
   std::string self_exe;  // the morph binary that runs the jobs
   double resize_seconds = 0.6;
+  // The slots' device types (a resources file, docs/resources.md); empty:
+  // one type. A job started on slots of these types runs with their
+  // emulated slowdowns (`morph run --resources`, a file written per job).
+  std::string resources;
+  std::vector<SlotType> types;
   JobValidator validate;
   // Inside a Slurm allocation (salloc/sbatch): each job's manager is a job
   // step (`srun --nodes=1 --ntasks=1 --overlap`, on the allocation's first

@@ -43,7 +43,8 @@ double numberField(const json& o, const char* key, const std::string& where, con
 
 }  // namespace
 
-Trace traceFromJson(const std::string& text, const std::string& origin, const ProfileResolver& resolve) {
+Trace traceFromJson(const std::string& text, const std::string& origin, const ProfileResolver& resolve,
+                    const std::vector<SlotType>& types) {
   json doc;
   try {
     doc = json::parse(text);
@@ -103,19 +104,19 @@ Trace traceFromJson(const std::string& text, const std::string& origin, const Pr
         const std::filesystem::path q(p);
         return (q.is_absolute() || base.empty() ? q : base / q).string();
       };
-      j.speed = Speed(resolve(rel(o["job"].get<std::string>()), rel(o["profile"].get<std::string>()), j.demand));
+      j.speed = resolve(rel(o["job"].get<std::string>()), rel(o["profile"].get<std::string>()), j.demand, types);
     }
     trace.jobs.push_back(std::move(j));
   }
   return trace;
 }
 
-Trace readTrace(const std::string& path, const ProfileResolver& resolve) {
+Trace readTrace(const std::string& path, const ProfileResolver& resolve, const std::vector<SlotType>& types) {
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot read the trace");
   std::stringstream ss;
   ss << in.rdbuf();
-  return traceFromJson(ss.str(), path, resolve);
+  return traceFromJson(ss.str(), path, resolve, types);
 }
 
 std::string traceToJson(const Trace& trace) {
@@ -172,6 +173,18 @@ Trace generateTrace(const TraceGenOptions& o) {
 
 ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const SimConfig& cfg) {
   if (cfg.slots < 1) throw InputError("--slots: expected at least 1");
+  ClusterView shape;  // the slots and their types
+  shape.slots = cfg.slots;
+  shape.types = cfg.types;
+  const std::vector<SlotType> types = shape.slotTypes();
+  const size_t nt = types.size();
+  {
+    int sum = 0;
+    for (const SlotType& t : types) sum += t.count;
+    if (sum != cfg.slots)
+      throw InputError("slot types: their counts sum to " + std::to_string(sum) + ", not the " +
+                       std::to_string(cfg.slots) + " slots");
+  }
   const size_t n = trace.jobs.size();
   for (size_t i = 0; i < n; ++i)
     if (trace.jobs[i].demand > cfg.slots)
@@ -181,6 +194,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
   struct Live {
     double remaining = 0;
     int workers = 0;
+    std::vector<int> held;  // slots per type, summing to workers
     double paused_until = -1;
     bool arrived = false, started = false, done = false;
   };
@@ -189,6 +203,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
   for (size_t i = 0; i < n; ++i) {
     by_arrival[i] = i;
     live[i].remaining = double(trace.jobs[i].steps);
+    live[i].held.assign(nt, 0);
   }
   std::stable_sort(by_arrival.begin(), by_arrival.end(),
                    [&](size_t a, size_t b) { return trace.jobs[a].arrival < trace.jobs[b].arrival; });
@@ -205,7 +220,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
     r.jobs[i].arrival = j.arrival;
   }
   const double inf = std::numeric_limits<double>::infinity();
-  auto rate = [&](size_t i) { return trace.jobs[i].speed.stepsPerSecond(live[i].workers); };
+  auto rate = [&](size_t i) { return trace.jobs[i].speed.stepsPerSecond(live[i].held, types); };
   auto finishAt = [&](size_t i, double now) {
     const double rt = rate(i);
     return rt > 0 ? std::max(now, live[i].paused_until) + live[i].remaining / rt : inf;
@@ -214,7 +229,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
   const double t0 = n ? trace.jobs[by_arrival[0]].arrival : 0;
   double now = t0, slot_seconds = 0, decision_sum = 0;
   size_t next_arrival = 0, finished = 0;
-  std::vector<int> last_row(n, 0);
+  std::vector<std::vector<int>> last_row(n, std::vector<int>(nt, 0));
   while (finished < n) {
     // The next event: an arrival or the first completion.
     double t_next = next_arrival < n ? trace.jobs[by_arrival[next_arrival]].arrival : inf;
@@ -238,6 +253,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
       if (live[i].workers > 0 && live[i].remaining <= 1e-9 * double(trace.jobs[i].steps)) {
         live[i].done = true;
         live[i].workers = 0;
+        live[i].held.assign(nt, 0);
         r.jobs[i].end = now;
         ++finished;
       }
@@ -248,6 +264,7 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
     ClusterView view;
     view.now = now;
     view.slots = cfg.slots;
+    view.types = cfg.types;
     std::vector<size_t> ids;
     for (size_t i = 0; i < n; ++i)
       if (live[i].arrived && !live[i].done) {
@@ -258,26 +275,34 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
         s.arrival = trace.jobs[i].arrival;
         s.remaining_steps = std::max(live[i].remaining, 1e-9);
         s.allocated = live[i].workers;
+        if (!cfg.types.empty()) s.held = live[i].held;
         s.speed = &trace.jobs[i].speed;
         view.jobs.push_back(s);
         ids.push_back(i);
       }
     if (!ids.empty()) {
       const auto c0 = std::chrono::steady_clock::now();
-      const std::vector<int> target = policy.allocate(view);
+      const TypedTargets target = policy.allocateTyped(view);
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
       ++r.decisions;
       decision_sum += took;
       r.decision_max_s = std::max(r.decision_max_s, took);
       MORPH_CHECK_EQ(target.size(), ids.size());
       int sum = 0;
+      std::vector<int> by_type(nt, 0);
       for (size_t k = 0; k < ids.size(); ++k) {
         const size_t i = ids[k];
-        const int to = target[k];
+        MORPH_CHECK_EQ(target[k].size(), nt);
+        int to = 0;
+        for (size_t t = 0; t < nt; ++t) {
+          MORPH_CHECK(target[k][t] >= 0, std::string(policy.name()) + ": a negative target");
+          to += target[k][t];
+          by_type[t] += target[k][t];
+        }
         MORPH_CHECK(to >= 0 && to <= trace.jobs[i].demand, std::string(policy.name()) + ": target outside [0, demand]");
         MORPH_CHECK(!(live[i].workers > 0 && to == 0), std::string(policy.name()) + ": suspended a running job");
         sum += to;
-        if (to == live[i].workers) continue;
+        if (target[k] == live[i].held) continue;
         if (live[i].workers > 0) {
           // A resize: no progress while the job regroups (a pause still
           // running from an earlier resize starts again; a longer start-up
@@ -291,15 +316,18 @@ ClusterSimResult simulateCluster(const Trace& trace, const Policy& policy, const
           live[i].paused_until = now + cfg.start_seconds;
         }
         live[i].workers = to;
+        live[i].held = target[k];
         r.jobs[i].max_workers = std::max(r.jobs[i].max_workers, to);
       }
       MORPH_CHECK_LE(sum, cfg.slots);
+      for (size_t t = 0; t < nt; ++t) MORPH_CHECK_LE(by_type[t], types[t].count);
     }
     std::vector<int> row(n, 0);
-    for (size_t i = 0; i < n; ++i) row[i] = live[i].workers;
-    if (row != last_row) {
-      r.rows.push_back({now, row});
-      last_row = row;
+    std::vector<std::vector<int>> row_types(n);
+    for (size_t i = 0; i < n; ++i) row[i] = live[i].workers, row_types[i] = live[i].held;
+    if (row_types != last_row) {
+      r.rows.push_back({now, row, cfg.types.empty() ? std::vector<std::vector<int>>{} : row_types});
+      last_row = row_types;
     }
   }
   r.makespan_s = now - t0;

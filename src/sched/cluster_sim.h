@@ -31,17 +31,20 @@ struct Trace {
   std::vector<TraceJob> jobs;
 };
 
-// Seconds per step by worker count 1..max_workers of a job given as a job
-// file and a calibration profile (the planner's best plan on each count).
-using ProfileResolver =
-    std::function<std::map<int, double>(const std::string& job_file, const std::string& profile, int max_workers)>;
+// The speed of a job given as a job file and a calibration profile: seconds
+// per step by worker count 1..max_workers (the planner's best plan on each
+// count) and, with slot types, by slots per type (the planner's best plan
+// on those devices).
+using ProfileResolver = std::function<Speed(const std::string& job_file, const std::string& profile, int max_workers,
+                                            const std::vector<SlotType>& types)>;
 
 // Parses a trace (docs/cluster.md). InputError naming `origin`, the job
 // (jobs[i] and its name) and the key, with what was expected. A job given
 // as "job" and "profile" files (relative to the trace's folder) needs
-// `resolve`.
-Trace traceFromJson(const std::string& text, const std::string& origin, const ProfileResolver& resolve = {});
-Trace readTrace(const std::string& path, const ProfileResolver& resolve = {});
+// `resolve` (given `types`, the cluster's slot types, if any).
+Trace traceFromJson(const std::string& text, const std::string& origin, const ProfileResolver& resolve = {},
+                    const std::vector<SlotType>& types = {});
+Trace readTrace(const std::string& path, const ProfileResolver& resolve = {}, const std::vector<SlotType>& types = {});
 std::string traceToJson(const Trace& trace);  // pretty; traceFromJson reads it back
 
 // A seeded synthetic trace: Poisson arrivals, priorities uniform from
@@ -61,6 +64,10 @@ Trace generateTrace(const TraceGenOptions& options);
 
 struct SimConfig {
   int slots = 8;
+  // The slots' types (counts summing to `slots`; docs/cluster.md, "Slot
+  // types"); empty: one type. A job's rate is its speed on the slots it
+  // holds of each type (Speed::stepsPerSecond).
+  std::vector<SlotType> types;
   PolicyOptions policy;  // resize_seconds: the pause of a resized job
   double start_seconds = 0;  // a started job's start-up (processes, data) before its first step
 };
@@ -80,6 +87,7 @@ struct JobOutcome {
 struct AllocationRow {
   double time = 0;
   std::vector<int> workers;
+  std::vector<std::vector<int>> by_type;  // with slot types: each job's slots per type
 };
 
 struct ClusterSimResult {

@@ -73,6 +73,43 @@ assert abs(jct - 1000 * step) <= 1e-9 * jct, (jct, 1000 * step)
 print("profile job ok", jct)
 PY
 
+# Slot types (a resources file): 1 fast slot and 1 three times slower. The
+# job's speed on each allocation is the planner's on those devices: fifo
+# (types unknown to it) places it on both slots, as `morph plan --resources`
+# with both devices predicts; morph takes whichever of fast alone and
+# fast + slow the planner predicts faster (a tie to fewer slots).
+cat > sub/res.toml <<'TOML'
+[types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+slowdown = 3.0
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+"$MORPH" cluster simulate sub/t.json --resources sub/res.toml --policy fifo --json > typed-fifo.out
+"$MORPH" cluster simulate sub/t.json --resources sub/res.toml --policy morph --json > typed-morph.out
+"$MORPH" plan sub/job.toml --profile sub/prof.json --resources sub/res.toml --top 1 --json > plan-both.out
+"$MORPH" plan sub/job.toml --profile sub/prof.json --workers 1 --top 1 --json > plan-fast.out
+python3 - <<'PY'
+import json
+both = json.load(open("plan-both.out"))["plans"][0]["step_seconds"]
+fast = json.load(open("plan-fast.out"))["plans"][0]["step_seconds"]
+f = json.load(open("typed-fifo.out"))
+m = json.load(open("typed-morph.out"))
+assert [t["name"] for t in f["types"]] == ["fast", "slow"], f["types"]
+assert f["allocations"][0]["by_type"] == [[1, 1]], f["allocations"][0]
+assert abs(f["jobs"][0]["jct_seconds"] - 1000 * both) <= 1e-9 * 1000 * both, (f["jobs"][0], both)
+best = min(fast, both)
+assert abs(m["jobs"][0]["jct_seconds"] - 1000 * best) <= 1e-9 * 1000 * best, (m["jobs"][0], fast, both)
+assert m["allocations"][0]["by_type"] == [[1, 1] if both < fast * (1 - 1e-12) else [1, 0]], (m["allocations"][0], fast, both)
+print("slot types ok: fast alone %.3g ms, fast + slow %.3g ms per step" % (fast * 1e3, both * 1e3))
+PY
+
 # Bad input: exit 2, the file, the job and the key named.
 expect2() {  # expect2 PATTERN ARGS...
   local pattern=$1; shift
@@ -87,4 +124,6 @@ sed 's/"priority": 1, "demand": 2/"priority": 1, "demand": "two"/' vf.json > bad
 expect2 "bad.json: jobs[0] (A).demand: expected an integer worker count >= 1" cluster simulate bad.json --slots 8
 sed 's/"job.toml"/"missing.toml"/' sub/t.json > sub/bad.json
 expect2 "missing.toml" cluster simulate sub/bad.json --slots 2
+expect2 "lists 2 devices, but --slots is 3" cluster simulate sub/t.json --slots 3 --resources sub/res.toml
+expect2 "needs --slots N or --resources FILE" cluster simulate vf.json
 echo PASS

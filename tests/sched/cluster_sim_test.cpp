@@ -190,17 +190,69 @@ TEST(ClusterSim, TraceErrorsNameTheFileTheJobAndTheKey) {
 TEST(ClusterSim, JobFilesGoThroughTheResolverRelativeToTheTrace) {
   std::string seen_job, seen_profile;
   int seen_max = 0;
-  const ProfileResolver resolve = [&](const std::string& j, const std::string& p, int max) {
-    seen_job = j, seen_profile = p, seen_max = max;
-    return std::map<int, double>{{1, 2.0}, {2, 1.5}};
+  size_t seen_types = 0;
+  const ProfileResolver resolve = [&](const std::string& j, const std::string& p, int max,
+                                      const std::vector<SlotType>& types) {
+    seen_job = j, seen_profile = p, seen_max = max, seen_types = types.size();
+    return Speed({{1, 2.0}, {2, 1.5}}, {{{1, 1}, 1.2}});
   };
+  SlotType fast, slow;
+  fast.name = "fast", fast.count = 1;
+  slow.name = "slow", slow.slowdown = 2, slow.count = 1;
   const Trace t = traceFromJson(
       R"({"jobs": [{"name": "a", "arrival": 0, "priority": 1, "demand": 2, "steps": 10, "job": "j.toml", "profile": "/abs/p.json"}]})",
-      "dir/t.json", resolve);
+      "dir/t.json", resolve, {fast, slow});
   EXPECT_EQ(seen_job, "dir/j.toml");
   EXPECT_EQ(seen_profile, "/abs/p.json");
   EXPECT_EQ(seen_max, 2);
+  EXPECT_EQ(seen_types, 2u);
   EXPECT_DOUBLE_EQ(t.jobs[0].speed.stepsPerSecond(2), 1 / 1.5);
+  EXPECT_DOUBLE_EQ(t.jobs[0].speed.stepsPerSecond({1, 1}, {fast, slow}), 1 / 1.2);
+}
+
+// Slot types in the simulator, worked by hand. A (priority 10) and B
+// (priority 1) arrive at 0, 100 steps each, linear (2 steps/s on 2 slots of
+// slowdown 1), demand 2; 2 fast slots (slowdown 1) and 2 slow (2); no
+// resize or start-up cost.
+//  - morph: A on the fast pair (2 steps/s) ends at 50; B on the slow pair
+//    (1 step/s) has 50 left then, moves to the fast pair (2 steps/s) and
+//    ends at 75. Mean JCT 62.5 s, whichever type is listed first.
+//  - fifo (types unknown to it) with the slow slots listed first: A on the
+//    slow pair ends at 100, B on the fast pair at 50. Mean 75 s.
+TEST(ClusterSim, SlotTypesByHand) {
+  Trace t;
+  for (int i = 0; i < 2; ++i) {
+    TraceJob j;
+    j.name = i == 0 ? "A" : "B";
+    j.priority = i == 0 ? 10 : 1;
+    j.demand = 2;
+    j.steps = 100;
+    j.speed = Speed({{1, 1.0}, {2, 0.5}});
+    t.jobs.push_back(j);
+  }
+  SlotType fast, slow;
+  fast.name = "fast", fast.count = 2;
+  slow.name = "slow", slow.slowdown = 2, slow.count = 2;
+  SimConfig cfg;
+  cfg.slots = 4;
+  cfg.policy.resize_seconds = 0;
+  for (const auto& types : {std::vector<SlotType>{fast, slow}, std::vector<SlotType>{slow, fast}}) {
+    cfg.types = types;
+    const ClusterSimResult m = simulateCluster(t, *makePolicy("morph", cfg.policy), cfg);
+    EXPECT_NEAR(m.jobs[0].end, 50, 1e-9) << types[0].name;
+    EXPECT_NEAR(m.jobs[1].end, 75, 1e-9) << types[0].name;
+    EXPECT_EQ(m.jobs[1].resizes, 1);
+    EXPECT_NEAR(m.mean_jct_s, 62.5, 1e-9);
+    ASSERT_FALSE(m.rows.empty());
+    EXPECT_EQ(m.rows.front().by_type.size(), 2u);
+  }
+  cfg.types = {slow, fast};
+  const ClusterSimResult f = simulateCluster(t, *makePolicy("fifo", cfg.policy), cfg);
+  EXPECT_NEAR(f.jobs[0].end, 100, 1e-9);
+  EXPECT_NEAR(f.jobs[1].end, 50, 1e-9);
+  EXPECT_NEAR(f.mean_jct_s, 75, 1e-9);
+  cfg.types = {fast};  // counts that do not add up to the slots
+  EXPECT_THROW(simulateCluster(t, *makePolicy("morph", cfg.policy), cfg), InputError);
 }
 
 TEST(ClusterSim, GeneratorIsSeededAndDrawsTheIssuesDistributions) {

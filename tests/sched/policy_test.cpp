@@ -136,6 +136,193 @@ TEST(ClusterPolicy, SpeedInterpolatesTheRateAndRejectsBadTables) {
   EXPECT_THROW(Speed({{1, std::nan("")}}), InputError);
 }
 
+// Slot types (a resources file's device types). Each job's rate on an
+// allocation: its table's rate on the slot count over the largest slowdown
+// among its slots (even VN shares: the slowest device bounds the step),
+// unless its speed lists that allocation (the planner's).
+SlotType slotType(const std::string& name, double slowdown, int count) {
+  SlotType t;
+  t.name = name;
+  t.slowdown = slowdown;
+  t.count = count;
+  return t;
+}
+
+// Both listing orders of 2 fast (slowdown 1) and 2 slow (slowdown 2) slots,
+// so that a placement that ignores the types cannot pass by the order.
+std::vector<std::vector<SlotType>> fastAndSlow(int fast, int slow) {
+  return {{slotType("fast", 1, fast), slotType("slow", 2, slow)}, {slotType("slow", 2, slow), slotType("fast", 1, fast)}};
+}
+
+// Slots per type in the order fast, slow, whatever the view's order.
+std::vector<std::vector<int>> fastSlow(const ClusterView& v, const TypedTargets& a) {
+  std::vector<std::vector<int>> out;
+  const bool fast_first = v.types[0].name == "fast";
+  for (const auto& x : a) out.push_back(fast_first ? x : std::vector<int>{x[1], x[0]});
+  return out;
+}
+
+TypedTargets runTyped(const std::string& policy, const ClusterView& v, PolicyOptions o = {}) {
+  return makePolicy(policy, o)->allocateTyped(v);
+}
+
+// A (priority 10) and B (priority 1), both linear, demand 2, 100 steps
+// left; 2 fast + 2 slow slots. Progress (priority x steps/s / steps left):
+//   A fast-fast, B slow-slow: 10 x 2/100 + 1 x 1/100 = 0.21
+//   A fast-slow, B fast-slow: 10 x 1/100 + 1 x 1/100 = 0.11
+//   A slow-slow, B fast-fast: 10 x 1/100 + 1 x 2/100 = 0.12
+TEST(ClusterPolicyTypes, MorphGivesTheFastSlotsToTheHigherPriority) {
+  for (const auto& types : fastAndSlow(2, 2)) {
+    ClusterView v;
+    v.slots = 4;
+    v.types = types;
+    v.jobs = {job(0, 10, 2, 0.0), job(1, 1, 2, 1.0)};
+    EXPECT_EQ(fastSlow(v, runTyped("morph", v)), (std::vector<std::vector<int>>{{2, 0}, {0, 2}}))
+        << "types listed " << types[0].name << " first";
+    EXPECT_EQ(run("morph", v), (std::vector<int>{2, 2}));
+  }
+  // fifo and wfs know no types: they place in listing order, so with the
+  // slow slots listed first the priority-10 job gets them.
+  ClusterView v;
+  v.slots = 4;
+  v.types = fastAndSlow(2, 2)[1];
+  v.jobs = {job(0, 10, 2, 0.0), job(1, 1, 2, 1.0)};
+  EXPECT_EQ(fastSlow(v, runTyped("fifo", v)), (std::vector<std::vector<int>>{{0, 2}, {2, 0}}));
+  EXPECT_EQ(fastSlow(v, runTyped("wfs", v)), (std::vector<std::vector<int>>{{0, 2}, {2, 0}}));
+}
+
+// Equal priority and work left; A scales poorly (1.2x on 2 workers), B
+// linearly, both demand 2; 2 fast + 2 slow slots. Steps/s, summed:
+//   A slow-slow 1.2/2 = 0.6, B fast-fast 2    -> 2.6 (the answer)
+//   A fast-fast 1.2,         B slow-slow 2/2  -> 2.2
+//   A fast,                  B fast (slow idle) -> 2.0 (greedy on one slot at a time stops here)
+//   A fast-slow 1.2/2,       B fast-slow 2/2  -> 1.6
+TEST(ClusterPolicyTypes, MorphPutsTheJobThatScalesOnTheFastSlots) {
+  const Speed a({{1, 1.0}, {2, 1.0 / 1.2}});
+  for (const auto& types : fastAndSlow(2, 2)) {
+    ClusterView v;
+    v.slots = 4;
+    v.types = types;
+    v.jobs = {job(0, 1, 2, 0.0, 100, 0, &a), job(1, 1, 2, 1.0)};
+    EXPECT_EQ(fastSlow(v, runTyped("morph", v)), (std::vector<std::vector<int>>{{0, 2}, {2, 0}}))
+        << "types listed " << types[0].name << " first";
+  }
+}
+
+// One linear job of demand 3 on 2 fast + 1 slow: fast-fast gives 2 steps/s,
+// fast-fast-slow 3/2 = 1.5: the slow slot would slow it down, so it stays
+// free, and a second (queued, lower-priority) job gets it.
+TEST(ClusterPolicyTypes, MorphKeepsASlowSlotOffAJobItWouldSlowDown) {
+  for (const auto& types : fastAndSlow(2, 1)) {
+    ClusterView v;
+    v.slots = 3;
+    v.types = types;
+    v.jobs = {job(0, 10, 3, 0.0)};
+    EXPECT_EQ(fastSlow(v, runTyped("morph", v)), (std::vector<std::vector<int>>{{2, 0}}));
+    v.jobs.push_back(job(1, 1, 1, 1.0));
+    EXPECT_EQ(fastSlow(v, runTyped("morph", v)), (std::vector<std::vector<int>>{{2, 0}, {0, 1}}));
+  }
+}
+
+// A speed that lists an allocation (the planner's, with VN shares weighted
+// by speed) overrides the slowest-device rule: on 1 fast + 1 slow a step
+// takes 0.6 s instead of 1 s, so the job takes both slots; without that
+// entry both slots run as slowly as one fast one and the tie goes to
+// fewer slots.
+TEST(ClusterPolicyTypes, APlannedTableByTypeOverridesTheSlowestDeviceRule) {
+  const Speed plain({{1, 1.0}, {2, 0.5}});
+  const Speed planned({{1, 1.0}, {2, 0.5}}, {{{1, 1}, 0.6}});
+  const std::vector<SlotType> types{slotType("fast", 1, 1), slotType("slow", 2, 1)};
+  EXPECT_DOUBLE_EQ(plain.stepsPerSecond({1, 1}, types), 1.0);
+  EXPECT_DOUBLE_EQ(planned.stepsPerSecond({1, 1}, types), 1.0 / 0.6);
+  EXPECT_DOUBLE_EQ(planned.stepsPerSecond({0, 1}, types), 0.5);  // not listed: the rule
+  ClusterView v;
+  v.slots = 2;
+  v.types = types;
+  v.jobs = {job(0, 1, 2, 0.0, 100, 0, &plain)};
+  EXPECT_EQ(runTyped("morph", v), (TypedTargets{{1, 0}}));
+  v.jobs = {job(0, 1, 2, 0.0, 100, 0, &planned)};
+  EXPECT_EQ(runTyped("morph", v), (TypedTargets{{1, 1}}));
+  EXPECT_THROW(Speed({{1, 1.0}}, {{{0, 0}, 1.0}}), InputError);
+  EXPECT_THROW(Speed({{1, 1.0}}, {{{1, 0}, -1.0}}), InputError);
+}
+
+// A running job on the 2 slow slots while 2 fast ones are free: moving to
+// them is a resize (a pause), made only when the gain pays for it.
+TEST(ClusterPolicyTypes, MorphMovesToFasterSlotsOnlyWhenTheGainPaysForTheResize) {
+  ClusterView v;
+  v.slots = 4;
+  v.types = fastAndSlow(2, 2)[0];
+  // 1000 steps left at 1 step/s on slow-slow: 1000 s to go.
+  JobState j = job(0, 1, 2, 0.0, 1000, 2);
+  j.held = {0, 2};
+  v.jobs = {j};
+  EXPECT_EQ(runTyped("morph", v, PolicyOptions{0.6}), (TypedTargets{{2, 0}}));
+  EXPECT_EQ(runTyped("morph", v, PolicyOptions{600}), (TypedTargets{{0, 2}}));  // 2 x 400 < 1 x 1000
+}
+
+// Random typed situations: every policy's targets by type sum to its
+// totals, stay within each type's count and the demands, and never
+// suspend a running job.
+TEST(ClusterPolicyTypes, InvariantsOnRandomTypedSituations) {
+  std::mt19937_64 rng(291);
+  const int prios[] = {1, 5, 10};
+  std::vector<Speed> speeds;
+  for (int i = 0; i < 8; ++i) {
+    std::map<int, double> t;
+    const double f = std::uniform_real_distribution<double>(0, 0.3)(rng);
+    for (int k = 1; k <= 12; ++k) t[k] = f + (1 - f) / k;
+    speeds.emplace_back(t);
+  }
+  for (int round = 0; round < 300; ++round) {
+    ClusterView v;
+    const int nt = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (int t = 0; t < nt; ++t) {
+      v.types.push_back(slotType("t" + std::to_string(t), 1 + double(rng() % 4),
+                                 std::uniform_int_distribution<int>(round % 7 == 0 ? 20 : 1, round % 7 == 0 ? 40 : 5)(rng)));
+      v.slots += v.types.back().count;
+    }
+    std::vector<int> free;
+    for (const auto& t : v.types) free.push_back(t.count);
+    const int n = std::uniform_int_distribution<int>(1, 8)(rng);
+    for (int i = 0; i < n; ++i) {
+      JobState j = job(i, prios[rng() % 3], std::uniform_int_distribution<int>(1, std::min(v.slots, 12))(rng),
+                       double(rng() % 100), 1 + double(rng() % 1000), 0, &speeds[rng() % speeds.size()]);
+      j.held.assign(size_t(nt), 0);
+      if (rng() % 2)
+        for (int t = 0; t < nt; ++t) {
+          const int take = std::min(free[size_t(t)], int(rng() % 3));
+          if (j.allocated + take > j.demand) break;
+          j.held[size_t(t)] += take;
+          j.allocated += take;
+          free[size_t(t)] -= take;
+        }
+      v.jobs.push_back(j);
+    }
+    for (const auto& name : policyNames()) {
+      const TypedTargets a = runTyped(name, v);
+      const std::vector<int> totals = run(name, v);
+      ASSERT_EQ(a.size(), v.jobs.size());
+      std::vector<int> used(size_t(nt), 0);
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].size(), size_t(nt));
+        int sum = 0;
+        for (int t = 0; t < nt; ++t) {
+          EXPECT_GE(a[i][size_t(t)], 0);
+          used[size_t(t)] += a[i][size_t(t)];
+          sum += a[i][size_t(t)];
+        }
+        EXPECT_EQ(sum, totals[i]) << name;
+        EXPECT_LE(sum, v.jobs[i].demand) << name;
+        if (v.jobs[i].allocated > 0) {
+          EXPECT_GT(sum, 0) << name << " suspended job " << i;
+        }
+      }
+      for (int t = 0; t < nt; ++t) EXPECT_LE(used[size_t(t)], v.types[size_t(t)].count) << name;
+    }
+  }
+}
+
 TEST(ClusterPolicy, UnknownPolicyNamesTheChoices) {
   try {
     makePolicy("lifo");

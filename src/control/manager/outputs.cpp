@@ -144,7 +144,12 @@ int Outputs::finish(c10d::Store& store, const Generations& g, Membership& m, Pip
                               : json{{"stages", 1}, {"replicas", g.members().size()}, {"schedule", "-"}, {"recompute", false}};
   if (pm.resources()) {
     json types = json::array();
-    for (int64_t id : g.members()) types.push_back(pm.resources()->devices.at(static_cast<size_t>(id)).type);
+    // A worker that joined later than the listed devices has none (its
+    // speed is this machine's, or what `morph slow` set).
+    for (int64_t id : g.members())
+      types.push_back(static_cast<size_t>(id) < pm.resources()->devices.size()
+                          ? json(pm.resources()->devices[static_cast<size_t>(id)].type)
+                          : json(nullptr));
     extra["devices"] = types;
   }
   // All-reduce payload per step of a worker that stayed throughout.

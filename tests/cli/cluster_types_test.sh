@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Slot types in the live scheduler (docs/cluster.md, "Slot types"):
+# `morph cluster --resources` with 1 fast slot and 1 slow one (slowdown 1.5)
+# under the morph policy, two jobs with linear speed tables:
+#  - A (priority 10, demand 2, long) is submitted first and starts on both
+#    slots (2 slots at 1/1.5 each: 1.33 steps/s against 1 on the fast one);
+#  - B (priority 1, demand 1, short) arrives: A shrinks to its fast slot (a
+#    shrink releases the last rank, the slow one) and B starts on the slow
+#    slot, its job's resources file listing one "slow" device, so that
+#    `morph run --resources` emulates it;
+#  - B ends and A grows back onto the slow slot; that new worker runs at
+#    its slot's speed through `morph slow` (the cluster's slow.log says so).
+# Both hashes equal their standalone runs'; the cluster never holds more
+# slots of a type than exist (queue polls). Bad input: --slots that is not
+# the resources' device count exits 2.
+#
+#   cluster_types_test.sh MORPH
+set -euo pipefail
+MORPH=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/shell_util.sh"
+work=$(mktemp -d)
+cluster_pid=""
+cleanup() {
+  if [[ -n "$cluster_pid" ]]; then kill -TERM "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; fi
+  if [[ -n "${KEEP:-}" ]]; then echo "kept $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+cd "$work"
+
+no_replan=$'[elastic]\nstraggler_replan = false'
+STEPS=15000 mlp_job a.toml A 1 "$no_replan"
+STEPS=200 mlp_job b.toml B 2 "$no_replan"
+cat > res.toml <<'TOML'
+[types.fast]
+memory_mib = 4096
+[types.slow]
+memory_mib = 4096
+slowdown = 1.5
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+for j in a b; do "$MORPH" run $j.toml --out ref-$j --quiet --status off > /dev/null; done
+
+set +e; "$MORPH" cluster --resources res.toml --slots 3 --out bad > err.out 2>&1; rc=$?; set -e
+[[ $rc == 2 ]] && grep -qF "lists 2 devices, but --slots is 3" err.out || { echo "FAIL: exit $rc"; cat err.out; exit 1; }
+
+"$MORPH" cluster --resources res.toml --policy morph --out c > c.log 2>&1 &
+cluster_pid=$!
+for _ in $(seq 1 200); do [[ -s c/address ]] && break; sleep 0.05; done
+addr=$(cat c/address)
+grep -q "2 slots" c.log || { echo "FAIL: the cluster does not have the resources' 2 slots"; cat c.log; exit 1; }
+"$MORPH" submit --cluster "$addr" --token-file c/token a.toml --priority 10 --demand 2 > /dev/null
+# B once A steps on both slots.
+for _ in $(seq 1 600); do grep -qs '"workers":2' c/jobs/0/metrics.jsonl && break; sleep 0.05; done
+grep -qs '"workers":2' c/jobs/0/metrics.jsonl || { echo "FAIL: A did not start on both slots"; cat c.log; exit 1; }
+"$MORPH" submit --cluster "$addr" --token-file c/token b.toml --priority 1 --demand 1 > /dev/null
+python3 - "$MORPH" "$addr" <<'PY' || { cat c.log; exit 1; }
+import json, subprocess, sys, time
+morph, addr = sys.argv[1], sys.argv[2]
+deadline = time.time() + 240
+while time.time() < deadline:
+    q = json.loads(subprocess.check_output([morph, "queue", "--cluster", addr, "--token-file", "c/token", "--json"]))
+    held = sum(j["workers"] for j in q["jobs"])
+    assert held <= 2, q
+    if all(j["state"] in ("done", "failed", "cancelled") for j in q["jobs"]) and len(q["jobs"]) == 2:
+        break
+    time.sleep(0.2)
+else:
+    sys.exit("FAIL: the jobs did not end in time")
+refs = {n: json.load(open(f"ref-{n}/summary.json"))["model_hash"] for n in "ab"}
+for j, n in zip(q["jobs"], "ab"):
+    assert j["state"] == "done", j
+    assert j["model_hash"] == refs[n], (j, refs[n])
+sa = json.load(open("c/jobs/0/summary.json"))
+sb = json.load(open("c/jobs/1/summary.json"))
+res_b = open("c/jobs/1/resources.toml").read()
+assert sb.get("devices") == ["slow"], sb.get("devices")
+assert 'type = "slow"' in res_b and 'type = "fast"' not in res_b, res_b
+assert sa.get("devices", [None])[0] == "fast", sa.get("devices")
+print("hashes equal; B ran on", sb["devices"], "A ended on", sa["devices"])
+PY
+grep -q "job 0 resized 2 -> 1" c.log || { echo "FAIL: A did not shrink for B"; cat c.log; exit 1; }
+grep -q "job 0 resized 1 -> 2" c.log || { echo "FAIL: A did not grow back after B"; cat c.log; exit 1; }
+grep -q "to run 1.5 times slower" c/slow.log || { echo "FAIL: A's new worker was not slowed to its slot's type"; cat c/slow.log c.log; exit 1; }
+echo PASS
