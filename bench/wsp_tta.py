@@ -36,13 +36,19 @@ probe, not training). Prints, per worker count:
      the one-host calibration (docs/resources.md);
   2. per seed, accuracy against time: one row per evaluated step, each
      system's `accuracy @ train seconds`;
-  3. time to the target: per system the train and wall seconds and steps
-     of each seed, the median, and how much sooner than sync (even shares)
-     and sync with the same shares: 1 - t / t_sync (goal: WSP at its best D
-     >= 30% sooner than sync);
+  3. time to the target: per system the wall and train seconds and steps
+     of each seed, the medians, and how much sooner than sync (even shares)
+     and sync with the same shares: 1 - t / t_sync, by wall clock and by
+     train time (goal: WSP at its best D >= 30% sooner than sync). Wall is
+     the fairer one: while worker 0 evaluates, a WSP job's other workers
+     go on (up to D waves), a sync job's wait, so subtracting the
+     evaluations favours WSP;
   4. time per clock, measured (mean train seconds per step of worker 0's
      lines from 10% of the steps to the last line, evaluations subtracted,
-     times WAVE for WSP) beside the prediction.
+     times WAVE for WSP) beside the prediction. Worker 0 may lead the
+     slowest worker by up to D waves, so for WSP its rate is a lower bound
+     on the clock's time; "bound" is the time if the lead grew by D waves
+     over the window (a job ended at its target may end with worker 0 ahead).
 
   python3 bench/wsp_tta.py [--vws 2,4] [--seeds 1,2,3] [--staleness 0,1,4,32] [--wave 4] [--slow 2]
         [--link 100mbit] [--target 0.88] [--eval-every 50] [--steps N] [--systems sync,sync-shares,wsp]
@@ -176,15 +182,19 @@ def to_target(points, target):
     return None
 
 
-def measured_step(lines, steps):
-    """Mean seconds per step of the lines from 10% of the steps on, the
-    evaluations in that window subtracted (None with fewer than 2 lines)."""
+def measured_step(lines, steps, lead_steps=0):
+    """(mean seconds per step of the lines from 10% of the steps on, the
+    evaluations in that window subtracted; the same if the slowest worker
+    ran `lead_steps` fewer steps in the window than these lines show, None
+    if the window is not longer than that), or (None, None) with fewer than
+    2 lines."""
     first = max(2, steps // 10)
     w = [x for x in lines if x["step"] >= first]
     if len(w) < 2:
-        return None
+        return None, None
     evals = sum(x.get("eval_seconds", 0.0) for x in w[:-1])
-    return (w[-1]["unix_time"] - w[0]["unix_time"] - evals) / (w[-1]["step"] - w[0]["step"])
+    t, n = w[-1]["unix_time"] - w[0]["unix_time"] - evals, w[-1]["step"] - w[0]["step"]
+    return t / n, (t / (n - lead_steps) if n > lead_steps else None)
 
 
 def job_steps(a):
@@ -283,10 +293,11 @@ def main():
                                              a.run_timeout)
                     pts = curve(t0, lines)
                     hit = to_target(pts, a.target)
-                    per = measured_step(lines, steps)
+                    k = a.wave if s.startswith("wsp") else 1
+                    per, bound = measured_step(lines, steps, int(s[3:]) * a.wave if s.startswith("wsp") else 0)
                     r = dict(workers=workers, seed=seed, system=s, how=how, curve=pts, hit=hit,
-                             step_seconds=per, clock_seconds=None if per is None else
-                             per * (a.wave if s.startswith("wsp") else 1))
+                             step_seconds=per, clock_seconds=None if per is None else per * k,
+                             clock_bound=None if bound is None else bound * k)
                     results[s].append(r)
                     report["runs"].append(r)
                     print(f"  ran {name(s)} seed {seed}: {how}, {len(lines)} lines, target "
@@ -305,34 +316,42 @@ def main():
                         p = [q for q in results[s][seed_i]["curve"] if q[0] == step]
                         cells.append(f"{p[0][1]:.3f} @ {p[0][2]:.1f}" if p else "")
                     print(f"| {step} | " + " | ".join(cells) + " |")
-            print(f"\ntime to {a.target:g}, {workers} VWs: train s (wall s) at step, per seed; median train s; "
-                  "sooner than sync = 1 - t / t_sync of the medians\n")
+            print(f"\ntime to {a.target:g}, {workers} VWs: wall s (train s) at step, per seed; medians; sooner than "
+                  "sync = 1 - t / t_sync of the medians, by wall clock (by train time in brackets)\n")
             print("| system | " + " | ".join(f"seed {x}" for x in seeds)
-                  + " | median train s | vs sync (even) | vs sync same shares |")
-            print("|---" * (len(seeds) + 4) + "|")
+                  + " | median wall s | median train s | vs sync (even) | vs sync same shares |")
+            print("|---" * (len(seeds) + 5) + "|")
             med = {}
             for s in systems:
                 hits = [r["hit"] for r in results[s]]
-                med[s] = statistics.median([h[1] for h in hits]) if all(hits) else None
+                med[s] = ((statistics.median([h[2] for h in hits]), statistics.median([h[1] for h in hits]))
+                          if all(hits) else None)
             for s in systems:
-                cells = [f"{h[1]:.1f} ({h[2]:.1f}) at {h[0]}" if h else "not reached" for h in
+                cells = [f"{h[2]:.1f} ({h[1]:.1f}) at {h[0]}" if h else "not reached" for h in
                          (r["hit"] for r in results[s])]
                 vs = []
                 for base in ("sync", "sync-shares"):
                     vs.append("-" if med.get(base) is None or med[s] is None or base == s
-                              else f"{100 * (1 - med[s] / med[base]):+.0f}%")
-                print(f"| {name(s)} | " + " | ".join(cells) + f" | {fmt_s(med[s])} | {vs[0]} | {vs[1]} |")
+                              else f"{100 * (1 - med[s][0] / med[base][0]):+.0f}% "
+                                   f"({100 * (1 - med[s][1] / med[base][1]):+.0f}%)")
+                m = med[s] or (None, None)
+                print(f"| {name(s)} | " + " | ".join(cells) + f" | {fmt_s(m[0])} | {fmt_s(m[1])} | {vs[0]} | {vs[1]} |")
             print(f"\ntime per clock, {workers} VWs: predicted (morph plan / simulate) beside measured "
-                  f"(mean over seeds; WSP: a clock is {a.wave} of worker 0's minibatches)\n")
-            print("| system | predicted ms/clock | measured ms/clock | measured / predicted | "
+                  f"(mean over seeds; WSP: a clock is {a.wave} of worker 0's minibatches, and worker 0 may lead the "
+                  f"slowest by up to D waves, so its rate is a lower bound on the clock's time: 'bound' is the "
+                  f"time if it led by D waves more at the window's end than at its start)\n")
+            print("| system | predicted ms/clock | measured ms/clock | bound | measured / predicted | "
                   "predicted ms/step | measured ms/step |")
-            print("|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|")
             for s in systems:
-                m = [r["clock_seconds"] for r in results[s] if r["clock_seconds"] is not None]
-                ms = statistics.mean(m) if m else None
+                rs = [r for r in results[s] if r["clock_seconds"] is not None]
+                ms = statistics.mean(r["clock_seconds"] for r in rs) if rs else None
+                hi = statistics.mean(r["clock_bound"] for r in rs) if rs and all(r["clock_bound"] for r in rs) \
+                    else None
                 pc = pred_clock[s]
                 k = a.wave if s.startswith("wsp") else 1
                 print(f"| {name(s)} | {1e3 * pc:.1f} | " + ("-" if ms is None else f"{1e3 * ms:.1f}")
+                      + " | " + ("-" if hi is None or not s.startswith("wsp") else f"{1e3 * hi:.1f}")
                       + f" | {'-' if ms is None else f'{ms / pc:.2f}'} | {1e3 * pred_step[s]:.1f} | "
                       + ("-" if ms is None else f"{1e3 * ms / k:.1f}") + " |", flush=True)
             report.setdefault("predicted", {})[str(workers)] = {"clock_seconds": pred_clock, "shares": shares}
