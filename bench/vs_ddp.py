@@ -80,7 +80,6 @@ import json
 import os
 import random
 import resource
-import re
 import signal
 import statistics
 import struct
@@ -88,6 +87,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import netns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -220,142 +221,18 @@ def ddp_param_count(model):
     return int(r.stdout.split()[-1])
 
 
-# --------------------------------------------------------------------------
-# Emulated links: W network namespaces on a bridge, shaped veth links
-# --------------------------------------------------------------------------
-
-def sh(*argv, check=True):
-    return subprocess.run(argv, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def rate_bits(rate):
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)(bit|bps)?", rate.lower())
-    if not m:
-        raise ValueError(f"link rate {rate!r}: expected e.g. 1gbit, 10gbit, 500mbit")
-    v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
-    return v * 8 if m.group(3) == "bps" else v
-
-
-class Net:
-    """W namespaces ns_i (address 10.201.T.(i+1) on veth if_i), their peers on
-    a bridge in a hub namespace; shape() sets the rate on both ends of every
-    veth. down() kills what runs in them and removes them."""
-
-    def __init__(self, n):
-        tag = os.getpid() % 10000
-        self.hub = f"vsddp{tag}hub"
-        self.ns = [f"vsddp{tag}n{i}" for i in range(n)]
-        self.ifs = [f"vd{tag}e{i}" for i in range(n)]
-        self.ports = [f"vd{tag}p{i}" for i in range(n)]
-        self.ips = [f"10.201.{tag % 250}.{i + 1}" for i in range(n)]
-        self.made = []
-        self.qdisc = ""
-
-    def up(self):
-        for ns in [self.hub] + self.ns:
-            sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.hub, "link", "set", "br0", "up")
-        for ns, dev, port, ip in zip(self.ns, self.ifs, self.ports, self.ips):
-            sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", self.hub)
-            sh("ip", "-n", ns, "addr", "add", ip + "/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", self.hub, "link", "set", port, "master", "br0")
-            sh("ip", "-n", self.hub, "link", "set", port, "up")
-        # Does this kernel have netem? (Probe on the hub's loopback.)
-        self.has_netem = sh("tc", "-n", self.hub, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "0ms",
-                            check=False).returncode == 0
-        sh("tc", "-n", self.hub, "qdisc", "del", "dev", "lo", "root", check=False)
-        # Every namespace reaches every other through the bridge.
-        for i, ns in enumerate(self.ns):
-            j = (i + 1) % len(self.ns)
-            if j != i:
-                sh("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "5", self.ips[j], check=False)
-
-    def shape(self, spec):
-        rate, _, delay = spec.partition(":")
-        bits = rate_bits(rate)
-        if self.has_netem:
-            q = ["netem", "rate", rate] + (["delay", delay] if delay else [])
-        elif delay:
-            raise SystemExit(f"--link {spec}: this kernel has no netem qdisc (sch_netem), so no delay can be "
-                             "emulated; give the rate alone (shaped with tbf)")
-        else:
-            burst = max(32768, int(bits / 8 / 1000))  # 1 ms at the rate
-            q = ["tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
-        self.qdisc = " ".join(q)
-        for ns, dev in list(zip(self.ns, self.ifs)) + [(self.hub, p) for p in self.ports]:
-            sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *q)
-
-    def tx_bytes(self):
-        """Bytes sent so far by the workers' ends of the veth pairs."""
-        total = 0
-        for ns, dev in zip(self.ns, self.ifs):
-            info = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev).stdout)
-            total += info[0]["stats64"]["tx"]["bytes"]
-        return total
-
-    def down(self):
-        for ns in reversed(self.made):
-            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-        for ns in reversed(self.made):
-            sh("ip", "netns", "del", ns, check=False)
-        self.made = []
-
-
-def wait_all(procs, what, timeout=900):
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        left = max(1.0, deadline - time.monotonic())
-        try:
-            p.wait(left)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"{what}: timed out")
-    bad = [p.returncode for p in procs if p.returncode != 0]
-    if bad:
-        raise RuntimeError(f"{what}: exit codes {[p.returncode for p in procs]}")
-
-
 def morph_netns(net, binary, model, workers, mode, steps, tmp, env):
     """Seconds of one Morph job across the namespaces, and its --out folder."""
     path = write_job(model, mode, steps, tmp)
     out = os.path.join(tmp, f"out-{model}-{mode}-{workers}-{steps}")
     log = os.path.join(tmp, f"manager-{model}-{mode}-{steps}.log")
     t0 = time.perf_counter()
-    with open(log, "w") as lf:
-        mgr = subprocess.Popen(["ip", "netns", "exec", net.ns[0], binary, "run", path, "--workers", str(workers),
-                                "--spawn", "1", "--host", net.ips[0], "--quiet", "--out", out] + HEARTBEAT,
-                               stdout=lf, stderr=subprocess.STDOUT, env=env)
-    procs = [mgr]
+    procs = netns.start_morph(net, [binary, "run", path, "--workers", str(workers), "--spawn", "1", "--quiet",
+                                    "--out", out] + HEARTBEAT, workers, out, log, env=env)
     try:
-        port = None
-        while port is None:
-            with open(log) as f:
-                m = re.search(r"manager on port (\d+)", f.read())
-            if m:
-                port = m.group(1)
-            elif mgr.poll() is not None:
-                raise RuntimeError(f"morph run exited with {mgr.returncode}: {open(log).read()}")
-            else:
-                time.sleep(0.02)
-        for i in range(1, workers):
-            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[i], binary, "worker", "--join",
-                                           f"{net.ips[0]}:{port}", "--token-file", os.path.join(out, "token")],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        wait_all(procs, f"morph {model} {mode} {steps} steps")
+        netns.wait_all(procs, f"morph {model} {mode} {steps} steps")
     except BaseException:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        netns.end(procs)
         raise
     return time.perf_counter() - t0, out
 
@@ -371,7 +248,7 @@ def ddp_netns(net, model, workers, steps, malloc="morph"):
             procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] + ddp_cmd(model, workers, steps, malloc) +
                                           ["--rank", str(r), "--master-addr", net.ips[0], "--port", port],
                                           stdout=subprocess.DEVNULL, env=e))
-        wait_all(procs, f"ddp {model} {steps} steps")
+        netns.wait_all(procs, f"ddp {model} {steps} steps")
     except BaseException:
         for p in procs:
             if p.poll() is None:
@@ -553,7 +430,7 @@ def main():
             if links:
                 if os.geteuid() != 0:
                     p.error("--link needs root (network namespaces, tc)")
-                net = Net(max(workers_list))
+                net = netns.Net(max(workers_list))
                 net.up()
             print("samples/s by wall clock (marginal time of E extra steps), medians over rounds; "
                   "ratio = Morph/DDP per round, min/median/max; load = 1-min load average at the row's start-end")
