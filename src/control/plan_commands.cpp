@@ -612,7 +612,7 @@ std::map<std::vector<int>, double> plannedStepSecondsByType(const std::string& j
   const JobSpec job = loadJobFile(job_path);
   const Profile prof = loadProfileFor(profile_path, job);
   const Resources res = readResources(resources_path);
-  const auto speed = planningSpeeds(res, prof, job);
+  const TypeCosts costs = typeCosts(res, prof, job);
   const int most = static_cast<int>(std::min<int64_t>(max_workers, job.virtual_nodes));
   // Every allocation of 1..most slots within the counts, odometer order.
   std::vector<std::vector<int>> all;
@@ -637,9 +637,11 @@ std::map<std::vector<int>, double> plannedStepSecondsByType(const std::string& j
     rq.virtual_nodes = job.virtual_nodes;
     rq.top_k = 1;
     rq.sim = simOptionsFor(job, false);
+    if (!costs.tables->empty()) rq.sim.device_costs = costs.tables;
     for (size_t t = 0; t < a.size(); ++t)
       for (int k = 0; k < a[t]; ++k) {
-        rq.slot_slowdown.push_back(speed.at(types[t]));
+        rq.slot_slowdown.push_back(res.types.at(types[t]).slowdown);
+        if (!costs.tables->empty()) rq.slot_costs.push_back(costs.table.at(types[t]));
         rq.slot_memory.push_back(res.types.at(types[t]).memory_bytes);
       }
     rq.workers = static_cast<int>(rq.slot_slowdown.size());

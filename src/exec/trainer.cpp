@@ -92,6 +92,12 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
       probe_->onGradient(step_, vn_, attempt_, g);
       if (hold_grads_) held_[k] = g;  // (as the probe left it)
     }
+    // A gradient quantised earlier in this backward is garbage in its
+    // leaf's grad (autograd stored it after that hook): freed now rather
+    // than at the next VN, so that a VN holds no more gradients than the
+    // held ones it consumes.
+    for (size_t j : consumed_) hooked_[j].mutable_grad() = torch::Tensor();
+    consumed_.clear();
     torch::Tensor& held = held_[k];
     if (hold_grads_) {
       // Kept: autograd stores the gradient in the leaf's grad (taking the
@@ -103,6 +109,7 @@ StepCore::StepCore(const JobSpec& job, int64_t total_steps, const Dataset& train
     } else {
       acc_->add(seg, g.data_ptr<float>());
     }
+    if (!hold_grads_ && free_consumed_) consumed_.push_back(k);
     ++seg_ready_[seg];
     if (on_grad_) on_grad_();
   };
@@ -753,9 +760,13 @@ void VnExecutor::runVn(int64_t vn, bool last, bool hold) {
   c.vn_ = vn;
   c.accumulating_ = true;
   c.hold_grads_ = hold && !last;
+  c.free_consumed_ = true;
   launching_ = last;
   loss.backward();
   c.accumulating_ = launching_ = false;
+  for (size_t j : c.consumed_) c.hooked_[j].mutable_grad() = torch::Tensor();
+  c.consumed_.clear();
+  c.free_consumed_ = false;
   if (c.hold_grads_) {
     c.holdGrads();
   } else {

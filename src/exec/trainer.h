@@ -282,6 +282,11 @@ class StepCore {
   std::vector<size_t> hooked_param_;     // per hooked leaf: its parameter
   bool hold_grads_ = false;
   std::vector<torch::Tensor> held_;
+  // VnExecutor: each leaf's grad is freed as soon as a later hook of the
+  // same backward runs (consumed_: the leaves quantised since), not kept
+  // until the next VN starts.
+  bool free_consumed_ = false;
+  std::vector<size_t> consumed_;
   void holdGrads();
   void flushHeld();
   void dropHeld() { std::fill(held_.begin(), held_.end(), torch::Tensor()); }
