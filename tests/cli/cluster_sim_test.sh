@@ -78,19 +78,7 @@ PY
 # (types unknown to it) places it on both slots, as `morph plan --resources`
 # with both devices predicts; morph takes whichever of fast alone and
 # fast + slow the planner predicts faster (a tie to fewer slots).
-cat > sub/res.toml <<'TOML'
-[types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-slowdown = 3.0
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-TOML
+fast_and_slow 3.0 sub/res.toml 4096
 "$MORPH" cluster simulate sub/t.json --resources sub/res.toml --policy fifo --json > typed-fifo.out
 "$MORPH" cluster simulate sub/t.json --resources sub/res.toml --policy morph --json > typed-morph.out
 "$MORPH" plan sub/job.toml --profile sub/prof.json --resources sub/res.toml --top 1 --json > plan-both.out

@@ -31,19 +31,7 @@ cd "$work"
 no_replan=$'[elastic]\nstraggler_replan = false'
 STEPS=15000 mlp_job a.toml A 1 "$no_replan"
 STEPS=200 mlp_job b.toml B 2 "$no_replan"
-cat > res.toml <<'TOML'
-[types.fast]
-memory_mib = 4096
-[types.slow]
-memory_mib = 4096
-slowdown = 1.5
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-TOML
+fast_and_slow 1.5 res.toml 4096
 for j in a b; do "$MORPH" run $j.toml --out ref-$j --quiet --status off > /dev/null; done
 
 set +e; "$MORPH" cluster --resources res.toml --slots 3 --out bad > err.out 2>&1; rc=$?; set -e

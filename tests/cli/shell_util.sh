@@ -84,3 +84,23 @@ ${5:-}
 straggler_replan = false
 TOML
 }
+
+# fast_and_slow SLOWDOWN FILE [MEMORY_MIB]: a resources file (docs/resources.md)
+# of one device of type "fast" and one of type "slow", SLOWDOWN times slower,
+# each with MEMORY_MIB (default 1024).
+fast_and_slow() {
+  local mib=${3:-1024}
+  cat > "$2" <<TOML
+[types.fast]
+memory_mib = $mib
+[types.slow]
+memory_mib = $mib
+slowdown = $1
+[[devices]]
+type = "fast"
+count = 1
+[[devices]]
+type = "slow"
+count = 1
+TOML
+}

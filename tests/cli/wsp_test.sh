@@ -29,23 +29,6 @@ make_work
 part=${3:-all}
 
 # summary_wsp DIR: prints summary.json's wsp as "gap pushes pulls".
-# fast_and_slow SLOWDOWN FILE: a resources file of one device and one SLOWDOWN times slower.
-fast_and_slow() {
-cat > "$2" <<TOML
-[types.fast]
-memory_mib = 1024
-[types.slow]
-memory_mib = 1024
-slowdown = $1
-[[devices]]
-type = "fast"
-count = 1
-[[devices]]
-type = "slow"
-count = 1
-TOML
-}
-
 summary_wsp() {
   python3 -c 'import json,sys; w=json.load(open(sys.argv[1]+"/summary.json"))["wsp"]; print(w["max_clock_gap"], w["pushes"], w["pulls"])' "$1"
 }
