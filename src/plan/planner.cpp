@@ -311,6 +311,10 @@ class DeviceSearch {
       class_.push_back(static_cast<int>(it - kinds_.begin()));
       if (it == kinds_.end()) kinds_.push_back(k);
     }
+    for (int h : rq.slot_host) {
+      if (h < 0) throw InputError("planning: a device's host index is " + std::to_string(h) + ", expected >= 0");
+      hosts_ = std::max(hosts_, h + 1);
+    }
     whole_bytes_ = stageBytes(p, 0, L_, 1, false, rq.sim);
     per_vn_ = stageComputeSeconds(p, 0, L_, false);
     for (const LayerCost& c : p.layers) c_lb_ += std::min(c.forward_s, c.forward_nograd_s) + c.backward_s;
@@ -336,6 +340,16 @@ class DeviceSearch {
       }
       for (const Kind& k : kinds_) fast_opt_ = std::min(fast_opt_, search.optimizerPerParam(k.table) * k.factor);
     }
+    // The host's cores carry each layer at its own table's cost, without
+    // the slowdown (an emulated slow device idles): at least each layer on
+    // the table cheapest at it.
+    host_lb_ = 0;
+    for (size_t l = 0; l < L_; ++l) {
+      double m = 1e300;
+      for (const Kind& k : kinds_) m = std::min(m, search.computeLowerBound(l, l + 1, k.table));
+      host_lb_ += m;
+    }
+    host_lb_ *= 1.0 - 1e-12;  // sums in another order
     min_p2p_ = 1e300;
     for (size_t l = 0; l + 1 < L_; ++l)
       min_p2p_ = std::min(min_p2p_, p.p2p.at(static_cast<double>(p.layers[l].output_bytes)) + rq.sim.link_delay_s);
@@ -386,6 +400,21 @@ class DeviceSearch {
   }
   int64_t wholeBytes() const { return whole_bytes_; }
 
+  // hostBound() for every plan of P x D devices on `hosts` hosts, before
+  // any cut or share is known: the busiest host computes at least the
+  // average of V VNs through the whole model (each layer on the table
+  // cheapest at it, times the contention) over the hosts, on its cores.
+  // Where hosts hold more ranks than cores this bound, not the devices'
+  // speeds, orders the shapes and ends the search.
+  double shapeHostBound(int P, int D, int hosts) const {
+    if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
+    const int n = P * D;
+    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    const double busy = static_cast<double>(rq_.virtual_nodes) * host_lb_ * contention /
+                        static_cast<double>(std::max(1, hosts));
+    return (busy / static_cast<double>(std::max(1, p_.host_cores)) + afterHostCompute(P, n)) * (1.0 - 1e-9);
+  }
+
   // The plans of one grouping (every schedule and recomputation for P > 1)
   // with their lower bounds (the slowest group's VNs times its slowest
   // stage). min_each = 1: every group gets a VN (a policy's fixed groups);
@@ -419,25 +448,29 @@ class DeviceSearch {
         // A group with a VN also takes one VN's whole path.
         if (shares[d] > 0) bound = std::max(bound, pathLowerBound(g.groups[d]));
       }
-      // And fillBound() per group, VNs given where they raise it least.
-      using Next = std::pair<double, size_t>;
-      std::priority_queue<Next, std::vector<Next>, std::greater<Next>> next;
-      std::vector<int64_t> m(t.size(), std::max<int64_t>(min_each, 0));
-      std::vector<double> c(t.size());
-      double fill = 0;
-      for (size_t d = 0; d < t.size(); ++d) {
-        c[d] = groupFastWhole(g.groups[d]);
-        fill = std::max(fill, fillBound(c[d], m[d], P));
-        next.push({fillBound(c[d], m[d] + 1, P), d});
+      // And fillBound() per group, VNs given where they raise it least
+      // (for P = 1 it is M c, which the shares above already bound: skipped,
+      // it was most of the time of a data-parallel shape of 512 VNs).
+      if (P > 1) {
+        using Next = std::pair<double, size_t>;
+        std::priority_queue<Next, std::vector<Next>, std::greater<Next>> next;
+        std::vector<int64_t> m(t.size(), std::max<int64_t>(min_each, 0));
+        std::vector<double> c(t.size());
+        double fill = 0;
+        for (size_t d = 0; d < t.size(); ++d) {
+          c[d] = groupFastWhole(g.groups[d]);
+          fill = std::max(fill, fillBound(c[d], m[d], P));
+          next.push({fillBound(c[d], m[d] + 1, P), d});
+        }
+        for (int64_t v = m[0] * static_cast<int64_t>(t.size()); v < rq_.virtual_nodes; ++v) {
+          const auto [val, d] = next.top();
+          next.pop();
+          fill = std::max(fill, val);
+          ++m[d];
+          next.push({fillBound(c[d], m[d] + 1, P), d});
+        }
+        bound = std::max(bound, fill);
       }
-      for (int64_t v = m[0] * static_cast<int64_t>(t.size()); v < rq_.virtual_nodes; ++v) {
-        const auto [val, d] = next.top();
-        next.pop();
-        fill = std::max(fill, val);
-        ++m[d];
-        next.push({fillBound(c[d], m[d] + 1, P), d});
-      }
-      bound = std::max(bound, fill);
       if (bound >= cutoff) return;
     }
     if (P == 1) {
@@ -540,14 +573,22 @@ class DeviceSearch {
     for (int s : plan.workers) plan.slowdown.push_back(rq_.slot_slowdown[static_cast<size_t>(s)]);
     const size_t P = static_cast<size_t>(plan.stages);
     double bound = 0;
+    // Groups of the same device factors, tables and share have the same
+    // bound (hundreds of groups, a few distinct): computed once each.
+    std::map<std::tuple<std::vector<double>, std::vector<int>, int64_t>, double> seen;
     for (size_t d = 0; d < t.size(); ++d) {
-      const std::vector<double> f(plan.slowdown.begin() + static_cast<long>(d * P),
-                                  plan.slowdown.begin() + static_cast<long>((d + 1) * P));
+      std::vector<double> f(plan.slowdown.begin() + static_cast<long>(d * P),
+                            plan.slowdown.begin() + static_cast<long>((d + 1) * P));
       std::vector<int> tables;
       if (has_tables_)
         for (size_t k = 0; k < P; ++k) tables.push_back(tableOfSlot(plan.workers[d * P + k]));
-      bound = std::max(bound, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
-                                                 plan.recompute, f, tables));
+      auto key = std::make_tuple(std::move(f), std::move(tables), plan.vn_shares[d]);
+      auto it = seen.find(key);
+      if (it == seen.end())
+        it = seen.emplace(key, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
+                                                  plan.recompute, std::get<0>(key), std::get<1>(key)))
+                 .first;
+      bound = std::max(bound, it->second);
     }
     out.push_back({std::max(bound, hostBound(plan)), std::move(plan)});
   }
@@ -562,23 +603,32 @@ class DeviceSearch {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int P = plan.stages, n = plan.stages * plan.replicas;
     const double contention = n < 2 ? 1.0 : p_.compute_contention;
-    std::map<int, double> host_busy;
+    std::vector<double> host_busy(static_cast<size_t>(hosts_), 0.0);
     for (int d = 0; d < plan.replicas; ++d)
       for (int k = 0; k < P; ++k) {
         const int slot = plan.workers[static_cast<size_t>(d * P + k)];
         const int host = rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
-        host_busy[host] += static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
-                           search_.compute(plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1],
-                                           plan.recompute && P > 1, tableOfSlot(slot));
+        host_busy[static_cast<size_t>(host)] +=
+            static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
+            search_.compute(plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1],
+                            plan.recompute && P > 1, tableOfSlot(slot));
       }
     double t = 0;
-    for (const auto& [h, busy] : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
+    for (double busy : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
+    return (t + afterHostCompute(P, n)) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
+  }
+
+  // What simulate() charges after the compute phase at least, for P stages
+  // on n ranks: a pipeline's MAX all-reduce(s) and the statistics' sum over
+  // every rank; the step overhead.
+  double afterHostCompute(int P, int n) const {
+    double t = p_.step_overhead_s;
     if (P > 1) {
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       t += p_.allreduceSeconds(p_.allreduce_max, max_bytes, n) * (rq_.sim.clipping ? 2.0 : 1.0) +
            p_.reduceSeconds(2.0, n);
     }
-    return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
+    return t;
   }
 
   // A class's stage: its cost table's compute times its slowdown.
@@ -744,7 +794,8 @@ class DeviceSearch {
   std::vector<int64_t> caps_;     // class -> memory
   std::vector<double> class_vn_;  // class -> one VN through the whole model (its table, times its factor)
   int64_t whole_bytes_ = 0;
-  double per_vn_ = 0, c_lb_ = 0, min_p2p_ = 0, f0_ = 1.0;
+  int hosts_ = 1;  // host indices are below this
+  double per_vn_ = 0, c_lb_ = 0, min_p2p_ = 0, f0_ = 1.0, host_lb_ = 0;
   bool has_tables_ = false;
   std::vector<double> fast_prefix_;  // with tables: per layer, the fastest class's lower bound, summed
   double fast_opt_ = 0;
@@ -867,6 +918,17 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   std::vector<double> speed_sum(static_cast<size_t>(N) + 1, 0.0);
   for (int i = 0; i < N; ++i)
     speed_sum[static_cast<size_t>(i) + 1] = speed_sum[static_cast<size_t>(i)] + 1.0 / rq.slot_slowdown[static_cast<size_t>(by_speed[static_cast<size_t>(i)])];
+  // hosts_used[i]: the hosts of the i fastest devices (the groupings below
+  // take the D * P fastest).
+  std::vector<int> hosts_used(static_cast<size_t>(N) + 1, 0);
+  {
+    std::vector<int> seen_host;
+    for (int i = 0; i < N; ++i) {
+      const int h = rq.slot_host.empty() ? 0 : rq.slot_host[static_cast<size_t>(by_speed[static_cast<size_t>(i)])];
+      if (std::find(seen_host.begin(), seen_host.end(), h) == seen_host.end()) seen_host.push_back(h);
+      hosts_used[static_cast<size_t>(i) + 1] = static_cast<int>(seen_host.size());
+    }
+  }
   const int max_p = static_cast<int>(std::min<size_t>(L, static_cast<size_t>(N)));
   const double c_fast = ds.fastWhole();  // one VN through the whole model, at least
   const double c_lb = ds.computeLowerBound(), f0 = ds.minFactor();  // without tables: c_fast = c_lb * f0
@@ -908,7 +970,9 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
       reduce += ds.hasTables() ? ds.fastOptimizerPerParam() * share + m * c_fast / static_cast<double>(P)
                                : p.optimizer_s_per_param * share * f0 + m * c_lb * f0 / static_cast<double>(P);
     }
-    shapes.emplace_back(std::max({spread, loaded, path, reduce}), P, D);
+    shapes.emplace_back(std::max({spread, loaded, path, reduce,
+                                  ds.shapeHostBound(P, D, hosts_used[static_cast<size_t>(D * P)])}),
+                        P, D);
   };
   for (int D = 1; D <= N; ++D) addShape(1, D);
   for (int P = 2; P <= max_p; ++P) {

@@ -154,6 +154,52 @@ TEST(Planner, HostBoundPruningKeepsTheBestPlan) {
   EXPECT_GE(pruned_some, 8);
 }
 
+// Issue 30, speed on large pools: the shapes (P, D) of a resources file's
+// pool are ordered and cut off by the hosts' cores too (shapeHostBound()).
+// Pools like the issue's, scaled down: 3 types (slowdown 1, 1.5, 2) cycling
+// by host, 8 devices per host on 2 cores, and every other trial types 1
+// and 2 with per-layer tables of their own; the best plan equals the
+// exhaustive search's (every candidate simulated) on 16 to 48 devices.
+TEST(Planner, ShapeHostBoundsKeepTheBestPlanOnPoolsOfHosts) {
+  std::mt19937 rng(47);
+  std::uniform_real_distribution<double> scale(0.3, 3.0);
+  int pruned_some = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    Profile p = randomProfile(rng, 4 + static_cast<size_t>(trial % 4));
+    p.host_cores = 2;
+    p.compute_contention = 1.0 + 0.2 * (trial % 3);
+    p.step_overhead_s = 0.001;
+    PlanRequest rq;
+    rq.workers = 16 + 16 * (trial % 3);
+    rq.virtual_nodes = 16 + 8 * (trial % 4);
+    rq.sim.cross_host_latency_s = 5e-6;
+    rq.sim.cross_host_bytes_per_s = 7e9;
+    for (int s = 0; s < rq.workers; ++s) {
+      const int host = s / 8, type = host % 3;
+      rq.slot_slowdown.push_back(1.0 + 0.5 * type);
+      rq.slot_memory.push_back(0);
+      rq.slot_host.push_back(host);
+    }
+    if (trial % 2) {
+      std::vector<DeviceCosts> own{deviceCostsOf(p, "b.json"), deviceCostsOf(p, "c.json")};
+      for (DeviceCosts& d : own)
+        for (LayerTimes& l : d.layers) {
+          const double k = scale(rng);
+          l.forward_s *= k, l.forward_nograd_s *= k, l.backward_s *= k, l.recompute_s *= k;
+        }
+      rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(own);
+      for (int s = 0; s < rq.workers; ++s) rq.slot_costs.push_back((s / 8) % 3 - 1);
+    }
+    rq.top_k = 1;
+    const PlanOutcome pruned = planJob(p, rq);
+    rq.top_k = 1 << 20;  // never full: every candidate is simulated
+    const PlanOutcome all = planJob(p, rq);
+    EXPECT_DOUBLE_EQ(pruned.plans.front().sim.step_seconds, all.plans.front().sim.step_seconds) << "trial " << trial;
+    pruned_some += pruned.simulated * 4 < all.simulated;
+  }
+  EXPECT_GE(pruned_some, 6);
+}
+
 TEST(Planner, CutsByCostNotByLayerCount) {
   // One heavy layer among light ones: an equal-count split of 4 layers in
   // 2 stages puts the heavy layer with another; the planner isolates it.
