@@ -615,14 +615,29 @@ class DeviceSearch {
       }
     double t = 0;
     for (double busy : host_busy) t = std::max(t, busy / static_cast<double>(std::max(1, p_.host_cores)));
+    if (P == 1) {
+      // Data parallelism steps the optimiser on every worker after the
+      // last bucket is reduced: the slowest worker's step comes after it.
+      double opt = 0;
+      for (int s : plan.workers)
+        opt = std::max(opt, search_.optimizerPerParam(tableOfSlot(s)) * rq_.slot_slowdown[static_cast<size_t>(s)]);
+      t += opt * static_cast<double>(p_.totalParams()) * contention;
+    }
     return (t + afterHostCompute(P, n)) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
 
   // What simulate() charges after the compute phase at least, for P stages
   // on n ranks: a pipeline's MAX all-reduce(s) and the statistics' sum over
-  // every rank; the step overhead.
+  // every rank; data parallelism's last bucket (reduced after the last VN:
+  // it holds at least the statistics and every worker's slots, 2 + n (2 +
+  // n) values, and the batch-norm statistics); the step overhead.
   double afterHostCompute(int P, int n) const {
     double t = p_.step_overhead_s;
+    if (P == 1) {
+      double stats = 2.0 + static_cast<double>(n) * (2.0 + static_cast<double>(n));
+      for (const LayerCost& c : p_.layers) stats += static_cast<double>(c.bn_values);
+      t += p_.reduceSeconds(stats, n);
+    }
     if (P > 1) {
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       t += p_.allreduceSeconds(p_.allreduce_max, max_bytes, n) * (rq_.sim.clipping ? 2.0 : 1.0) +
