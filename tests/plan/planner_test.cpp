@@ -201,6 +201,28 @@ TEST(Planner, ShapeHostBoundsKeepTheBestPlanOnPoolsOfHosts) {
     pruned_some += pruned.simulated * 4 < all.simulated;
   }
   EXPECT_GE(pruned_some, 9);
+
+  // The pool scaled down (96 devices on 12 hosts, 64 VNs): the
+  // five best plans equal those of the search without host bounds.
+  Profile p = randomProfile(rng, 6);
+  p.host_cores = 2;
+  p.compute_contention = 1.6;
+  p.step_overhead_s = 0.001;
+  PlanRequest rq;
+  rq.workers = 96;
+  rq.virtual_nodes = 64;
+  for (int s = 0; s < rq.workers; ++s) {
+    rq.slot_slowdown.push_back(1.0 + 0.5 * ((s / 8) % 3));
+    rq.slot_memory.push_back(0);
+    rq.slot_host.push_back(s / 8);
+  }
+  const PlanOutcome fast = planJob(p, rq);
+  rq.host_bounds = false;
+  const PlanOutcome old = planJob(p, rq);
+  ASSERT_EQ(fast.plans.size(), old.plans.size());
+  for (size_t i = 0; i < fast.plans.size(); ++i)
+    EXPECT_DOUBLE_EQ(fast.plans[i].sim.step_seconds, old.plans[i].sim.step_seconds) << "plan " << i;
+  EXPECT_LT(fast.simulated * 4, old.simulated);
 }
 
 TEST(Planner, CutsByCostNotByLayerCount) {
