@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "core/token_file.h"
 #include "sched/policy.h"
+#include "sched/step_meter.h"
 
 namespace morph::sched {
 
@@ -194,6 +195,10 @@ struct LiveJob {
   bool cancel = false;
   Speed speed;  // from the job's profile (morph submit --profile)
   bool has_speed = false;
+  // Its committed steps as the scheduler sees them, and the speed the
+  // policy last decided with (measured; step_meter.h).
+  StepMeter meter;
+  Speed calibrated;
   // With slot types: the type of each slot it holds, in its workers' rank
   // order (`held` entries: a job that grows appends its new workers, one
   // that shrinks releases its last ranks), the policy's slots per type,
@@ -223,8 +228,15 @@ json toJson(const LiveJob& j) {
             {"steps", j.steps},   {"step", j.step_done},    {"dir", j.dir}};
   if (!j.model_hash.empty()) o["model_hash"] = j.model_hash;
   if (!j.error.empty()) o["error"] = j.error;
+  json measured = json::object();
+  for (const auto& [k, sec] : j.meter.table()) measured[std::to_string(k)] = sec;
+  o["step_seconds"] = measured;
   return o;
 }
+
+// Steps a worker count needs measured before the policy decides with the
+// measurement instead of the job's planned (or linear) speed.
+constexpr int64_t kMinMeasuredSteps = 10;
 
 class LiveCluster {
  public:
@@ -382,15 +394,7 @@ class LiveCluster {
       }
       if (resizeDone(j)) changed = dirty_ = true;
       if (o_.slurm) slurmTick(j);
-      const std::string line = lastLine(j.dir + "/metrics.jsonl");
-      if (!line.empty()) {
-        try {
-          const json m = json::parse(line);
-          j.step_done = m.value("step", int64_t{0}) + 1;
-          j.observed = m.value("workers", 0);
-        } catch (const json::exception&) {
-        }
-      }
+      observeMetrics(j);
       // A shrink has taken effect once a step committed on the new count and
       // the workers that left have exited. The process table is read only
       // then: a scan of /proc every tick for every job cost its workers
@@ -412,7 +416,23 @@ class LiveCluster {
     if (changed) writeFileAtomic(o_.out + "/queue.json", queueJson().dump(1) + "\n", 0644);
   }
 
+  // The job's newest committed step (metrics.jsonl): its progress, its
+  // worker count, and a sighting for its step meter.
+  static void observeMetrics(LiveJob& j) {
+    const std::string line = lastLine(j.dir + "/metrics.jsonl");
+    if (line.empty()) return;
+    try {
+      const json m = json::parse(line);
+      const int64_t step = m.value("step", int64_t{0});
+      j.step_done = step + 1;
+      j.observed = m.value("workers", 0);
+      j.meter.observe(step, m.value("unix_time", 0.0), j.observed);
+    } catch (const json::exception&) {
+    }
+  }
+
   void finish(LiveJob& j, int status) {
+    observeMetrics(j);  // the steps committed since the last round
     // Worker steps: they end with the job (3 s at most), then SIGTERM
     // (a failed or cancelled job's), then SIGKILL.
     for (int round = 0; round < 3 && !j.worker_steps.empty(); ++round) {
@@ -470,6 +490,17 @@ class LiveCluster {
       s.allocated = j.target;
       if (!o_.types.empty()) s.held = typeCounts(j, j.target);
       s.speed = j.has_speed ? &j.speed : nullptr;
+      // Measured: the job's own mean step on the counts it ran on, the
+      // planner's shape elsewhere (step_meter.h). Only for a job with a
+      // profile: a job without one is linear in no unit (1 step per second
+      // per worker), and one measured in seconds beside it would look
+      // hundreds of times faster. Not with slot types yet: a count's
+      // measurement mixes its slots' types.
+      const std::map<int, double> measured = j.meter.table(kMinMeasuredSteps);
+      if (j.has_speed && o_.types.empty() && !measured.empty()) {
+        j.calibrated = calibratedSpeed(s.speed, measured, j.demand);
+        s.speed = &j.calibrated;
+      }
       v.jobs.push_back(s);
       active.push_back(&j);
     }
