@@ -12,12 +12,23 @@ time (mean wall clock between step commits after the first 500), its start-up (l
 the first commit) and its end (the last commit to the process's exit:
 final evaluation, summary, teardown); the simulator gets start-up + end
 as --start-seconds (both hold the job's slots). The live
-jobs are submitted with a calibration profile (`morph calibrate`), so the
-live morph policy works from the planner's predicted speeds, not linear
-ones. Durations
-are scaled to 8-16 s a job at its demand (--scale multiplies them). Prints
-each job's JCT live and simulated and their ratio. Only the processes the
-script starts are ended (by pid).
+jobs are submitted with a calibration profile (`morph calibrate`); the live
+morph policy decides with the planner's predicted speeds until a job has
+measured steps of its own, then with those (src/sched/step_meter.h).
+Durations are scaled to 8-16 s a job at its demand (--scale multiplies
+them). Prints each job's JCT live and simulated and their ratio twice:
+
+- "alone": the simulator given the tables measured alone before the live
+  run (one 3000-step run per worker count: a prediction, which carries
+  whatever load the machine had while it was measured);
+- "live figures": the simulator given what each job's step cost in the
+  live run itself (`morph queue --json`'s measured `step_seconds`, the
+  figure the live morph policy decides with; counts a job did not run on
+  from the other jobs of the run, else the alone table) and the run's mean
+  start-up + end: what is left to compare is the scheduling (queueing,
+  order, resizes), not the step time.
+
+Only the processes the script starts are ended (by pid).
 """
 import argparse
 import json
@@ -108,12 +119,16 @@ def live(morph, d, policy, jobs, profile):
         for line in open(out + ".log"):
             if " started on " in line or " resized " in line or "resize to" in line:
                 print(f"  live {policy}: {line.strip()}")
+        overhead = []
         for x in q["jobs"]:
             t = [json.loads(l)["unix_time"] for l in open(os.path.join(x["dir"], "metrics.jsonl"))]
+            overhead.append(t[0] - x["started"] + x["ended"] - t[-1])
+            meas = ", ".join(f"{k}: {1e3 * v:.3f}" for k, v in sorted(x["step_seconds"].items()))
             print(f"  live {policy}: job {x['id']}: queued {x['started'] - x['submitted']:.2f} s, start-up "
                   f"{t[0] - x['started']:.2f} s, {len(t)} steps {t[-1] - t[0]:.2f} s "
-                  f"({1e3 * (t[-1] - t[0]) / max(1, len(t) - 1):.3f} ms each), end {x['ended'] - t[-1]:.2f} s")
-        return [x["ended"] - x["submitted"] for x in q["jobs"]]
+                  f"({1e3 * (t[-1] - t[0]) / max(1, len(t) - 1):.3f} ms each; the scheduler measured ms by "
+                  f"workers {{{meas}}}), end {x['ended'] - t[-1]:.2f} s")
+        return [x["ended"] - x["submitted"] for x in q["jobs"]], q["jobs"], statistics.mean(overhead)
     finally:
         cluster.terminate()
         cluster.wait(timeout=30)
@@ -160,20 +175,44 @@ def main():
                           "steps": steps, "step_seconds": table})
         tf = os.path.join(d, "trace.json")
         json.dump({"jobs": trace}, open(tf, "w"))
+        def simulate(trace_file, policy, start_seconds):
+            return json.loads(subprocess.run([morph, "cluster", "simulate", trace_file, "--slots", "2", "--policy",
+                                              policy, "--start-seconds", f"{start_seconds:.3f}", "--json"],
+                                             check=True, capture_output=True, text=True).stdout)
+
+        summary = []
         for policy in a.policies.split(","):
-            sim = json.loads(subprocess.run([morph, "cluster", "simulate", tf, "--slots", "2", "--policy", policy,
-                                             "--start-seconds", f"{start:.3f}", "--json"], check=True,
-                                            capture_output=True, text=True).stdout)
-            meas = live(morph, d, policy, jobs, profile)
-            print(f"\n{policy}: JCT per job, live vs simulated\n\n| job | live s | simulated s | live / sim |\n|---|---|---|---|")
-            ratios = []
-            for i, j in enumerate(sim["jobs"]):
-                r = meas[i] / j["jct_seconds"]
-                ratios.append(r)
-                print(f"| j{i} | {meas[i]:.1f} | {j['jct_seconds']:.1f} | {r:.3f} |")
-            print(f"mean JCT live {statistics.mean(meas):.1f} s, simulated {sim['mean_jct_seconds']:.1f} s; "
-                  f"per-job |error| max {100 * max(abs(r - 1) for r in ratios):.1f}%, "
-                  f"mean {100 * statistics.mean(abs(r - 1) for r in ratios):.1f}%")
+            sim = simulate(tf, policy, start)
+            meas, qjobs, live_start = live(morph, d, policy, jobs, profile)
+            # The live run's own figures: each job's measured step by worker
+            # count; a count it did not run on from the run's other jobs
+            # (their mean), else from the table measured alone.
+            pooled = {}
+            for x in qjobs:
+                for k, v in x["step_seconds"].items():
+                    pooled.setdefault(k, []).append(v)
+            own = []
+            for t, x in zip(trace, qjobs):
+                st = {str(k): x["step_seconds"].get(str(k)) or (statistics.mean(pooled[str(k)]) if str(k) in pooled
+                                                                else table[str(k)]) for k in range(1, t["demand"] + 1)}
+                own.append(dict(t, step_seconds=st))
+            tf_own = os.path.join(d, f"trace-{policy}-live.json")
+            json.dump({"jobs": own}, open(tf_own, "w"))
+            sim_own = simulate(tf_own, policy, live_start)
+            for label, sm, st in (("alone", sim, start), ("live figures", sim_own, live_start)):
+                print(f"\n{policy}, simulated with the {label} (--start-seconds {st:.2f}): JCT per job\n\n"
+                      f"| job | live s | simulated s | live / sim |\n|---|---|---|---|")
+                ratios = []
+                for i, j in enumerate(sm["jobs"]):
+                    r = meas[i] / j["jct_seconds"]
+                    ratios.append(r)
+                    print(f"| j{i} | {meas[i]:.1f} | {j['jct_seconds']:.1f} | {r:.3f} |")
+                line = (f"{policy}, {label}: mean JCT live {statistics.mean(meas):.1f} s, simulated "
+                        f"{sm['mean_jct_seconds']:.1f} s; per-job |error| max {100 * max(abs(r - 1) for r in ratios):.1f}%, "
+                        f"mean {100 * statistics.mean(abs(r - 1) for r in ratios):.1f}%")
+                print(line)
+                summary.append(line)
+        print("\nsummary:\n" + "\n".join(summary))
     return 0
 
 
