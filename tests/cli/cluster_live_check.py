@@ -6,7 +6,9 @@ job ends done with its standalone run's model_hash; that at no poll (every
 process table (worker processes whose manager the cluster started); under
 wfs and morph that at least one job was resized while it ran (its own log
 says so); under fifo that none was, and that a cancelled queued job never
-starts. Only the processes this script starts are ended (by pid).
+starts; that each job's measured step (the queue's step_seconds) is a mean
+of its own gaps between commits. Only the processes this script starts are
+ended (by pid).
 
   cluster_live_check.py MORPH POLICY WORKDIR   (WORKDIR holds j0..j3.toml and refs.json)
 """
@@ -133,6 +135,22 @@ try:
             fail(f"job {j['id']} (j{i}) ended {j['state']}: {open(os.path.join(j['dir'], 'log')).read()}")
         if j["model_hash"] != refs[str(i)]:
             fail(f"job j{i}: model_hash {j['model_hash']}, standalone {refs[str(i)]}")
+        # The scheduler's measured step (step_seconds, by worker count): a
+        # mean of the job's own gaps between commits on that count, so
+        # between the smallest and the largest of them; the count it ran
+        # most steps on is there.
+        lines = [json.loads(l) for l in open(os.path.join(j["dir"], "metrics.jsonl"))]
+        gaps = {}
+        for a, b in zip(lines, lines[1:]):
+            if a["workers"] == b["workers"]:
+                gaps.setdefault(str(b["workers"]), []).append(b["unix_time"] - a["unix_time"])
+        most = max(gaps, key=lambda k: len(gaps[k]))
+        if most not in j["step_seconds"]:
+            fail(f"job j{i}: no measured step on {most} workers: {j['step_seconds']}")
+        for k, sec in j["step_seconds"].items():
+            if k not in gaps or not min(gaps[k]) - 1e-6 <= sec <= max(gaps[k]) + 1e-6:
+                fail(f"job j{i}: measured {sec} s per step on {k} workers, its gaps there "
+                     f"{min(gaps.get(k, [0]))}..{max(gaps.get(k, [0]))} s")
         log = open(os.path.join(j["dir"], "log")).read()
         # Resized while it ran: its manager formed a new generation on request.
         if re.search(r"generation [0-9]+: request", log):
