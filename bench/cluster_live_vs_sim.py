@@ -4,7 +4,7 @@ trace run by `morph cluster` (real Morph jobs, submitted at their arrival
 times) and by `morph cluster simulate`, under fifo and morph, on 2 slots.
 
   python3 bench/cluster_live_vs_sim.py [--morph build/morph] [--policies fifo,morph] [--scale 1]
-        [--hidden 32] [--global 20]
+        [--hidden 32] [--global 20] [--arrivals 0,3,6,9,12,15]
 
 The trace's speed tables are measured first, in the same run: each job
 file alone on 1 and 2 workers (`morph run --workers k`), its steady step
@@ -141,7 +141,14 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--hidden", type=int, default=32, help="the MLP's hidden width (work per step)")
     ap.add_argument("--global", dest="batch", type=int, default=20, help="global batch (a multiple of 4)")
+    ap.add_argument("--arrivals", default=",".join(str(x) for x in ARRIVALS),
+                    help="the six jobs' arrival seconds (with the default, under morph, whether job 4 or job 5 "
+                         "gets the slot job 2 frees hangs on job 2 ending before or after job 5 arrives at 15 s "
+                         "for step-time ratios and start-ups seen here: a coin flip live)")
     a = ap.parse_args()
+    arrivals = [float(x) for x in a.arrivals.split(",")]
+    if len(arrivals) != 6:
+        sys.exit("--arrivals: expected six seconds")
     global HIDDEN, BATCH
     HIDDEN, BATCH = a.hidden, a.batch
     morph = os.path.abspath(a.morph)
@@ -170,8 +177,8 @@ def main():
             steps = int(SECONDS[i] * a.scale / table[str(DEMANDS[i])])
             f = os.path.join(d, f"j{i}.toml")
             open(f, "w").write(JOB.format(name=f"j{i}", seed=i + 1, steps=steps, hidden=HIDDEN, batch=BATCH))
-            jobs.append({"file": f, "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i]})
-            trace.append({"name": f"j{i}", "arrival": ARRIVALS[i], "priority": PRIORITIES[i], "demand": DEMANDS[i],
+            jobs.append({"file": f, "arrival": arrivals[i], "priority": PRIORITIES[i], "demand": DEMANDS[i]})
+            trace.append({"name": f"j{i}", "arrival": arrivals[i], "priority": PRIORITIES[i], "demand": DEMANDS[i],
                           "steps": steps, "step_seconds": table})
         tf = os.path.join(d, "trace.json")
         json.dump({"jobs": trace}, open(tf, "w"))
