@@ -169,6 +169,9 @@ WspMemory wspWorkerMemory(const WspMemoryInput& in) {
   // ParamShard::pull's copy and serve's clone, per peer at once.
   m.replies = static_cast<int64_t>(2 * state * (w - 1));
   if (in.checkpoints) m.snapshot = static_cast<int64_t>(state + 4 * in.shard_params * in.optim_copies);
+  // WspWorker::own_ (read-my-writes, D >= 1): a float per value of each of
+  // its waves a shard may not have applied, pending_clocks at most.
+  if (in.pending_clocks > 1) m.own = static_cast<int64_t>(4 * in.values * static_cast<double>(in.pending_clocks));
   return m;
 }
 
@@ -185,6 +188,7 @@ std::string WspMemory::describe() const {
   add("pending pushes", pending);
   add("pull replies", replies);
   add("snapshot", snapshot);
+  add("own pushes", own);
   return s;
 }
 

@@ -68,7 +68,8 @@ struct WspMemory {
   int64_t pending = 0;   // pushes not applied yet: pending_clocks x W - 1 of the shard, and the clock's sum
   int64_t replies = 0;   // pull replies in flight: two copies of the shard's weights per peer
   int64_t snapshot = 0;  // with checkpoints: the shard's kept state
-  int64_t total() const { return wave_sum + push + shard + receive + pending + replies + snapshot; }
+  int64_t own = 0;       // D >= 1: its own pushes not yet applied, as floats (WspWorker::own_)
+  int64_t total() const { return wave_sum + push + shard + receive + pending + replies + snapshot + own; }
   // "wave sum 1.0 MiB + push 0.5 MiB + ..."
   std::string describe() const;
 };

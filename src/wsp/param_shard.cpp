@@ -159,7 +159,19 @@ void ParamShard::waitUntil(std::unique_lock<std::mutex>& l, const std::function<
   }
 }
 
-ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop) {
+double ParamShard::predictionCoefficient(const JobSpec& job, int64_t steps, int64_t version, int64_t clock) {
+  const OptimSpec& o = job.optim;
+  if (o.name != "sgd" || o.momentum <= 0.0 || clock <= version) return 0.0;
+  double a = 0.0, mu = o.nesterov ? o.momentum : 1.0;
+  for (int64_t k = version; k < clock; ++k) {
+    mu *= o.momentum;
+    a += learningRate(o, k * job.wave, steps) * mu;
+  }
+  return a;
+}
+
+ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop,
+                                    int64_t clock) {
   std::unique_lock<std::mutex> l(mu_);
   const int64_t want = exactly >= 0 ? exactly : at_least;
   waitUntil(l, [&] { return version_ >= want; }, stop);
@@ -168,8 +180,22 @@ ParamShard::Pulled ParamShard::pull(int64_t at_least, int64_t exactly, const std
   p.version = version_;
   p.scales = scales_;
   p.state.reserve(static_cast<size_t>(state_floats_));
-  for (const torch::Tensor& t : state_)
-    if (t.defined()) p.state.insert(p.state.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+  const double a = predictionCoefficient(job_, steps_, version_, clock);
+  torch::NoGradGuard no_grad;
+  size_t param = 0;
+  for (size_t s = 0; s < state_.size(); ++s) {
+    const torch::Tensor& t = state_[s];
+    if (!t.defined()) continue;
+    const bool is_param = kinds_[s] == StepCore::Segment::kParam;
+    if (a != 0.0 && is_param && version_ > 0) {
+      // w - a * buf, in float as the optimiser's own update.
+      const torch::Tensor w = t.detach().add(opt_->paramState(param).at(0).second, -a);
+      p.state.insert(p.state.end(), w.data_ptr<float>(), w.data_ptr<float>() + w.numel());
+    } else {
+      p.state.insert(p.state.end(), t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    }
+    if (is_param) ++param;
+  }
   if (replay_) {
     ++served_[version_];
     applyReady();

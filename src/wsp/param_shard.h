@@ -65,7 +65,16 @@ class ParamShard {
   // is exactly that: a replay), then copies it. `stop` (may be empty) is
   // asked every kStopPoll while it waits: CommFailure once it says true
   // (the generation was aborted: a peer whose push it waits for is lost).
-  Pulled pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop = {});
+  // `clock`: the puller's clock c (-1: none). With SGD and momentum, a
+  // pull of version r < c gets the weights predicted for version c: r's
+  // weights moved on by the momentum alone over clocks r .. c - 1
+  // (predicted(); docs/wsp.md, "Pulls, the gate, and D").
+  Pulled pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop = {}, int64_t clock = -1);
+  // The coefficient a of the momentum in the prediction w - a * buf of
+  // version `version` for clock `clock` (0 when clock <= version, or
+  // without momentum): sum over i = 1 .. clock - version of
+  // lr(clock (version + i - 1)) * mu^i (mu^(i+1) with Nesterov).
+  static double predictionCoefficient(const JobSpec& job, int64_t steps, int64_t version, int64_t clock);
 
   // Checkpoints (docs/wsp.md, "Checkpoints and lost workers"). The state
   // at a version: the pull's, plus every parameter's optimiser state (in

@@ -6,6 +6,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "exec/fixed_point.h"
+#include "wsp/own_pushes.h"
 #include "wsp/wsp_recovery.h"
 
 namespace morph {
@@ -90,7 +92,7 @@ void WspWorker::serve(int peer) {
           continue;
         }
         MORPH_CHECK_EQ(h[0], static_cast<int64_t>(kPull));
-        const ParamShard::Pulled got = shard_->pull(h[2], h[3], [this] { return stop(); });
+        const ParamShard::Pulled got = shard_->pull(h[2], h[3], [this] { return stop(); }, h[1]);
         torch::Tensor meta = torch::empty({1 + static_cast<int64_t>(got.scales.size())}, torch::kInt64);
         meta.data_ptr<int64_t>()[0] = got.version;
         for (size_t s = 0; s < got.scales.size(); ++s) meta.data_ptr<int64_t>()[1 + s] = got.scales[s];
@@ -129,6 +131,36 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
   }
   for (auto& s : sends) s->wait();
   ++pushes_;
+  if (job_.staleness > 0 && job_.optim.name == "sgd") {
+    // Kept until every shard's version passes the wave (pullAll).
+    const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
+    std::vector<std::vector<float>>& g = own_[clock];
+    g.resize(segs_.size());
+    int64_t off = 0;
+    for (size_t s = 0; s < segs_.size(); ++s) {
+      if (segs_[s].kind == StepCore::Segment::kParam && segs_[s].state.defined()) {
+        g[s].resize(static_cast<size_t>(sizes_[s]));
+        dequantize(wave_.values.data() + off, sizes_[s], wave_.scales[s], B, g[s].data());
+      }
+      off += sizes_[s];
+    }
+  }
+}
+
+void WspWorker::addOwnPushes(int r, int64_t version, int64_t clock) {
+  // Shard r's weights of `version` lack this VW's pushes of waves version ..
+  // clock - 1: what the servers' SGD will do with them alone (ownPushesMove).
+  for (size_t s = map_.begin(r); s < map_.end(r); ++s) {
+    if (segs_[s].kind != StepCore::Segment::kParam || !segs_[s].state.defined()) continue;
+    std::vector<const std::vector<float>*> grads;
+    for (int64_t i = version; i < clock; ++i) {
+      auto it = own_.find(i);
+      grads.push_back(it == own_.end() ? nullptr : &it->second[s]);
+    }
+    const std::vector<float> move = ownPushesMove(job_, steps_, version, grads, static_cast<size_t>(sizes_[s]));
+    float* w = segs_[s].state.data_ptr<float>();
+    for (size_t j = 0; j < move.size(); ++j) w[j] -= move[j];
+  }
 }
 
 void WspWorker::pullAll(int64_t clock, bool final) {
@@ -174,7 +206,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     MORPH_CHECK_EQ(off, floats);
   };
   {
-    const ParamShard::Pulled got = shard_->pull(at_least, exact[static_cast<size_t>(me_)], [this] { return stop(); });
+    const ParamShard::Pulled got = shard_->pull(at_least, exact[static_cast<size_t>(me_)], [this] { return stop(); }, clock);
     std::vector<int64_t> scl(got.scales.begin(), got.scales.end());
     install(me_, got.version, scl.data(), got.state.data(), static_cast<int64_t>(got.state.size()));
   }
@@ -192,6 +224,11 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     install(r, meta.data_ptr<int64_t>()[0], meta.data_ptr<int64_t>() + 1, state.data_ptr<float>(), floats);
   }
   for (auto& s : sends) s->wait();
+  if (!own_.empty()) {
+    for (int r = 0; r < vws_; ++r) addOwnPushes(r, rec.versions[static_cast<size_t>(r)], clock);
+    const int64_t applied = *std::min_element(rec.versions.begin(), rec.versions.end());
+    own_.erase(own_.begin(), own_.lower_bound(applied));
+  }
   core.buffer().setScales(scales);
   MORPH_CHECK(rec.gap() <= job_.staleness || final, "a pull past the staleness bound");
   records_.push_back(rec);

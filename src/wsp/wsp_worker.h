@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -94,6 +95,12 @@ class WspWorker {
   std::exception_ptr server_error_;
   std::vector<PullRecord> records_;
   int64_t pushes_ = 0;
+  // Its own pushes a shard may not have applied yet: per wave, the wave's
+  // mean-gradient part G / B of every parameter segment (floats, the
+  // buffer's layout; empty for the other segments). A pull adds what they
+  // will do to the pulled weights (read-my-writes, docs/wsp.md).
+  std::map<int64_t, std::vector<std::vector<float>>> own_;
+  void addOwnPushes(int r, int64_t version, int64_t clock);
 };
 
 }  // namespace morph

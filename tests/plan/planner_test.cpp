@@ -880,7 +880,11 @@ TEST(PlannerWsp, StalenessBeyondTheDevicesMemoryIsRefusedNamingTheKeyAndWaveIsNo
   // 2 x 8 bytes each (48 MiB): 4 clocks more with D = 4.
   const int64_t per_clock = 2 * 8 * ((int64_t{3} << 20) + 1);
   EXPECT_EQ(d4.memory.pending - d0.memory.pending, 4 * per_clock);
-  EXPECT_EQ(d4.memory.total() - d0.memory.total(), 4 * per_clock);
+  // And each VW keeps its own pushes of those 5 clocks as floats (read-my-writes; none with D = 0).
+  const int64_t own = 4 * ((int64_t{4} << 20) + 2) * 5;
+  EXPECT_EQ(d0.memory.own, 0);
+  EXPECT_EQ(d4.memory.own, own);
+  EXPECT_EQ(d4.memory.total() - d0.memory.total(), 4 * per_clock + own);
   // The wave changes the clock, never the memory.
   const WspPrediction d4w = predictWsp(p, rq, {4, 64}, 0, "job.toml");
   EXPECT_EQ(d4w.memory.total(), d4.memory.total());

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "exec/fixed_point.h"
+#include "exec/optimizer.h"
+#include "wsp/own_pushes.h"
 #include "wsp/param_shard.h"
 #include "wsp/scaled_sum.h"
 #include "comm/communicator.h"
@@ -224,6 +226,85 @@ TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
   std::thread t([&] { EXPECT_EQ(shard.pull(0, 1).version, 1); });
   t.join();
   EXPECT_EQ(shard.version(), 2);
+}
+
+// A pull for a clock past the version (D >= 1) gets the weights moved on
+// by the momentum alone over the missing clocks (docs/wsp.md, "Pulls, the
+// gate, and D"); a pull at the version (D = 0: the sync step) gets the
+// weights as they are. The old rule handed every pull the stale weights.
+TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
+  JobSpec job;
+  job.global_batch = 4;
+  job.virtual_nodes = 2;
+  job.optim.lr = 0.5;
+  job.optim.momentum = 0.9;
+  job.sync_mode = SyncMode::kWsp;
+  job.staleness = 2;
+  // a = sum over the 2 missing clocks of lr x mu^i: 0.5 (0.9 + 0.81).
+  EXPECT_DOUBLE_EQ(ParamShard::predictionCoefficient(job, 10, 1, 3), 0.5 * (0.9 + 0.81));
+  EXPECT_EQ(ParamShard::predictionCoefficient(job, 10, 3, 3), 0.0);
+  JobSpec nesterov = job;
+  nesterov.optim.nesterov = true;
+  EXPECT_DOUBLE_EQ(ParamShard::predictionCoefficient(nesterov, 10, 1, 3), 0.5 * (0.81 + 0.729));
+  JobSpec plain = job;
+  plain.optim.momentum = 0.0;
+  EXPECT_EQ(ParamShard::predictionCoefficient(plain, 10, 1, 3), 0.0);
+
+  torch::Tensor w = torch::zeros({2});
+  std::vector<StepCore::Segment> segs = {{StepCore::Segment::kParam, w, 0.0},
+                                         {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
+  ParamShard shard(job, 10, 2, segs, {2, 2}, 0, 1, {4, 4});
+  double mx = 2.0;
+  int64_t bits;
+  std::memcpy(&bits, &mx, sizeof bits);
+  const int64_t push[] = {4, bits, 16, -32, 1};  // g = (1, -2) at scale 4
+  shard.push(0, 0, push);
+  shard.push(1, 0, push);
+  // Version 1: buf = g = (0.5, -1) (the first step sets it), w = -lr buf.
+  const ParamShard::Pulled now = shard.pull(1, -1, {}, 1);
+  EXPECT_EQ(now.version, 1);
+  EXPECT_FLOAT_EQ(now.state[0], -0.25f);
+  EXPECT_FLOAT_EQ(now.state[1], 0.5f);
+  const ParamShard::Pulled ahead = shard.pull(1, -1, {}, 3);
+  EXPECT_EQ(ahead.version, 1);
+  EXPECT_FLOAT_EQ(ahead.state[0], -0.25f - 0.855f * 0.5f);
+  EXPECT_FLOAT_EQ(ahead.state[1], 0.5f + 0.855f);
+  // The shard's own weights are untouched: the look-ahead is the pull's.
+  EXPECT_FLOAT_EQ(shard.pull(1, -1).state[0], -0.25f);
+}
+
+// Read-my-writes: what the servers' SGD (momentum, a schedule over clocks)
+// will do with a VW's own pushes alone is what the optimiser does from a
+// zero buffer with those gradients, clock by clock (a clock without a push
+// of its own carries the buffer on).
+TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
+  for (bool nesterov : {false, true}) {
+    JobSpec job;
+    job.wave = 4;
+    job.optim.lr = 0.1;
+    job.optim.momentum = 0.9;
+    job.optim.nesterov = nesterov;
+    job.optim.warmup_steps = 6;
+    job.optim.schedule = "cosine";
+    const int64_t steps = 40, version = 2;
+    const std::vector<float> g0{1.0f, -2.0f, 0.5f}, g2{-0.25f, 4.0f, 1.0f};
+    const std::vector<float> move = ownPushesMove(job, steps, version, {&g0, nullptr, &g2}, 3);
+    torch::Tensor p = torch::zeros({3}).requires_grad_(true);
+    OptimSpec o = job.optim;
+    std::unique_ptr<Optimizer> opt = makeOptimizer(o, {p});
+    opt->setStepCount(1);  // past PyTorch's first-step convention: buf = mu * 0 + g
+    opt->paramState(0);     // the zero buffer
+    for (int64_t i = 0; i < 3; ++i) {
+      const std::vector<float>& g = i == 0 ? g0 : i == 2 ? g2 : std::vector<float>(3, 0.0f);
+      p.mutable_grad() = torch::tensor(g);
+      opt->step(learningRate(o, (version + i) * job.wave, steps));
+    }
+    ASSERT_EQ(move.size(), 3u);
+    for (int j = 0; j < 3; ++j) EXPECT_NEAR(-move[j], p.detach()[j].item<float>(), 1e-6) << "nesterov " << nesterov;
+    EXPECT_GT(move[0], 0.0f);  // not trivially zero
+  }
+  JobSpec job;
+  EXPECT_TRUE(ownPushesMove(job, 10, 0, {nullptr, nullptr}, 3).empty());  // none of its own: nothing
 }
 
 // Checkpointed versions: the first clock at or past each multiple of

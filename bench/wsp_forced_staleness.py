@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""WSP with a forced staleness (docs/wsp.md, "Pulls, the gate, and D"): a
+deterministic experiment of what D >= 1 does to convergence, free of
+timing. It writes a replay log (docs/wsp.md, "The log and replay") in
+which every pull of virtual worker 0 receives version max(0, c - D) of
+every shard at its clock c (with --all: every VW's pulls), the others'
+version c, and runs
+
+  morph run JOB --workers 2 --set job.steps=S --set eval.every=E
+            --set sync.mode=wsp --set sync.staleness=D --set sync.wave=W
+            --replay LOG
+
+for each D, printing the test accuracies and the model hash (the same
+hash every time: the log fixes every pull). Even VN shares (no resources
+file), so the log's shares record is [N/2, N/2].
+
+  python3 bench/wsp_forced_staleness.py --staleness 0,1,4 --steps 200
+  python3 bench/wsp_forced_staleness.py --morph /path/to/old/morph ...
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def forced_log(steps, wave, d, shares, every_vw):
+    clocks = (steps + wave - 1) // wave
+    lines = [json.dumps({"vn_shares": shares})]
+    for v in range(len(shares)):
+        for c in range(1, clocks + 1):
+            stale = every_vw or v == 0
+            ver = c if c == clocks else (max(0, c - d) if stale else c)
+            lines.append(json.dumps({"vw": v, "pull": c - 1, "clock": c, "versions": [ver] * len(shares),
+                                     "gap": c - ver}))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--morph", default=os.path.join(ROOT, "build", "morph"))
+    ap.add_argument("--job", default=os.path.join(ROOT, "examples", "fmnist-cnn.toml"))
+    ap.add_argument("--vns", type=int, default=16, help="the job's batch.virtual_nodes (shares N/2 + N/2)")
+    ap.add_argument("--staleness", default="0,1,4")
+    ap.add_argument("--wave", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--all", action="store_true", help="every VW's pulls D clocks old, not only VW 0's")
+    args = ap.parse_args()
+    shares = [args.vns // 2, args.vns - args.vns // 2]
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in [int(x) for x in args.staleness.split(",")]:
+            log = os.path.join(tmp, "log-%d.jsonl" % d)
+            with open(log, "w") as f:
+                f.write(forced_log(args.steps, args.wave, d, shares, args.all))
+            out = os.path.join(tmp, "out-%d" % d)
+            cmd = [args.morph, "run", args.job, "--quiet", "--workers", "2", "--out", out,
+                   "--set", "job.steps=%d" % args.steps, "--set", "eval.every=%d" % args.eval_every,
+                   "--set", "sync.mode=wsp", "--set", "sync.staleness=%d" % d, "--set", "sync.wave=%d" % args.wave,
+                   "--replay", log]
+            t0 = time.time()
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit("D = %d: exit %d\n%s" % (d, r.returncode, r.stderr[-2000:]))
+            acc = []
+            for line in open(os.path.join(out, "metrics.jsonl")):
+                j = json.loads(line)
+                if "test_accuracy" in j:
+                    acc.append("%d:%.3f" % (j.get("step", -1), j["test_accuracy"]))
+            h = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "?"
+            print("D = %d (%s): test accuracy %s; %s; %.0f s" % (d, "every VW" if args.all else "VW 0", " ".join(acc),
+                                                                h, time.time() - t0), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+// Read-my-writes of a WSP virtual worker (docs/wsp.md, "Pulls, the gate,
+// and D"): the servers' weights it pulls lack its own pushes that a shard
+// has not applied yet, so it adds what the servers' SGD will do with them.
+// Pure arithmetic on floats, the same bits for the same inputs (replay).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/job_spec.h"
+
+namespace morph {
+
+// The move of one tensor of `n` values that the servers' optimiser
+// (job.optim: SGD, with its momentum and Nesterov; one step per clock at
+// lr(k * job.wave) of a job of `steps`) makes by clock `version + size of
+// grads` from these gradients alone, clock version + i's being grads[i]
+// (a mean-gradient part G / B; null: none that clock): buf = mu buf + g,
+// move += lr buf (Nesterov: lr (g + mu buf)), from buf = 0. The weights
+// are then w - move. Empty when every entry is null.
+std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t version,
+                                 const std::vector<const std::vector<float>*>& grads, size_t n);
+
+}  // namespace morph
