@@ -48,6 +48,11 @@ struct PlanRequest {
   // all-reduce): the same best plan, far fewer simulations where hosts hold
   // more ranks than cores. false: the search before issue 30 (bench/tests).
   bool host_bounds = true;
+  // With slot_slowdown: also cut each group by its own devices (HetPipe's
+  // virtual workers, PlanSpec::group_cuts) and report the fastest such
+  // plan beside the shared cut (PlanOutcome::group_cuts). Never chosen:
+  // `morph run` runs one shared cut (docs/planner.md, "A cut per group").
+  bool compare_group_cuts = true;
 };
 
 struct PlanChoice {
@@ -56,11 +61,24 @@ struct PlanChoice {
   double bottleneck_s = 0;  // the cut's slowest stage, per VN
 };
 
+// A cut per group against one shared cut, on the same groups, schedule
+// and recomputation (planJob() with compare_group_cuts).
+struct GroupCutComparison {
+  PlanChoice per_group;               // the fastest plan found with plan.group_cuts
+  std::optional<PlanChoice> shared;   // its groups with the planner's shared cut (none fits: nullopt)
+  int64_t candidates = 0, simulated = 0;
+};
+
 struct PlanOutcome {
   std::vector<PlanChoice> plans;  // best first, at most top_k
   int64_t candidates = 0;         // (P, D, schedule, recompute) combinations considered
   int64_t simulated = 0;          // of which simulated
   double planning_seconds = 0;    // the search alone
+  // With slot_slowdown and compare_group_cuts: the fastest plan with a cut
+  // per group among the groupings searched whose groups' own cuts differ
+  // (nullopt: none did; then a cut per group is the shared cut). Not in
+  // `plans`: morph run cannot run it.
+  std::optional<GroupCutComparison> group_cuts;
 };
 
 // With slot_slowdown set (heterogeneous devices), a plan is D groups of P
