@@ -160,6 +160,8 @@ json groupCutsJson(const GroupCutComparison& g, const PlanOutcome& out, int work
   per_group["group_cuts"] = g.per_group.plan.group_cuts;
   json doc = {{"per_group", per_group},
               {"best_shared_step_seconds", out.plans.front().sim.step_seconds},
+              {"beats_best", g.beats_best},
+              {"of_chosen", g.of_chosen},
               {"candidates", g.candidates},
               {"simulated", g.simulated},
               {"runnable", false}};
@@ -170,7 +172,11 @@ json groupCutsJson(const GroupCutComparison& g, const PlanOutcome& out, int work
 void printGroupCuts(const GroupCutComparison& g, const PlanOutcome& out, const std::vector<std::string>& names) {
   const PlanChoice& c = g.per_group;
   std::printf("\na cut per group (HetPipe; morph run runs one shared cut: docs/planner.md, \"A cut per group\"):\n");
-  std::printf("  %d stages x %d groups, %s%s: predicted %.2f ms per step", c.plan.stages, c.plan.replicas,
+  std::printf("  %s: %d stages x %d groups, %s%s: predicted %.2f ms per step",
+              g.beats_best  ? "the fastest found, faster than the best plan above"
+              : g.of_chosen ? "the chosen plan's groups"
+                            : "the groups of the smallest bound (the chosen plan's groups cut alike)",
+              c.plan.stages, c.plan.replicas,
               scheduleLabel(c.plan).c_str(), c.plan.recompute ? " with recomputation" : "", c.sim.step_seconds * 1e3);
   if (g.shared)
     std::printf("; one shared cut on the same groups %.2f ms (per group / shared %.3f)", g.shared->sim.step_seconds * 1e3,

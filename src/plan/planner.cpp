@@ -950,28 +950,51 @@ std::vector<int> slotsBySpeed(const PlanRequest& rq, const DeviceSearch& ds) {
 }
 
 // PlanOutcome::group_cuts: the per-group candidates in the order of their
-// bound, simulated until the bound cannot beat the fastest so far; then
-// that plan's shared counterpart.
+// bound, simulated while the bound could beat both the best plan (a shared
+// cut) and the fastest per-group plan so far, at most
+// kMaxGroupCutSimulations of them (a report, not a choice: planning time
+// stays the shared search's): exact for "does a cut per group beat the
+// best plan?" over the groupings searched when the cap is not reached. When none does,
+// the chosen plan's groups with a cut each (else the candidate of the
+// smallest bound): one simulation. Then the shared counterpart.
+constexpr int64_t kMaxGroupCutSimulations = 16;
 void compareGroupCuts(const Profile& p, const PlanRequest& rq, Search& search, DeviceSearch& ds, PlanOutcome& out) {
   auto& cands = ds.groupCutCandidates();
-  if (cands.empty()) return;
+  if (cands.empty() || out.plans.empty()) return;
   std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.bound < b.bound; });
   GroupCutComparison cmp;
   cmp.candidates = static_cast<int64_t>(cands.size());
-  const PlanSpec* shared = nullptr;
-  bool found = false;
-  for (const auto& c : cands) {
-    if (found && c.bound >= cmp.per_group.sim.step_seconds) break;
-    if (!ds.ranksFit(c.per_group)) continue;
+  const double best_shared = out.plans.front().sim.step_seconds;
+  const DeviceSearch::GroupCutCandidate* pick = nullptr;
+  auto sim = [&](const DeviceSearch::GroupCutCandidate& c) {
+    if (!ds.ranksFit(c.per_group)) return false;
     ++cmp.simulated;
     const SimResult r = simulate(p, c.per_group, simOptionsFor(rq, c.per_group, search));
-    if (found && !(r.step_seconds < cmp.per_group.sim.step_seconds)) continue;
+    if (pick && !(r.step_seconds < cmp.per_group.sim.step_seconds)) return false;
     cmp.per_group.plan = c.per_group;
     cmp.per_group.sim = r;
-    shared = &c.shared;
-    found = true;
+    pick = &c;
+    return true;
+  };
+  for (const auto& c : cands) {
+    if (c.bound >= std::min(best_shared, pick ? cmp.per_group.sim.step_seconds : 1e300) ||
+        cmp.simulated >= kMaxGroupCutSimulations)
+      break;
+    sim(c);
   }
-  if (!found) return;
+  cmp.beats_best = pick && cmp.per_group.sim.step_seconds < best_shared;
+  if (!cmp.beats_best) {
+    pick = nullptr;
+    for (const auto& c : cands)
+      if (samePlan(c.shared, out.plans.front().plan) && sim(c)) {
+        cmp.of_chosen = true;
+        break;
+      }
+    for (const auto& c : cands)
+      if (!pick && sim(c)) break;
+  }
+  if (!pick) return;
+  const PlanSpec* shared = &pick->shared;
   // The shared counterpart: among the planner's own results when there,
   // else simulated here.
   for (const PlanChoice& c : out.plans)

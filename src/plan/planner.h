@@ -64,7 +64,13 @@ struct PlanChoice {
 // A cut per group against one shared cut, on the same groups, schedule
 // and recomputation (planJob() with compare_group_cuts).
 struct GroupCutComparison {
-  PlanChoice per_group;               // the fastest plan found with plan.group_cuts
+  // beats_best: the fastest plan with plan.group_cuts over the groupings
+  // searched, faster than plans.front(); else the chosen plan's groups
+  // (when they cut differently; else the candidate of the smallest bound),
+  // each with a cut of its own.
+  PlanChoice per_group;
+  bool beats_best = false;
+  bool of_chosen = false;  // not beats_best: the chosen plan's groups
   std::optional<PlanChoice> shared;   // its groups with the planner's shared cut (none fits: nullopt)
   int64_t candidates = 0, simulated = 0;
 };
@@ -74,10 +80,10 @@ struct PlanOutcome {
   int64_t candidates = 0;         // (P, D, schedule, recompute) combinations considered
   int64_t simulated = 0;          // of which simulated
   double planning_seconds = 0;    // the search alone
-  // With slot_slowdown and compare_group_cuts: the fastest plan with a cut
-  // per group among the groupings searched whose groups' own cuts differ
-  // (nullopt: none did; then a cut per group is the shared cut). Not in
-  // `plans`: morph run cannot run it.
+  // With slot_slowdown and compare_group_cuts: a plan with a cut per group
+  // (GroupCutComparison) among the groupings searched whose groups' own
+  // cuts differ (nullopt: none did; then a cut per group is the shared
+  // cut). Not in `plans`: morph run cannot run it.
   std::optional<GroupCutComparison> group_cuts;
 };
 
@@ -97,6 +103,8 @@ struct PlanOutcome {
 // few), then every such cut tried on every group (the best order for that
 // cut) and the cut with the fastest slowest group kept: exact when all
 // groups are alike (ED, balanced), a search over candidate cuts otherwise.
+// With compare_group_cuts, groups whose own cuts differ are also planned
+// each on its own cut (PlanOutcome::group_cuts; reported, never chosen).
 // InputError when no plan fits the devices' memory, naming the tightest
 // device and the shortfall.
 PlanOutcome planJob(const Profile& profile, const PlanRequest& request);
