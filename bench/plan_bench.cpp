@@ -14,8 +14,8 @@
 //    blocks for type 1, the reverse for type 2), against one factor per
 //    type with the same whole-model compute: planning_seconds, simulations
 //    and the best plan's step (each simulated with the per-layer costs).
-// 2c. A cut per group (issue 30, HetPipe): the pools of 2 and 2a (8 and
-//    128 devices; one factor per type, and per-layer type profiles), the
+// 2c. A cut per group (issue 30, HetPipe): the pools of 2 and 2a (8, 128
+//    and 1024 devices; one factor per type, and per-layer type profiles), the
 //    planner's best (shared-cut) plan, the fastest plan it found with a
 //    cut per group (PlanOutcome::group_cuts) and the shared cut on the same
 //    groups, simulated; planning_seconds with and without the comparison.
@@ -253,7 +253,7 @@ void groupCuts(const Profile& p, int64_t vns, int repeat) {
     tables.push_back(d);
   }
   const auto shared = std::make_shared<const std::vector<DeviceCosts>>(tables);
-  for (int n : {8, 128})
+  for (int n : {8, 128, 1024})
     for (bool per_layer : {false, true}) {
       PlanRequest rq;
       rq.virtual_nodes = vns;
