@@ -14,6 +14,11 @@
 //    blocks for type 1, the reverse for type 2), against one factor per
 //    type with the same whole-model compute: planning_seconds, simulations
 //    and the best plan's step (each simulated with the per-layer costs).
+// 2c. A cut per group (issue 30, HetPipe): the pools of 2 and 2a (8, 128
+//    and 1024 devices; one factor per type, and per-layer type profiles), the
+//    planner's best (shared-cut) plan, the fastest plan it found with a
+//    cut per group (PlanOutcome::group_cuts) and the shared cut on the same
+//    groups, simulated; planning_seconds with and without the comparison.
 // 2b. Allocation policies (HetPipe §8) on HetPipe's testbed shape: 4 hosts
 //    of 4 devices of one type each, compute factors and memory from the
 //    four GPUs' FP32 peak and memory (TITAN RTX 1.0 / 24 GiB, TITAN V 1.1 /
@@ -34,7 +39,7 @@
 //    128, 1024 on one host and pools of 8, 128, 1024 devices of 3 types, 8
 //    per host (e.g. --profile for gpt-mini with 48 blocks, dim 32, --vns 512).
 //
-//   build/bench/plan_bench [--profile FILE] [--vns V] [--repeat 5]
+//   build/bench/plan_bench [--profile FILE] [--vns V] [--repeat 5] [--group-cuts-only]
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -227,6 +232,68 @@ void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
     }
 }
 
+void groupCuts(const Profile& p, int64_t vns, int repeat) {
+  std::printf("\na cut per group against one shared cut, 3 types, %lld VNs, 8 devices per host (simulated)\n",
+              static_cast<long long>(vns));
+  std::printf("%8s %-10s %10s %10s %10s | %10s %10s %6s | %10s %10s | %9s %9s  %s\n", "devices", "costs",
+              "plan ms", "plan ms", "best", "per group", "shared", "ratio", "compute", "compute", "reduce", "reduce",
+              "per-group plan");
+  std::printf("%8s %-10s %10s %10s %10s | %10s %10s %6s | %10s %10s | %9s %9s\n", "", "", "(without)", "(with)",
+              "step ms", "step ms", "step ms", "", "per group", "shared", "per group", "shared");
+  int64_t whole = 0;
+  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+  std::vector<DeviceCosts> tables;
+  for (int t = 1; t <= 2; ++t) {
+    DeviceCosts d = deviceCostsOf(p, "type" + std::to_string(t));
+    for (size_t l = 0; l < d.layers.size(); ++l) {
+      const double k = (1.0 + 0.5 * t) * ((l % 2 == static_cast<size_t>(t % 2)) ? 1.5 : 0.5);
+      LayerTimes& x = d.layers[l];
+      x.forward_s *= k, x.forward_nograd_s *= k, x.backward_s *= k, x.recompute_s *= k;
+    }
+    tables.push_back(d);
+  }
+  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(tables);
+  for (int n : {8, 128, 1024})
+    for (bool per_layer : {false, true}) {
+      PlanRequest rq;
+      rq.virtual_nodes = vns;
+      rq.workers = n;
+      for (int s = 0; s < n; ++s) {
+        rq.slot_slowdown.push_back(per_layer ? 1.0 : 1.0 + 0.5 * (s % 3));
+        rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
+        rq.slot_host.push_back(s / 8);
+        if (per_layer) rq.slot_costs.push_back(s % 3 - 1);
+      }
+      if (per_layer) rq.sim.device_costs = shared;
+      PlanRequest off = rq;
+      off.compare_group_cuts = false;
+      double t_off = 0, t_on = 0;
+      planTimed(p, off, repeat, &t_off);
+      const PlanOutcome out = planTimed(p, rq, repeat, &t_on);
+      const double best = out.plans.front().sim.step_seconds;
+      const char* costs = per_layer ? "per-layer" : "one factor";
+      if (!out.group_cuts) {
+        std::printf("%8d %-10s %10.2f %10.2f %10.1f |  (every grouping's groups cut alike)\n", n, costs, t_off * 1e3,
+                    t_on * 1e3, best * 1e3);
+        continue;
+      }
+      const GroupCutComparison& g = *out.group_cuts;
+      const PlanSpec& pg = g.per_group.plan;
+      const SimResult none{};
+      const SimResult& sh = g.shared ? g.shared->sim : none;
+      std::printf("%8d %-10s %10.2f %10.2f %10.1f | %10.1f %10.1f %6.3f | %10.1f %10.1f | %9.1f %9.1f  P=%d D=%d %s, "
+                  "%lld of %lld simulated%s\n",
+                  n, costs, t_off * 1e3, t_on * 1e3, best * 1e3, g.per_group.sim.step_seconds * 1e3,
+                  sh.step_seconds * 1e3, g.shared ? g.per_group.sim.step_seconds / sh.step_seconds : 0.0,
+                  g.per_group.sim.schedule_seconds * 1e3, sh.schedule_seconds * 1e3,
+                  g.per_group.sim.reduce_seconds * 1e3, sh.reduce_seconds * 1e3, pg.stages, pg.replicas,
+                  scheduleLabel(pg).c_str(), static_cast<long long>(g.simulated), static_cast<long long>(g.candidates),
+                  g.beats_best  ? ", beats the best"
+                  : g.of_chosen ? ", the chosen plan's groups"
+                                : ", the smallest bound's groups");
+    }
+}
+
 void allocation(const Profile& p, int64_t vns) {
   std::printf("\nallocation policies: 16 devices, 4 hosts x 4 of one type, %lld VNs\n", static_cast<long long>(vns));
   const char* names[] = {"RTX", "V", "2060", "P4000"};
@@ -311,12 +378,19 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   app.add_option("--vns", vns, "VNs for the --profile rows")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--repeat", repeat, "plannings per figure (the best counts)")->check(CLI::Range(1, 1000));
+  bool group_cuts_only = false;
+  app.add_flag("--group-cuts-only", group_cuts_only, "section 2c alone (a cut per group)");
   if (const int rc = bench::parseArgs(app, argc, argv); rc >= 0) return rc;
   const Profile syn = synthetic(96);
+  if (group_cuts_only) {
+    groupCuts(syn, 512, repeat);
+    return 0;
+  }
   speed("synthetic", syn, 512, repeat);
   cuts("synthetic", syn, 64);
   devices(syn, 512, repeat);
   perLayerTypes(syn, 512, repeat);
+  groupCuts(syn, 512, repeat);
   allocation(synthetic(48, 4 * 1024 * 1024, 2), 64);
   Profile two_cores = syn;
   two_cores.host_cores = 2;

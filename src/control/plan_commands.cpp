@@ -153,6 +153,45 @@ json planJson(const PlanChoice& c, int workers) {
           {"workers", c.plan.workers}};
 }
 
+// A cut per group against one shared cut (docs/planner.md, "A cut per
+// group"): never run, reported.
+json groupCutsJson(const GroupCutComparison& g, const PlanOutcome& out, int workers) {
+  json per_group = planJson(g.per_group, workers);
+  per_group["group_cuts"] = g.per_group.plan.group_cuts;
+  json doc = {{"per_group", per_group},
+              {"best_shared_step_seconds", out.plans.front().sim.step_seconds},
+              {"beats_best", g.beats_best},
+              {"of_chosen", g.of_chosen},
+              {"candidates", g.candidates},
+              {"simulated", g.simulated},
+              {"runnable", false}};
+  if (g.shared) doc["shared_same_groups"] = planJson(*g.shared, workers);
+  return doc;
+}
+
+void printGroupCuts(const GroupCutComparison& g, const PlanOutcome& out, const std::vector<std::string>& names) {
+  const PlanChoice& c = g.per_group;
+  std::printf("\na cut per group (HetPipe; morph run runs one shared cut: docs/planner.md, \"A cut per group\"):\n");
+  std::printf("  %s: %d stages x %d groups, %s%s: predicted %.2f ms per step",
+              g.beats_best  ? "the fastest found, faster than the best plan above"
+              : g.of_chosen ? "the chosen plan's groups"
+                            : "the groups of the smallest bound (the chosen plan's groups cut alike)",
+              c.plan.stages, c.plan.replicas,
+              scheduleLabel(c.plan).c_str(), c.plan.recompute ? " with recomputation" : "", c.sim.step_seconds * 1e3);
+  if (g.shared)
+    std::printf("; one shared cut on the same groups %.2f ms (per group / shared %.3f)", g.shared->sim.step_seconds * 1e3,
+                c.sim.step_seconds / g.shared->sim.step_seconds);
+  std::printf("; the best plan above %.2f ms (%.3f)\n", out.plans.front().sim.step_seconds * 1e3,
+              c.sim.step_seconds / out.plans.front().sim.step_seconds);
+  const size_t P = static_cast<size_t>(c.plan.stages);
+  for (size_t d = 0; d < c.plan.group_cuts.size(); ++d) {
+    std::string slots;
+    for (size_t k = 0; k < P; ++k) slots += (k ? " " : "") + std::to_string(c.plan.workers[d * P + k]);
+    std::printf("  group %zu [%s], %lld VNs: %s\n", d, slots.c_str(), static_cast<long long>(c.plan.vn_shares[d]),
+                describeCuts(names, c.plan.group_cuts[d]).c_str());
+  }
+}
+
 void printPlans(const PlanOutcome& out, const std::vector<std::string>& names, int workers) {
   std::printf("%3s %3s %3s %4s %-8s %-9s %10s %7s  %-18s %-12s %s\n", "#", "P", "D", "idle", "schedule",
               "recompute", "step ms", "bubble", "peak MiB/stage", "VN shares", "cut");
@@ -502,12 +541,14 @@ int runPlan(const PlanOptions& o) {
       doc["allocations"] = rows;
     }
     if (wsp) doc["wsp"] = wspJson(*wsp, job);
+    if (out.group_cuts) doc["group_cuts"] = groupCutsJson(*out.group_cuts, out, rq.workers);
     if (!type_sources.empty()) doc["device_types"] = type_sources;
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
   }
   printTypeSources(type_sources);
   printPlans(out, names, rq.workers);
+  if (out.group_cuts) printGroupCuts(*out.group_cuts, out, names);
   if (!allocations.empty()) printAllocations(allocations);
   if (wsp) printWsp(*wsp, job);
   if (!o.out.empty()) std::printf("plan: %s\n", o.out.c_str());

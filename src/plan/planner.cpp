@@ -509,6 +509,7 @@ class DeviceSearch {
         // Each composition's own best order and cut; every cut found is
         // then tried on all groups (exact when the groups are alike).
         std::vector<std::vector<size_t>> cuts;
+        std::vector<DevicePipeline> own;  // per composition, its own best order and cut
         bool feasible = true;
         for (const auto& c : comps) {
           auto d = pipelineFor(c, kind, rc, M, base);
@@ -516,6 +517,7 @@ class DeviceSearch {
             feasible = false;
             break;
           }
+          own.push_back(*d);
           if (std::find(cuts.begin(), cuts.end(), d->cut.cuts) == cuts.end()) cuts.push_back(d->cut.cuts);
         }
         if (!feasible) continue;
@@ -549,20 +551,82 @@ class DeviceSearch {
         }
         if (!best) continue;
         plain_fits = !rc;
-        for (int d = 0; d < D; ++d) {
-          std::vector<int> left = g.groups[static_cast<size_t>(d)];
-          for (int cls : best_orders[comp_of[static_cast<size_t>(d)]]) {
-            auto it = std::find_if(left.begin(), left.end(), [&](int s) { return classOf(s) == cls; });
-            best->workers.push_back(*it);
-            left.erase(it);
-          }
-        }
+        best->workers = slotsInOrder(g, comp_of, best_orders);
+        const PlanSpec proto = *best;
+        const size_t before = out.size();
         finish(*best, best_t, min_each, out);
+        // Groups whose own cuts differ: a cut per group too (group_cut.h).
+        if (rq_.compare_group_cuts && cuts.size() > 1)
+          groupCutCandidate(g, comp_of, own, proto, out.size() > before ? out.back().second : PlanSpec{}, min_each);
       }
     }
   }
 
+  // Plans with a cut per group (PlanSpec::group_cuts), each with its shared
+  // counterpart (same groups, schedule and recomputation), by bound.
+  struct GroupCutCandidate {
+    double bound;
+    PlanSpec per_group, shared;
+  };
+  std::vector<GroupCutCandidate>& groupCutCandidates() { return group_cands_; }
+  // Each rank's own stage within its device's memory (the simulator's
+  // stage figure is the largest over the groups).
+  bool ranksFit(const PlanSpec& plan) const {
+    const int P = plan.stages;
+    const int64_t M_max = *std::max_element(plan.vn_shares.begin(), plan.vn_shares.end());
+    for (int d = 0; d < plan.replicas; ++d)
+      for (int k = 0; k < P; ++k) {
+        const auto& c = plan.group_cuts.empty() ? plan.cuts : plan.group_cuts[static_cast<size_t>(d)];
+        const int64_t cap = capOf(plan.workers[static_cast<size_t>(d * P + k)]);
+        if (cap > 0 && stageBytes(p_, c[static_cast<size_t>(k)], c[static_cast<size_t>(k) + 1],
+                                  runStashBound({plan.schedule, P, M_max, plan.recompute}, k), plan.recompute,
+                                  rq_.sim) > cap)
+          return false;
+      }
+    return true;
+  }
+
  private:
+  // Worker slots of each group in its composition's class order.
+  std::vector<int> slotsInOrder(const Grouping& g, const std::vector<size_t>& comp_of,
+                                const std::vector<std::vector<int>>& orders) const {
+    std::vector<int> workers;
+    for (size_t d = 0; d < g.groups.size(); ++d) {
+      std::vector<int> left = g.groups[d];
+      for (int cls : orders[comp_of[d]]) {
+        auto it = std::find_if(left.begin(), left.end(), [&](int s) { return classOf(s) == cls; });
+        workers.push_back(*it);
+        left.erase(it);
+      }
+    }
+    return workers;
+  }
+
+  // Every group on its own composition's best order and cut (the exact DP
+  // for its devices, pipelineFor()), VN shares by those groups' times;
+  // kept with `shared` (this grouping's shared-cut plan, before finish())
+  // for PlanOutcome::group_cuts.
+  // (`shared`: vn_shares empty when every group did not get a VN.)
+  void groupCutCandidate(const Grouping& g, const std::vector<size_t>& comp_of, const std::vector<DevicePipeline>& own,
+                         const PlanSpec& proto, const PlanSpec& shared, int64_t min_each) {
+    const size_t D = g.groups.size();
+    PlanSpec plan = proto;
+    std::vector<std::vector<int>> orders;
+    for (const DevicePipeline& o : own) orders.push_back(o.order);
+    plan.workers = slotsInOrder(g, comp_of, orders);
+    plan.group_cuts.clear();
+    std::vector<double> t;
+    for (size_t d = 0; d < D; ++d) {
+      plan.group_cuts.push_back(own[comp_of[d]].cut.cuts);
+      t.push_back(own[comp_of[d]].cut.bottleneck_s);
+    }
+    plan.cuts = plan.group_cuts.front();
+    std::vector<std::pair<double, PlanSpec>> one;
+    finish(plan, t, min_each, one);
+    if (one.empty()) return;
+    group_cands_.push_back({one.front().first, std::move(one.front().second), shared});
+  }
+
   // Shares, per-rank slowdowns and the bound; out only if every group gets
   // a VN.
   // The bound is Search::lowerBound() per group, on its devices' speeds.
@@ -575,17 +639,20 @@ class DeviceSearch {
     double bound = 0;
     // Groups of the same device factors, tables and share have the same
     // bound (hundreds of groups, a few distinct): computed once each.
-    std::map<std::tuple<std::vector<double>, std::vector<int>, int64_t>, double> seen;
+    std::map<std::tuple<std::vector<double>, std::vector<int>, int64_t, std::vector<size_t>>, double> seen;
     for (size_t d = 0; d < t.size(); ++d) {
       std::vector<double> f(plan.slowdown.begin() + static_cast<long>(d * P),
                             plan.slowdown.begin() + static_cast<long>((d + 1) * P));
       std::vector<int> tables;
       if (has_tables_)
         for (size_t k = 0; k < P; ++k) tables.push_back(tableOfSlot(plan.workers[d * P + k]));
-      auto key = std::make_tuple(std::move(f), std::move(tables), plan.vn_shares[d]);
+      // (A cut per group: the group's own cut, PlanSpec::group_cuts.)
+      const std::vector<size_t>& cuts = plan.group_cuts.empty() ? plan.cuts : plan.group_cuts[d];
+      auto key = std::make_tuple(std::move(f), std::move(tables), plan.vn_shares[d],
+                                 plan.group_cuts.empty() ? std::vector<size_t>{} : cuts);
       auto it = seen.find(key);
       if (it == seen.end())
-        it = seen.emplace(key, search_.lowerBound(plan.cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
+        it = seen.emplace(key, search_.lowerBound(cuts, plan.vn_shares[d], plan.replicas, plan.schedule,
                                                   plan.recompute, std::get<0>(key), std::get<1>(key)))
                  .first;
       bound = std::max(bound, it->second);
@@ -606,11 +673,12 @@ class DeviceSearch {
     std::vector<double> host_busy(static_cast<size_t>(hosts_), 0.0);
     for (int d = 0; d < plan.replicas; ++d)
       for (int k = 0; k < P; ++k) {
+        const auto& cuts = plan.group_cuts.empty() ? plan.cuts : plan.group_cuts[static_cast<size_t>(d)];
         const int slot = plan.workers[static_cast<size_t>(d * P + k)];
         const int host = rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
         host_busy[static_cast<size_t>(host)] +=
             static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
-            search_.compute(plan.cuts[static_cast<size_t>(k)], plan.cuts[static_cast<size_t>(k) + 1],
+            search_.compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1],
                             plan.recompute && P > 1, tableOfSlot(slot));
       }
     double t = 0;
@@ -816,6 +884,7 @@ class DeviceSearch {
   double fast_opt_ = 0;
   std::map<std::tuple<std::vector<int>, int, bool, int64_t>, std::optional<DevicePipeline>> pipes_;
   std::map<std::tuple<int, int, bool, int64_t>, std::vector<std::optional<StageCut>>> one_class_;
+  std::vector<GroupCutCandidate> group_cands_;
 };
 
 // rq.slot_costs names tables that exist and cover the profile's layers.
@@ -838,7 +907,8 @@ void checkSlotCosts(const Profile& p, const PlanRequest& rq) {
 
 bool samePlan(const PlanSpec& a, const PlanSpec& b) {
   return a.stages == b.stages && a.replicas == b.replicas && a.cuts == b.cuts && a.schedule == b.schedule &&
-         a.recompute == b.recompute && a.vn_shares == b.vn_shares && a.workers == b.workers;
+         a.recompute == b.recompute && a.vn_shares == b.vn_shares && a.workers == b.workers &&
+         a.group_cuts == b.group_cuts;
 }
 
 // The simulator's view of a plan's hosts (resources file hosts).
@@ -877,6 +947,67 @@ std::vector<int> slotsBySpeed(const PlanRequest& rq, const DeviceSearch& ds) {
     return ca > cb;
   });
   return by_speed;
+}
+
+// PlanOutcome::group_cuts: the per-group candidates in the order of their
+// bound, simulated while the bound could beat both the best plan (a shared
+// cut) and the fastest per-group plan so far, at most
+// kMaxGroupCutSimulations of them (a report, not a choice: planning time
+// stays the shared search's): exact for "does a cut per group beat the
+// best plan?" over the groupings searched when the cap is not reached. When none does,
+// the chosen plan's groups with a cut each (else the candidate of the
+// smallest bound): one simulation. Then the shared counterpart.
+constexpr int64_t kMaxGroupCutSimulations = 16;
+void compareGroupCuts(const Profile& p, const PlanRequest& rq, Search& search, DeviceSearch& ds, PlanOutcome& out) {
+  auto& cands = ds.groupCutCandidates();
+  if (cands.empty() || out.plans.empty()) return;
+  std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.bound < b.bound; });
+  GroupCutComparison cmp;
+  cmp.candidates = static_cast<int64_t>(cands.size());
+  const double best_shared = out.plans.front().sim.step_seconds;
+  const DeviceSearch::GroupCutCandidate* pick = nullptr;
+  auto sim = [&](const DeviceSearch::GroupCutCandidate& c) {
+    if (!ds.ranksFit(c.per_group)) return false;
+    ++cmp.simulated;
+    const SimResult r = simulate(p, c.per_group, simOptionsFor(rq, c.per_group, search));
+    if (pick && !(r.step_seconds < cmp.per_group.sim.step_seconds)) return false;
+    cmp.per_group.plan = c.per_group;
+    cmp.per_group.sim = r;
+    pick = &c;
+    return true;
+  };
+  for (const auto& c : cands) {
+    if (c.bound >= std::min(best_shared, pick ? cmp.per_group.sim.step_seconds : 1e300) ||
+        cmp.simulated >= kMaxGroupCutSimulations)
+      break;
+    sim(c);
+  }
+  cmp.beats_best = pick && cmp.per_group.sim.step_seconds < best_shared;
+  if (!cmp.beats_best) {
+    pick = nullptr;
+    for (const auto& c : cands)
+      if (samePlan(c.shared, out.plans.front().plan) && sim(c)) {
+        cmp.of_chosen = true;
+        break;
+      }
+    for (const auto& c : cands)
+      if (!pick && sim(c)) break;
+  }
+  if (!pick) return;
+  const PlanSpec* shared = &pick->shared;
+  // The shared counterpart: among the planner's own results when there,
+  // else simulated here.
+  for (const PlanChoice& c : out.plans)
+    if (samePlan(c.plan, *shared)) {
+      cmp.shared = c;
+      break;
+    }
+  if (!cmp.shared && !shared->vn_shares.empty()) {
+    PlanChoice ch;
+    ++cmp.simulated;
+    if (simulateOnDevices(p, rq, search, ds, *shared, ch)) cmp.shared = ch;
+  }
+  out.group_cuts = std::move(cmp);
 }
 
 // Heterogeneous devices: see planner.h.
@@ -1023,6 +1154,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
                      " MiB (" + fmtMib(need - largest) + " MiB short); the tightest is worker slot " +
                      std::to_string(tight) + " with " + fmtMib(ds.capOf(tight)) + " MiB");
   }
+  if (rq.compare_group_cuts) compareGroupCuts(p, rq, search, ds, out);
   out.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -48,6 +48,11 @@ struct PlanRequest {
   // all-reduce): the same best plan, far fewer simulations where hosts hold
   // more ranks than cores. false: the search before issue 30 (bench/tests).
   bool host_bounds = true;
+  // With slot_slowdown: also cut each group by its own devices (HetPipe's
+  // virtual workers, PlanSpec::group_cuts) and report the fastest such
+  // plan beside the shared cut (PlanOutcome::group_cuts). Never chosen:
+  // `morph run` runs one shared cut (docs/planner.md, "A cut per group").
+  bool compare_group_cuts = true;
 };
 
 struct PlanChoice {
@@ -56,11 +61,30 @@ struct PlanChoice {
   double bottleneck_s = 0;  // the cut's slowest stage, per VN
 };
 
+// A cut per group against one shared cut, on the same groups, schedule
+// and recomputation (planJob() with compare_group_cuts).
+struct GroupCutComparison {
+  // beats_best: the fastest plan with plan.group_cuts over the groupings
+  // searched, faster than plans.front(); else the chosen plan's groups
+  // (when they cut differently; else the candidate of the smallest bound),
+  // each with a cut of its own.
+  PlanChoice per_group;
+  bool beats_best = false;
+  bool of_chosen = false;  // not beats_best: the chosen plan's groups
+  std::optional<PlanChoice> shared;   // its groups with the planner's shared cut (none fits: nullopt)
+  int64_t candidates = 0, simulated = 0;
+};
+
 struct PlanOutcome {
   std::vector<PlanChoice> plans;  // best first, at most top_k
   int64_t candidates = 0;         // (P, D, schedule, recompute) combinations considered
   int64_t simulated = 0;          // of which simulated
   double planning_seconds = 0;    // the search alone
+  // With slot_slowdown and compare_group_cuts: a plan with a cut per group
+  // (GroupCutComparison) among the groupings searched whose groups' own
+  // cuts differ (nullopt: none did; then a cut per group is the shared
+  // cut). Not in `plans`: morph run cannot run it.
+  std::optional<GroupCutComparison> group_cuts;
 };
 
 // With slot_slowdown set (heterogeneous devices), a plan is D groups of P
@@ -79,6 +103,8 @@ struct PlanOutcome {
 // few), then every such cut tried on every group (the best order for that
 // cut) and the cut with the fastest slowest group kept: exact when all
 // groups are alike (ED, balanced), a search over candidate cuts otherwise.
+// With compare_group_cuts, groups whose own cuts differ are also planned
+// each on its own cut (PlanOutcome::group_cuts; reported, never chosen).
 // InputError when no plan fits the devices' memory, naming the tightest
 // device and the shortfall.
 PlanOutcome planJob(const Profile& profile, const PlanRequest& request);

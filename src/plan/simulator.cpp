@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "plan/group_cut.h"
 
 namespace morph {
 
@@ -264,6 +265,7 @@ void checkPlan(const Profile& prof, const PlanSpec& plan) {
     if (s < 1) throw InputError("every replica needs at least one VN");
   if (!plan.slowdown.empty() && plan.slowdown.size() != static_cast<size_t>(plan.stages * plan.replicas))
     throw InputError("the plan's slowdown list does not have one factor per worker");
+  if (!plan.group_cuts.empty()) checkGroupCuts(L, plan.stages, static_cast<size_t>(plan.replicas), plan.group_cuts);
 }
 
 }  // namespace
@@ -447,7 +449,12 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // Pipelines: each replica's schedule, then the reductions. Replicas with
   // the same VN share and the same devices run alike: simulated once.
   std::vector<ReplicaRun> runs;
-  std::map<std::tuple<int64_t, std::vector<double>, std::vector<int>, std::vector<int>>, size_t> seen;
+  std::map<std::tuple<int64_t, std::vector<double>, std::vector<int>, std::vector<int>, std::vector<size_t>>, size_t> seen;
+  const bool per_group = !plan.group_cuts.empty();
+  // Replica d's cut: the plan's, or its own (PlanSpec::group_cuts).
+  auto cutsOf = [&](int d) -> const std::vector<size_t>& {
+    return per_group ? plan.group_cuts[static_cast<size_t>(d)] : plan.cuts;
+  };
   for (int d = 0; d < D; ++d) {
     std::vector<double> factors;
     std::vector<int> hosts, tables;
@@ -461,14 +468,15 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // run alike (512 replicas on 128 hosts: a few runs, not 512).
     std::vector<int> crossings;
     for (size_t k = 0; k + 1 < hosts.size(); ++k) crossings.push_back(hosts[k] != hosts[k + 1]);
-    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, crossings, tables);
+    auto key = std::make_tuple(plan.vn_shares[static_cast<size_t>(d)], factors, crossings, tables,
+                               per_group ? cutsOf(d) : std::vector<size_t>{});
     if (auto it = seen.find(key); it != seen.end()) {
       runs.push_back(runs[it->second]);
       continue;
     }
     std::vector<StageCosts> cost(static_cast<size_t>(P));
     for (int k = 0; k < P; ++k) {
-      const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
+      const size_t a = cutsOf(d)[static_cast<size_t>(k)], b = cutsOf(d)[static_cast<size_t>(k) + 1];
       const bool rc = plan.recompute && b < L;
       StageCosts& c = cost[static_cast<size_t>(k)];
       const LayerView v = view(d, k);
@@ -481,7 +489,13 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       c.fwd *= f, c.bwd *= f, c.rec *= f;
     }
     seen[key] = runs.size();
-    runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], hosts, opts));
+    if (per_group) {
+      PlanSpec own = plan;  // runReplica() reads the cut for its messages' sizes
+      own.cuts = cutsOf(d);
+      runs.push_back(runReplica(prof, own, cost, plan.vn_shares[static_cast<size_t>(d)], hosts, opts));
+    } else {
+      runs.push_back(runReplica(prof, plan, cost, plan.vn_shares[static_cast<size_t>(d)], hosts, opts));
+    }
   }
   double compute_end = 0, all_ready = 0;
   for (const ReplicaRun& r : runs)
@@ -505,7 +519,74 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   int64_t M_max = 0;  // the largest share stashes the most
   for (int64_t s : plan.vn_shares) M_max = std::max(M_max, s);
   double step = 0;
-  for (int k = 0; k < P; ++k) {
+  if (per_group) {
+    // A cut per group (PlanSpec::group_cuts): each block of layers that
+    // every group holds on one stage (reduceBlocks()) is summed among its
+    // D holders once all of them are done and free; a rank sums its blocks
+    // front to back, one at a time. A tied weight that some group splits
+    // between stages is summed, as in a shared cut, among its holders
+    // (2D ranks) after the schedules; its user ranks step a copy.
+    auto rankOf = [&](int d, int k) { return static_cast<size_t>(d * P + k); };
+    auto stageOf = [&](int d, size_t l) {
+      const std::vector<size_t>& c = cutsOf(d);
+      return static_cast<int>(std::upper_bound(c.begin(), c.end(), l) - c.begin()) - 1;
+    };
+    std::vector<double> chain(static_cast<size_t>(P * D), 0.0), params(static_cast<size_t>(P * D), 0.0);
+    std::vector<bool> tied_rank(static_cast<size_t>(P * D), false);
+    std::vector<double> owner_less(L, 0.0);  // per layer: tied values summed in the tied group instead
+    double tied = 0;
+    for (size_t u = 0; u < L; ++u) {
+      const LayerCost& c = prof.layers[u];
+      if (c.tied_params == 0) continue;
+      const size_t o = static_cast<size_t>(c.tied_owner);
+      bool split = false;
+      for (int d = 0; d < D; ++d) split = split || stageOf(d, u) != stageOf(d, o);
+      if (!split) continue;
+      tied += static_cast<double>(c.tied_params);
+      owner_less[o] += static_cast<double>(c.tied_params);
+      for (int d = 0; d < D; ++d) {
+        tied_rank[rankOf(d, stageOf(d, u))] = tied_rank[rankOf(d, stageOf(d, o))] = true;
+        if (stageOf(d, u) != stageOf(d, o)) params[rankOf(d, stageOf(d, u))] += static_cast<double>(c.tied_params);
+      }
+    }
+    for (int d = 0; d < D; ++d)
+      for (size_t l = 0; l < L; ++l) params[rankOf(d, stageOf(d, l))] += static_cast<double>(prof.layers[l].params);
+    for (const ReduceBlock& blk : reduceBlocks(plan.group_cuts)) {
+      double values = 0, start = 0;
+      for (size_t l = blk.first; l < blk.end; ++l)
+        values += static_cast<double>(prof.layers[l].params + prof.layers[l].bn_values) - owner_less[l];
+      for (int d = 0; d < D; ++d) {
+        const int k = blk.stage[static_cast<size_t>(d)];
+        start = std::max({start, runs[static_cast<size_t>(d)].end[static_cast<size_t>(k)] * stretch, chain[rankOf(d, k)]});
+      }
+      const double end = start + group(D, std::max(values, 0.0));
+      for (int d = 0; d < D; ++d) chain[rankOf(d, blk.stage[static_cast<size_t>(d)])] = end;
+    }
+    const double tied_done = tied > 0 ? all_ready + group(2 * D, tied) : 0.0;
+    for (int d = 0; d < D; ++d)
+      for (int k = 0; k < P; ++k) {
+        const size_t r = rankOf(d, k);
+        const double done = std::max({stats, chain[r], tied_rank[r] ? tied_done : 0.0});
+        step = std::max(step, done + view(d, k).optimizerPerParam() * params[r] * slow(d, k));
+      }
+    for (int k = 0; k < P; ++k) {
+      StageSim& st = out.stages[static_cast<size_t>(k)];
+      double bubble = 0;
+      for (int d = 0; d < D; ++d) {
+        const ReplicaRun& r = runs[static_cast<size_t>(d)];
+        double span = 0;
+        for (double e : r.last) span = std::max(span, e);
+        st.busy_s = std::max(st.busy_s, r.busy[static_cast<size_t>(k)]);
+        bubble += span > 0 ? 1.0 - r.busy[static_cast<size_t>(k)] / span : 0.0;
+        const size_t a = cutsOf(d)[static_cast<size_t>(k)], b = cutsOf(d)[static_cast<size_t>(k) + 1];
+        // The largest over the groups (the planner checks each rank its own).
+        st.peak_bytes = std::max(st.peak_bytes, stageBytes(prof, a, b, runStashBound({plan.schedule, P, M_max, plan.recompute}, k),
+                                                           plan.recompute, opts));
+      }
+      st.bubble = bubble / D;
+    }
+  }
+  for (int k = 0; k < P && !per_group; ++k) {
     const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
     double values = 0, tied = 0, params = 0;
     for (size_t l = a; l < b; ++l) {

@@ -53,6 +53,12 @@ struct PlanSpec {
   // Per world rank: the worker slot (resources file device) it runs on;
   // empty = rank r on slot r.
   std::vector<int> workers;
+  // A cut per replica (HetPipe's virtual workers cut differently; issue
+  // 30): P + 1 boundaries each, `cuts` being replica 0's. Empty: every
+  // replica runs `cuts`. The simulator sums each layer's gradient among
+  // the D ranks that hold it (reduceBlocks(), plan/group_cut.h); `morph
+  // run` runs only a shared cut (docs/planner.md, "A cut per group").
+  std::vector<std::vector<size_t>> group_cuts;
 };
 
 // Action lists by (schedule, P, M, recompute), made once: a planner
