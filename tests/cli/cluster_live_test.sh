@@ -19,19 +19,9 @@
 # this script writes. "all" (default) runs both (DIR default: a scratch
 # folder).
 set -euo pipefail
-MORPH=$1
-part=${2:-all}
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/shell_util.sh"
-case $part in refs|live|all) ;; *) echo "usage: $0 MORPH [refs|live|all [DIR]]" >&2; exit 2 ;; esac
-work=$(mktemp -d)
-refs=${3:-$work/refs}
-cluster_pid=""
-cleanup() {
-  if [[ -n "$cluster_pid" ]]; then kill -TERM "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+cluster_parts "$@"
 
 # write_jobs DIR: j0..j3.toml. j0 runs first and longest: the others arrive
 # while it runs. Straggler re-plans off: on busy cores one would shrink j0

@@ -25,19 +25,9 @@
 # if DIR lacks a file or if the files differ from the ones this script
 # writes. "all" (default) runs both (DIR default: a scratch folder).
 set -euo pipefail
-MORPH=$1
-part=${2:-all}
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/shell_util.sh"
-case $part in refs|live|all) ;; *) echo "usage: $0 MORPH [refs|live|all [DIR]]" >&2; exit 2 ;; esac
-work=$(mktemp -d)
-refs=${3:-$work/refs}
-cluster_pid=""
-cleanup() {
-  if [[ -n "$cluster_pid" ]]; then kill -TERM "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; fi
-  if [[ -n "${KEEP:-}" ]]; then echo "kept $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
+cluster_parts "$@"
 
 # write_files DIR: the two jobs and the resources file.
 write_files() {

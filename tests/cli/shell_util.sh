@@ -8,6 +8,26 @@ make_work() {
   trap 'pkill -9 -f "$work/" 2>/dev/null || true; rm -rf "$work"' EXIT
 }
 
+# cluster_parts MORPH [PART [DIR]]: the arguments of the live cluster tests
+# (cluster_live_test.sh, cluster_types_test.sh): sets MORPH, $part (refs,
+# live or all; default all; else usage, exit 2), $work (a scratch folder),
+# $refs (DIR, default $work/refs) and $cluster_pid (empty); on exit ends
+# the cluster at $cluster_pid if one runs and removes $work (kept, and
+# named, with KEEP=1).
+cluster_parts() {
+  MORPH=$1
+  part=${2:-all}
+  case $part in refs|live|all) ;; *) echo "usage: $0 MORPH [refs|live|all [DIR]]" >&2; exit 2 ;; esac
+  work=$(mktemp -d)
+  refs=${3:-$work/refs}
+  cluster_pid=""
+  trap cluster_parts_end EXIT
+}
+cluster_parts_end() {
+  if [[ -n "$cluster_pid" ]]; then kill -TERM "$cluster_pid" 2>/dev/null || true; wait "$cluster_pid" 2>/dev/null || true; fi
+  if [[ -n "${KEEP:-}" ]]; then echo "kept $work"; else rm -rf "$work"; fi
+}
+
 # mlp_job FILE NAME SEED [EXTRA TOML]: a 200-sample synthetic MLP job, 4 VNs
 # ($STEPS steps, default 6; one hidden layer of $HIDDEN, default 16).
 mlp_job() {
