@@ -179,15 +179,14 @@ void devices(const Profile& p, int64_t vns, int repeat) {
   }
 }
 
-void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
-  std::printf("\nheterogeneous pools, 3 types, types 1 and 2 with per-layer profiles, %lld VNs\n",
-              static_cast<long long>(vns));
-  std::printf("%8s %-10s %14s %12s %14s  %s\n", "devices", "costs", "planning ms", "simulated", "step ms (true)",
-              "best plan");
-  int64_t whole = 0;
-  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+// Per-layer tables of types 1 and 2 (slowdowns 1.5 and 2 on the whole):
+// type t's layers take its factor (1 + 0.5 t) times 1.5 on one parity of
+// layer and 0.5 on the other, the parities opposite for the two types.
+// `factors` (if given): 1 for type 0, then each table's whole-model
+// compute against the profile's, the one speed factor per type.
+std::vector<DeviceCosts> alternatingTypeTables(const Profile& p, std::vector<double>* factors) {
   std::vector<DeviceCosts> tables;
-  std::vector<double> factors{1.0};
+  if (factors) *factors = {1.0};
   double base = 0;
   for (const LayerCost& c : p.layers) base += c.forward_s + c.backward_s;
   for (int t = 1; t <= 2; ++t) {
@@ -200,20 +199,43 @@ void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
       sum += x.forward_s + x.backward_s;
     }
     tables.push_back(d);
-    factors.push_back(sum / base);
+    if (factors) factors->push_back(sum / base);
   }
-  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(tables);
+  return tables;
+}
+
+// A pool of n devices of types 0, 1, 2 in turn, each with memory for 4, 3
+// and 2 copies of the model's weights and optimiser state (plus the
+// process), planning `vns` VNs: with `tables` (per-layer costs of types 1
+// and 2) or, without, one speed factor per type (`factors`, by type).
+// per_host > 0: that many devices per host.
+PlanRequest mixedPool(const Profile& p, int n, int64_t vns, std::shared_ptr<const std::vector<DeviceCosts>> tables,
+                      const std::vector<double>& factors, int per_host) {
+  int64_t whole = 0;
+  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
+  PlanRequest rq;
+  rq.virtual_nodes = vns;
+  rq.workers = n;
+  for (int s = 0; s < n; ++s) {
+    rq.slot_slowdown.push_back(tables ? 1.0 : factors[static_cast<size_t>(s % 3)]);
+    rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
+    if (per_host > 0) rq.slot_host.push_back(s / per_host);
+    if (tables) rq.slot_costs.push_back(s % 3 - 1);
+  }
+  rq.sim.device_costs = std::move(tables);
+  return rq;
+}
+
+void perLayerTypes(const Profile& p, int64_t vns, int repeat) {
+  std::printf("\nheterogeneous pools, 3 types, types 1 and 2 with per-layer profiles, %lld VNs\n",
+              static_cast<long long>(vns));
+  std::printf("%8s %-10s %14s %12s %14s  %s\n", "devices", "costs", "planning ms", "simulated", "step ms (true)",
+              "best plan");
+  std::vector<double> factors;
+  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(alternatingTypeTables(p, &factors));
   for (int n : {8, 128, 1024})
     for (bool per_layer : {false, true}) {
-      PlanRequest rq;
-      rq.virtual_nodes = vns;
-      rq.workers = n;
-      for (int s = 0; s < n; ++s) {
-        rq.slot_slowdown.push_back(per_layer ? 1.0 : factors[static_cast<size_t>(s % 3)]);
-        rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
-        if (per_layer) rq.slot_costs.push_back(s % 3 - 1);
-      }
-      if (per_layer) rq.sim.device_costs = shared;
+      const PlanRequest rq = mixedPool(p, n, vns, per_layer ? shared : nullptr, factors, 0);
       double best = 0;
       const PlanOutcome out = planTimed(p, rq, repeat, &best);
       const PlanChoice& c = out.plans.front();
@@ -240,31 +262,10 @@ void groupCuts(const Profile& p, int64_t vns, int repeat) {
               "per-group plan");
   std::printf("%8s %-10s %10s %10s %10s | %10s %10s %6s | %10s %10s | %9s %9s\n", "", "", "(without)", "(with)",
               "step ms", "step ms", "step ms", "", "per group", "shared", "per group", "shared");
-  int64_t whole = 0;
-  for (const LayerCost& c : p.layers) whole += c.param_bytes + c.optimizer_bytes;
-  std::vector<DeviceCosts> tables;
-  for (int t = 1; t <= 2; ++t) {
-    DeviceCosts d = deviceCostsOf(p, "type" + std::to_string(t));
-    for (size_t l = 0; l < d.layers.size(); ++l) {
-      const double k = (1.0 + 0.5 * t) * ((l % 2 == static_cast<size_t>(t % 2)) ? 1.5 : 0.5);
-      LayerTimes& x = d.layers[l];
-      x.forward_s *= k, x.forward_nograd_s *= k, x.backward_s *= k, x.recompute_s *= k;
-    }
-    tables.push_back(d);
-  }
-  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(tables);
+  const auto shared = std::make_shared<const std::vector<DeviceCosts>>(alternatingTypeTables(p, nullptr));
   for (int n : {8, 128, 1024})
     for (bool per_layer : {false, true}) {
-      PlanRequest rq;
-      rq.virtual_nodes = vns;
-      rq.workers = n;
-      for (int s = 0; s < n; ++s) {
-        rq.slot_slowdown.push_back(per_layer ? 1.0 : 1.0 + 0.5 * (s % 3));
-        rq.slot_memory.push_back(whole * (4 - s % 3) + p.runtime_bytes);
-        rq.slot_host.push_back(s / 8);
-        if (per_layer) rq.slot_costs.push_back(s % 3 - 1);
-      }
-      if (per_layer) rq.sim.device_costs = shared;
+      const PlanRequest rq = mixedPool(p, n, vns, per_layer ? shared : nullptr, {1.0, 1.5, 2.0}, 8);
       PlanRequest off = rq;
       off.compare_group_cuts = false;
       double t_off = 0, t_on = 0;
