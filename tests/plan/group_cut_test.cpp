@@ -214,11 +214,7 @@ TEST(GroupCut, TheSameCutPerGroupSimulatesAsTheSharedCut) {
 // (and [b b] less: its first stage of 4 per VN, 3 VNs, about 12.7).
 TEST(GroupCut, PlannerReportsACutPerGroupBeatingTheSharedCut) {
   const Profile job = totalsProfile({1, 1, 1, 1});
-  PlanRequest rq;
-  rq.workers = 4;
-  rq.virtual_nodes = 10;
-  rq.schedules = {ScheduleKind::k1F1B};
-  rq.try_recompute = false;
+  PlanRequest rq = handRequest(4, 10);
   rq.top_k = 10;
   rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(
       std::vector<DeviceCosts>{deviceCostsOf(totalsProfile({3, 1, 1, 1}), "b.json")});

@@ -1,4 +1,4 @@
-// Hand-made profiles for the plan tests: layer l is named "l<l>" and has,
+// Hand-made profiles (and requests) for the plan tests: layer l is named "l<l>" and has,
 // unless `set` says otherwise, 10 parameters of 40 bytes, 1000 output bytes
 // and no compute; communication is free and the host has cores enough for
 // every rank.
@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "plan/planner.h"
 #include "plan/profile.h"
 
 namespace morph {
@@ -27,6 +28,17 @@ inline Profile handProfile(size_t layers, const std::function<void(size_t, Layer
   }
   for (auto* m : {&p.allreduce_exact, &p.allreduce_float, &p.allreduce_max}) (*m)[2] = LinearFit{};
   return p;
+}
+
+// A request for the hand-made pools: `workers` devices, `vns` VNs, 1F1B
+// only, no recomputation (each test adds its devices' costs and limits).
+inline PlanRequest handRequest(int workers, int64_t vns) {
+  PlanRequest rq;
+  rq.workers = workers;
+  rq.virtual_nodes = vns;
+  rq.schedules = {ScheduleKind::k1F1B};
+  rq.try_recompute = false;
+  return rq;
 }
 
 }  // namespace morph

@@ -683,11 +683,7 @@ TEST(Allocation, AlikeGroupsTakeTheHomogeneousCut) {
   int pipelines = 0;
   for (int trial = 0; trial < 10; ++trial) {
     const Profile p = randomProfile(rng, 5 + static_cast<size_t>(trial % 4));
-    PlanRequest rq;
-    rq.virtual_nodes = 8;
-    rq.workers = 4;
-    rq.schedules = {ScheduleKind::k1F1B};
-    rq.try_recompute = false;
+    PlanRequest rq = handRequest(4, 8);
     rq.top_k = 1000;
     const PlanOutcome homog = planJob(p, rq);
     rq.slot_slowdown.assign(4, 1.0);
@@ -727,11 +723,7 @@ TEST(Planner, PerTypeLayerCostsChangeTheCut) {
   const Profile job = layerTotals({1, 1, 1, 3});
   std::vector<DeviceCosts> types{deviceCostsOf(layerTotals({1, 1, 3, 3}), "a.json"),
                                  deviceCostsOf(layerTotals({3, 3, 1, 1}), "b.json")};
-  PlanRequest rq;
-  rq.workers = 2;
-  rq.virtual_nodes = 8;
-  rq.schedules = {ScheduleKind::k1F1B};
-  rq.try_recompute = false;
+  PlanRequest rq = handRequest(2, 8);
   rq.top_k = 10;
   rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(types);
   rq.slot_slowdown = {1.0, 1.0};
@@ -785,11 +777,7 @@ TEST(Planner, PerTypeLayerCostsSetTheGroupsShares) {
   // 4 + 4 on 3|1 (20). One factor per type makes all four devices alike:
   // the groups would get 4 + 4.
   const Profile job = layerTotals({1, 1, 1, 3});
-  PlanRequest rq;
-  rq.workers = 4;
-  rq.virtual_nodes = 8;
-  rq.schedules = {ScheduleKind::k1F1B};
-  rq.try_recompute = false;
+  PlanRequest rq = handRequest(4, 8);
   rq.sim.device_costs = std::make_shared<const std::vector<DeviceCosts>>(std::vector<DeviceCosts>{
       deviceCostsOf(layerTotals({1, 1, 3, 3}), "a.json"), deviceCostsOf(layerTotals({3, 3, 1, 1}), "b.json")});
   rq.slot_slowdown = {1.0, 1.0, 1.0, 1.0};
