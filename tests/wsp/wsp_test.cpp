@@ -189,19 +189,31 @@ TEST(WspLog, SharesRecordRefusesAReplayOfOtherShares) {
   EXPECT_THROW(ReplayPlan::parse("{\"vn_shares\":[9,0]}\n" + rec, "log.jsonl", 2), InputError);
 }
 
+// The shard tests' job: 4 samples in 2 VNs, SGD at lr 0.5 (momentum
+// `momentum`), WSP.
+JobSpec shardJob(double momentum) {
+  JobSpec job;
+  job.global_batch = 4;
+  job.virtual_nodes = 2;
+  job.optim.lr = 0.5;
+  job.optim.momentum = momentum;
+  job.sync_mode = SyncMode::kWsp;
+  return job;
+}
+
+// One parameter `w` and the statistics segment after it.
+std::vector<StepCore::Segment> shardSegments(torch::Tensor w) {
+  return {{StepCore::Segment::kParam, w, 0.0}, {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
+}
+
 // A shard of one parameter, two virtual workers: clock 0 is applied only
 // with both pushes, as one SGD step of the summed gradient over the global
 // batch; a pull waits for its version; under replay, clock 1 waits for the
 // pulls the log says saw version 1.
 TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
-  JobSpec job;
-  job.global_batch = 4;
-  job.virtual_nodes = 2;
-  job.optim.lr = 0.5;
-  job.sync_mode = SyncMode::kWsp;
+  const JobSpec job = shardJob(0.0);
   torch::Tensor w = torch::zeros({2});
-  std::vector<StepCore::Segment> segs = {{StepCore::Segment::kParam, w, 0.0},
-                                         {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
+  std::vector<StepCore::Segment> segs = shardSegments(w);
   ParamShard shard(job, 10, 2, segs, {2, 2}, 0, 1, {4, 4});
   EXPECT_EQ(shard.pushValues(), 2 + 2 + 1);
   // scale 4, values 16 and -32 (g = 1, -2), max 2, one minibatch.
@@ -233,12 +245,7 @@ TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
 // gate, and D"); a pull at the version (D = 0: the sync step) gets the
 // weights as they are. The old rule handed every pull the stale weights.
 TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
-  JobSpec job;
-  job.global_batch = 4;
-  job.virtual_nodes = 2;
-  job.optim.lr = 0.5;
-  job.optim.momentum = 0.9;
-  job.sync_mode = SyncMode::kWsp;
+  JobSpec job = shardJob(0.9);
   job.staleness = 2;
   // a = sum over the 2 missing clocks of lr x mu^i: 0.5 (0.9 + 0.81).
   EXPECT_DOUBLE_EQ(ParamShard::predictionCoefficient(job, 10, 1, 3), 0.5 * (0.9 + 0.81));
@@ -251,8 +258,7 @@ TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
   EXPECT_EQ(ParamShard::predictionCoefficient(plain, 10, 1, 3), 0.0);
 
   torch::Tensor w = torch::zeros({2});
-  std::vector<StepCore::Segment> segs = {{StepCore::Segment::kParam, w, 0.0},
-                                         {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
+  std::vector<StepCore::Segment> segs = shardSegments(w);
   ParamShard shard(job, 10, 2, segs, {2, 2}, 0, 1, {4, 4});
   double mx = 2.0;
   int64_t bits;
@@ -341,18 +347,9 @@ TEST(WspRecovery, LostWorkCountsPushesPastTheRestoredClock) {
 // the next clock exactly as the original did; a pull waiting for a push of
 // a lost peer gives up once told to stop.
 TEST(WspParamShard, SnapshotRestoresTheServersStateAndAWaitCanBeStopped) {
-  JobSpec job;
-  job.global_batch = 4;
-  job.virtual_nodes = 2;
-  job.optim.lr = 0.5;
-  job.optim.momentum = 0.9;
-  job.sync_mode = SyncMode::kWsp;
-  auto segsOf = [](torch::Tensor w) {
-    return std::vector<StepCore::Segment>{{StepCore::Segment::kParam, w, 0.0},
-                                          {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
-  };
+  const JobSpec job = shardJob(0.9);
   torch::Tensor w = torch::zeros({2});
-  ParamShard a(job, 10, 2, segsOf(w), {2, 2}, 0, 1, {4, 4});
+  ParamShard a(job, 10, 2, shardSegments(w), {2, 2}, 0, 1, {4, 4});
   a.keepSnapshots([](int64_t v) { return v == 2; });
   double mx = 2.0;
   int64_t bits;
@@ -370,7 +367,7 @@ TEST(WspParamShard, SnapshotRestoresTheServersStateAndAWaitCanBeStopped) {
   EXPECT_THROW(a.takeSnapshot(2), InternalError);  // taken already
   // Restored at version 2 and given clock 2's pushes: version 3, as `a`.
   torch::Tensor w2 = torch::from_blob(const_cast<float*>(s.state.data()), {2}, torch::kFloat32).clone();
-  ParamShard b(job, 10, 2, segsOf(w2), {2, 2}, 0, 1, s.scales);
+  ParamShard b(job, 10, 2, shardSegments(w2), {2, 2}, 0, 1, s.scales);
   b.restore(2, s.optim, s.optim_steps);
   EXPECT_EQ(b.version(), 2);
   b.push(0, 2, push);
