@@ -125,7 +125,7 @@ int dispatch(morph::Invocation& inv) {
     case C::kCalibratePeer: return morph::runCalibratePeer(inv.peer_join);
     case C::kSimulate: return morph::runSimulate(inv.sim);
     case C::kPlan: return morph::runPlan(inv.plan);
-    case C::kResize: return morph::runResize(inv.ctl_join, inv.resize_workers, inv.ctl_token_file);
+    case C::kResize: return morph::runResize(inv.ctl_join, inv.resize_workers, inv.ctl_token_file, inv.resize_release);
     case C::kStatus: return morph::runStatus(inv.ctl_join, inv.ctl_token_file);
     case C::kSlow: return morph::runSlow(inv.ctl_join, inv.slow_worker, inv.slow_factor, inv.ctl_token_file);
     case C::kView: return morph::runView(inv.view_dir, inv.view_status);

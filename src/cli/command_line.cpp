@@ -150,6 +150,9 @@ int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
   resize_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
   resize_cmd->add_option("--workers", resize_workers, "the new number of workers")->required()->check(CLI::Range(1, 4096));
   resize_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");
+  resize_cmd->add_option("--release", inv.resize_release,
+                         "worker ids (morph status: members) to release before any other when it shrinks")
+      ->delimiter(',');
   auto* status_cmd = app.add_subcommand("status", "membership, generation, step and throughput of a running job");
   status_cmd->add_option("--join", ctl_join, "HOST:PORT of the job's manager")->required();
   status_cmd->add_option("--token-file", ctl_token_file, "the job's token (OUT/token; default: $MORPH_TOKEN)");

@@ -35,6 +35,7 @@ struct Invocation {
   bool plan_workers_given = false;
   std::string ctl_join, ctl_token_file;  // resize, status, slow
   int resize_workers = 0;
+  std::vector<int64_t> resize_release;  // resize --release: worker ids released first
   int64_t slow_worker = -1;
   double slow_factor = 1.0;
   std::string view_dir, view_status;

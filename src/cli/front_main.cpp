@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     using C = morph::Invocation::Command;
     morph::checkArguments(inv);
     switch (inv.command) {
-      case C::kResize: return morph::runResize(inv.ctl_join, inv.resize_workers, inv.ctl_token_file);
+      case C::kResize: return morph::runResize(inv.ctl_join, inv.resize_workers, inv.ctl_token_file, inv.resize_release);
       case C::kStatus: return morph::runStatus(inv.ctl_join, inv.ctl_token_file);
       case C::kSlow: return morph::runSlow(inv.ctl_join, inv.slow_worker, inv.slow_factor, inv.ctl_token_file);
       case C::kRun:

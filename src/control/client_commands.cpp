@@ -2,12 +2,14 @@
 // the `morph` front runs them without loading it (cli/front_main.cpp).
 #include "control/client_commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "control/protocol/keys.h"
+#include "control/protocol/resize_request.h"
 #include "control/job_address.h"
 #include "core/error.h"
 #include "core/job_spec.h"
@@ -31,7 +33,12 @@ void setString(StoreConnection& store, const std::string& key, const std::string
 
 }  // namespace
 
-int runResize(const std::string& join, int workers, const std::string& token_file) {
+int runResize(const std::string& join, int workers, const std::string& token_file, std::vector<int64_t> release) {
+  std::sort(release.begin(), release.end());
+  if (std::adjacent_find(release.begin(), release.end()) != release.end())
+    throw InputError("--release: a worker id is listed twice");
+  for (int64_t id : release)
+    if (id < 0) throw InputError("--release " + std::to_string(id) + ": expected a worker id (>= 0)");
   auto store = dialManager(join, readToken(token_file), "client", kClientTimeoutS);
   // What the manager would ignore is refused here, where the user sees it.
   const JobSpec job = parseJob(getString(*store, keys::kJobText), getString(*store, keys::kJobOrigin),
@@ -40,9 +47,16 @@ int runResize(const std::string& join, int workers, const std::string& token_fil
     throw InputError("--workers " + std::to_string(workers) + ": the job at " + join + " has " +
                      std::to_string(job.virtual_nodes) + " VNs (batch.virtual_nodes), so at most " +
                      std::to_string(job.virtual_nodes) + " workers");
-  setString(*store, keys::kResizeTarget, std::to_string(workers));
+  std::string named;
+  for (int64_t id : release) {
+    if (!store->check({keys::workerPid(id)}))
+      throw InputError("--release " + std::to_string(id) + ": the job at " + join +
+                       " has no such worker (ids: morph status --join " + join + ")");
+    named += (named.empty() ? ", releasing worker(s) " : ", ") + std::to_string(id);
+  }
+  setString(*store, keys::kResizeTarget, ResizeRequest{workers, release}.encode());
   store->add(keys::kResizeSeq, 1);
-  std::printf("asked the job at %s to run on %d workers\n", join.c_str(), workers);
+  std::printf("asked the job at %s to run on %d workers%s\n", join.c_str(), workers, named.c_str());
   return 0;
 }
 

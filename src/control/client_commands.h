@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace morph {
 
@@ -13,8 +14,9 @@ namespace morph {
 // 2). join: HOST:PORT of the manager; token_file: the job token ("" =
 // $MORPH_TOKEN).
 
-// `morph resize`: asks the job to run on `workers`.
-int runResize(const std::string& join, int workers, const std::string& token_file);
+// `morph resize`: asks the job to run on `workers`; `release` names workers
+// (ids) it releases before any other when it shrinks (ResizeRequest).
+int runResize(const std::string& join, int workers, const std::string& token_file, std::vector<int64_t> release = {});
 // `morph status`: prints the manager's status record.
 int runStatus(const std::string& join, const std::string& token_file);
 // `morph slow`: asks worker `worker` to run `factor` times slower (1

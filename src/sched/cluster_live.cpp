@@ -183,6 +183,7 @@ struct LiveJob {
   std::string name, path, dir, log;
   std::vector<std::string> overrides;
   int priority = 1, demand = 1;
+  int64_t virtual_nodes = 1;  // the most workers it can run on
   int64_t steps = 0, step_done = 0;
   std::string state = "queued";  // queued | running | done | failed | cancelled
   int target = 0;    // the worker count last asked of the job
@@ -199,13 +200,19 @@ struct LiveJob {
   // policy last decided with (measured; step_meter.h).
   StepMeter meter;
   Speed calibrated;
-  // With slot types: the type of each slot it holds, in its workers' rank
-  // order (`held` entries: a job that grows appends its new workers, one
-  // that shrinks releases its last ranks), the policy's slots per type,
-  // and the worker id its manager gives next (ids are taken in turn).
-  std::vector<int> types;
+  // With slot types: the type of the slot each of its workers holds, by
+  // worker id (its manager gives ids in turn: a start's workers 0..K-1,
+  // each later one the next), the workers a shrink or a move has asked to
+  // release (until it took effect) and those a grow under way adds, the
+  // policy's slots per type, and the worker id its manager gives next.
+  std::map<int64_t, int> types;
+  std::vector<int64_t> releasing, growing;
   std::vector<int> desired_types;
   int64_t next_worker_id = 0;
+  // A move under way (SlotAction::kMove): the count it keeps, and the worker
+  // it releases once a step has committed on the grown count (-1: asked).
+  int move_to = 0;
+  int64_t move_release = -1;
   // Slurm: the worker steps (their srun processes), the manager's address,
   // workers still to start once the port is known, and a grow waiting for
   // its new workers to register before the resize is asked.
@@ -319,6 +326,7 @@ class LiveCluster {
     }
     if (j.priority < 1) throw InputError("--priority " + std::to_string(j.priority) + ": expected an integer >= 1");
     if (j.demand == 0) j.demand = int(std::min<int64_t>(facts.virtual_nodes, o_.slots));
+    j.virtual_nodes = facts.virtual_nodes;
     if (j.demand < 1 || j.demand > o_.slots)
       throw InputError("--demand " + std::to_string(j.demand) + ": the cluster has " + std::to_string(o_.slots) +
                        " slots (expected 1.." + std::to_string(o_.slots) + ")");
@@ -370,7 +378,15 @@ class LiveCluster {
 
   json queueJson() const {
     json jobs = json::array();
-    for (const LiveJob& j : jobs_) jobs.push_back(toJson(j));
+    for (const LiveJob& j : jobs_) {
+      jobs.push_back(toJson(j));
+      if (o_.types.empty()) continue;
+      json by_type = json::object();  // the slots it holds of each type
+      const std::vector<int> c = heldTypes(j, false);
+      for (size_t t = 0; t < c.size(); ++t)
+        if (c[t] > 0) by_type[o_.types[t].name] = c[t];
+      jobs.back()["slot_types"] = by_type;
+    }
     return json{{"slots", o_.slots}, {"policy", policy_->name()}, {"jobs", jobs}};
   }
 
@@ -395,6 +411,16 @@ class LiveCluster {
       if (resizeDone(j)) changed = dirty_ = true;
       if (o_.slurm) slurmTick(j);
       observeMetrics(j);
+      // A move's second half: once a step committed on the grown count, the
+      // worker on the slot it leaves is released.
+      if (j.move_release >= 0 && j.resize_pid < 0 && j.target == j.move_to + 1 && j.observed == j.target) {
+        const int64_t id = j.move_release;
+        if (resize(j, j.move_to, {id})) {
+          j.releasing = {id};
+          j.move_release = -1;
+          changed = true;
+        }
+      }
       // A shrink has taken effect once a step committed on the new count and
       // the workers that left have exited. The process table is read only
       // then: a scan of /proc every tick for every job cost its workers
@@ -454,6 +480,10 @@ class LiveCluster {
     j.ended = unixNow();
     j.held = j.target = j.desired = 0;
     j.types.clear();
+    j.releasing.clear();
+    j.growing.clear();
+    j.move_to = 0;
+    j.move_release = -1;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (j.cancel) {
       j.state = "cancelled";
@@ -488,7 +518,10 @@ class LiveCluster {
       s.arrival = j.submitted;
       s.remaining_steps = double(std::max<int64_t>(1, j.steps - j.step_done));
       s.allocated = j.target;
-      if (!o_.types.empty()) s.held = typeCounts(j, j.target);
+      if (!o_.types.empty()) {  // the workers it keeps: a release asked counts as done
+        s.held = heldTypes(j, true);
+        s.allocated = std::accumulate(s.held.begin(), s.held.end(), 0);
+      }
       s.speed = j.has_speed ? &j.speed : nullptr;
       // Measured: the job's own mean step on the counts it ran on, the
       // planner's shape elsewhere (step_meter.h). Only for a job with a
@@ -511,45 +544,54 @@ class LiveCluster {
     }
   }
 
-  // Slot types: how many of its first `ranks` workers are of each type.
-  std::vector<int> typeCounts(const LiveJob& j, int ranks) const {
+  // Slot types: the slots j holds of each type; `kept`: less the workers a
+  // shrink or a move asked to release.
+  std::vector<int> heldTypes(const LiveJob& j, bool kept) const {
     std::vector<int> c(o_.types.size(), 0);
-    for (int r = 0; r < ranks && r < int(j.types.size()); ++r) ++c[size_t(j.types[size_t(r)])];
+    for (const auto& [id, t] : j.types) {
+      const bool going = id == j.move_release || std::find(j.releasing.begin(), j.releasing.end(), id) != j.releasing.end();
+      if (!kept || !going) ++c[size_t(t)];
+    }
     return c;
   }
 
-  // A job's held slots change: its last ranks' slots are released.
+  // A job's held slots change: the workers asked to release give theirs back
+  // (and, should that not be enough, its highest ids).
   void setHeld(LiveJob& j, int held) {
     j.held = held;
-    if (int(j.types.size()) > held) j.types.resize(size_t(held));
+    if (int(j.types.size()) > held) {
+      for (int64_t id : j.releasing) j.types.erase(id);
+      while (int(j.types.size()) > held) j.types.erase(std::prev(j.types.end()));
+    }
+    j.releasing.clear();
+    if (j.move_to > 0 && j.move_release < 0 && held == j.move_to) {
+      j.move_to = 0;
+      std::printf("morph: job %lld moved: now on %s\n", static_cast<long long>(j.id), describeTypes(j).c_str());
+      std::fflush(stdout);
+    }
   }
 
-  // Types for `more` new workers of j: what the policy asked of each type
-  // beyond what it holds, within the free slots of each type; then any
-  // free slot, fastest type first (a shrink releases a job's last ranks,
-  // which need not be the types the policy meant to free).
-  std::vector<int> pickTypes(const LiveJob& j, int more) const {
-    std::vector<int> free(o_.types.size());
-    for (size_t t = 0; t < o_.types.size(); ++t) free[t] = o_.types[t].count;
-    for (const LiveJob& o : jobs_)
-      for (int t : o.types) --free[size_t(t)];
-    const std::vector<int> have = typeCounts(j, int(j.types.size()));
-    std::vector<int> out;
-    for (size_t t = 0; t < o_.types.size() && int(out.size()) < more; ++t) {
-      const int want = t < j.desired_types.size() ? j.desired_types[t] - have[t] : 0;
-      for (int k = 0; k < want && free[t] > 0 && int(out.size()) < more; ++k, --free[t]) out.push_back(int(t));
-    }
-    std::vector<size_t> by_speed(o_.types.size());
-    std::iota(by_speed.begin(), by_speed.end(), size_t{0});
-    std::stable_sort(by_speed.begin(), by_speed.end(),
-                     [&](size_t a, size_t b) { return o_.types[a].slowdown < o_.types[b].slowdown; });
-    for (size_t t : by_speed)
-      for (; free[t] > 0 && int(out.size()) < more; --free[t]) out.push_back(int(t));
-    MORPH_CHECK_EQ(int(out.size()), more);
-    // Fastest first: a later shrink releases the last ranks, the slowest.
-    std::stable_sort(out.begin(), out.end(),
-                     [&](int a, int b) { return o_.types[size_t(a)].slowdown < o_.types[size_t(b)].slowdown; });
-    return out;
+  // "fast+slow" style: j's slots by type, e.g. "1 fast, 1 slow".
+  std::string describeTypes(const LiveJob& j) const {
+    const std::vector<int> c = heldTypes(j, false);
+    std::string text;
+    for (size_t t = 0; t < c.size(); ++t)
+      if (c[t] > 0) text += (text.empty() ? "" : ", ") + std::to_string(c[t]) + " " + o_.types[t].name;
+    return text;
+  }
+
+  // The workers j releases for slots of `release` (types): per slot, its
+  // highest worker id of that type not yet chosen (ids: docs/cluster.md).
+  std::vector<int64_t> workersOf(const LiveJob& j, const std::vector<int>& release) const {
+    std::vector<int64_t> ids;
+    for (int t : release)
+      for (auto it = j.types.rbegin(); it != j.types.rend(); ++it)
+        if (it->second == t && std::find(ids.begin(), ids.end(), it->first) == ids.end()) {
+          ids.push_back(it->first);
+          break;
+        }
+    std::sort(ids.begin(), ids.end());
+    return ids;
   }
 
   // The job's resources file (docs/resources.md): one local device per
@@ -563,7 +605,8 @@ class LiveCluster {
                     std::max(1.0, t.memory_mib), t.slowdown);
       text += line;
     }
-    for (int t : j.types) text += "[[devices]]\ntype = \"" + o_.types[size_t(t)].name + "\"\nhost = \"local\"\ncount = 1\n";
+    for (const auto& [id, t] : j.types)  // ids 0..K-1: device i is worker i's
+      text += "[[devices]]\ntype = \"" + o_.types[size_t(t)].name + "\"\nhost = \"local\"\ncount = 1\n";
     const std::string path = j.dir + "/resources.toml";
     writeFileAtomic(path, text, 0644);
     return path;
@@ -572,10 +615,19 @@ class LiveCluster {
   // Workers that join a typed job later run at its slot's emulated speed
   // through `morph slow` (the job's resources file lists only the workers
   // it started with; the manager gives later ones the next ids in turn).
-  void slowNewWorkers(LiveJob& j, size_t from_rank) {
-    for (size_t r = from_rank; r < j.types.size(); ++r) {
-      const int64_t id = j.next_worker_id++;
-      const double f = o_.types[size_t(j.types[r])].slowdown;
+  // Gives `more` (types) the next worker ids; returns them.
+  std::vector<int64_t> addWorkers(LiveJob& j, const std::vector<int>& more) {
+    std::vector<int64_t> ids;
+    for (int t : more) {
+      ids.push_back(j.next_worker_id++);
+      j.types[ids.back()] = t;
+    }
+    return ids;
+  }
+
+  void slowNewWorkers(LiveJob& j, const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) {
+      const double f = o_.types[size_t(j.types.at(id))].slowdown;
       if (f == 1.0) continue;
       char factor[32];
       std::snprintf(factor, sizeof factor, "%.17g", f);
@@ -602,19 +654,46 @@ class LiveCluster {
       s.target = j.target;
       s.held = j.held;
       s.desired = active ? j.desired : j.target;
-      s.ready = active && (!s.running || (j.port > 0 && j.resize_pid < 0 && j.grow_to == 0));
+      s.ready = active && (!s.running || (j.port > 0 && j.resize_pid < 0 && j.grow_to == 0 && j.move_to == 0));
+      s.can_move = j.target < j.virtual_nodes && !o_.slurm;  // one worker more in between
+      if (!o_.types.empty()) {
+        s.held_types = heldTypes(j, false);
+        s.desired_types = active ? j.desired_types : std::vector<int>{};
+      }
       live.push_back(&j);
       states.push_back(s);
     }
     bool changed = false;
-    for (const SlotAction& a : planSlotActions(states, o_.slots)) {
+    for (const SlotAction& a : planSlotActions(states, o_.slots, o_.types)) {
       LiveJob* j = live[a.job];
       if (a.kind == SlotAction::kShrink) {
-        changed |= resize(*j, a.workers);
+        const std::vector<int64_t> ids = workersOf(*j, a.release);
+        if (resize(*j, a.workers, ids)) {
+          j->releasing = ids;
+          changed = true;
+        }
       } else if (a.kind == SlotAction::kStart) {
-        if (!o_.types.empty()) j->types = pickTypes(*j, a.workers);
+        j->types.clear();
+        j->next_worker_id = 0;
+        addWorkers(*j, a.types);  // ids 0..K-1, fastest first
         start(*j, a.workers);
         changed = true;
+      } else if (a.kind == SlotAction::kMove) {
+        // One worker more on the new type's slot; the old slot's worker is
+        // released once a step committed on the grown count (tick).
+        const std::vector<int64_t> out = workersOf(*j, a.release);
+        if (out.size() == 1 && resize(*j, a.workers + 1)) {
+          j->move_to = a.workers;
+          j->move_release = out[0];
+          j->growing = addWorkers(*j, a.types);
+          std::printf("morph: job %lld: moving worker %lld (%s) to a %s slot: worker %lld joins first\n",
+                      static_cast<long long>(j->id), static_cast<long long>(out[0]),
+                      o_.types[size_t(a.release[0])].name.c_str(), o_.types[size_t(a.types[0])].name.c_str(),
+                      static_cast<long long>(j->growing[0]));
+          std::fflush(stdout);
+          slowNewWorkers(*j, j->growing);
+          changed = true;
+        }
       } else {
         if (o_.slurm) {
           // Worker steps first; the resize once they have registered
@@ -627,11 +706,9 @@ class LiveCluster {
           j->held = j->desired;
           slurmTick(*j);
           changed = true;
-        } else if (resize(*j, a.workers) && !o_.types.empty()) {
-          const size_t from = j->types.size();
-          const std::vector<int> more = pickTypes(*j, a.workers - int(from));
-          j->types.insert(j->types.end(), more.begin(), more.end());
-          slowNewWorkers(*j, from);
+        } else if (resize(*j, a.workers)) {
+          j->growing = addWorkers(*j, a.types);
+          slowNewWorkers(*j, j->growing);
           changed = true;
         }
       }
@@ -653,7 +730,6 @@ class LiveCluster {
     }
     for (const auto& s : j.overrides) args.insert(args.end(), {"--set", s});
     if (!o_.types.empty()) args.insert(args.end(), {"--resources", writeJobResources(j)});
-    j.next_worker_id = workers;
     j.pid = spawn(args, j.log);
     j.state = "running";
     j.started = unixNow();
@@ -669,11 +745,17 @@ class LiveCluster {
   // waits for a `morph resize` process (it loads libtorch: seconds on a
   // busy machine) while it holds the lock the API needs. A grow's slots
   // are held from now on.
-  bool resize(LiveJob& j, int workers) {
+  // `release`: the workers (ids) the manager releases before any other.
+  bool resize(LiveJob& j, int workers, const std::vector<int64_t>& release = {}) {
     if (j.resize_pid > 0) return false;
-    j.resize_pid = spawn({o_.self_exe, "resize", "--join", j.host + ":" + std::to_string(j.port), "--workers",
-                          std::to_string(workers), "--token-file", j.dir + "/token"},
-                         o_.out + "/resize.log");
+    std::vector<std::string> args{o_.self_exe, "resize", "--join", j.host + ":" + std::to_string(j.port), "--workers",
+                                  std::to_string(workers), "--token-file", j.dir + "/token"};
+    if (!release.empty()) {
+      std::string ids;
+      for (int64_t id : release) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      args.insert(args.end(), {"--release", ids});
+    }
+    j.resize_pid = spawn(args, o_.out + "/resize.log");
     j.resize_to = workers;
     j.held = std::max(j.held, workers);
     return true;
@@ -688,10 +770,18 @@ class LiveCluster {
       std::printf("morph: job %lld: resize to %d failed (%s/resize.log); retried at the next event\n",
                   static_cast<long long>(j.id), j.resize_to, o_.out.c_str());
       j.desired = j.target;
+      for (int64_t id : j.growing) j.types.erase(id);  // the grow's workers never came
+      j.next_worker_id -= int64_t(j.growing.size());
+      j.growing.clear();
+      j.releasing.clear();
+      j.move_to = 0;
+      j.move_release = -1;
       setHeld(j, std::max(j.target, j.observed));
+      j.desired_types = heldTypes(j, false);  // no move retried before the next decision
     } else {
       std::printf("morph: job %lld resized %d -> %d workers\n", static_cast<long long>(j.id), j.target, j.resize_to);
       j.target = j.resize_to;
+      j.growing.clear();
       ++j.resizes;
     }
     std::fflush(stdout);
@@ -838,11 +928,72 @@ json call(const ClusterClientOptions& c, const std::string& method, const std::s
 
 }  // namespace
 
-std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots) {
+namespace {
+
+// Slot types by speed: fastest first (slowdown ascending, then the types' order).
+std::vector<int> typesBySpeed(const std::vector<SlotType>& types) {
+  std::vector<int> order(types.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return types[size_t(a)].slowdown < types[size_t(b)].slowdown; });
+  return order;
+}
+
+// Types for `more` new slots of s within `free` (taken from it): those the
+// policy asked for beyond what s holds, then any, fastest first; sorted
+// fastest first. Empty when the free slots do not cover `more`.
+std::vector<int> takeTypes(const SlotState& s, int more, std::vector<int>& free, const std::vector<int>& by_speed) {
+  std::vector<int> left = free, out;
+  for (size_t t = 0; t < left.size() && int(out.size()) < more; ++t) {
+    const int have = t < s.held_types.size() ? s.held_types[t] : 0;
+    const int want = t < s.desired_types.size() ? s.desired_types[t] - have : 0;
+    for (int k = 0; k < want && left[t] > 0 && int(out.size()) < more; ++k, --left[t]) out.push_back(int(t));
+  }
+  for (int t : by_speed)
+    for (; left[size_t(t)] > 0 && int(out.size()) < more; --left[size_t(t)]) out.push_back(t);
+  if (int(out.size()) < more) return {};
+  free = left;
+  std::vector<int> rank(by_speed.size());
+  for (size_t i = 0; i < by_speed.size(); ++i) rank[size_t(by_speed[i])] = int(i);
+  std::stable_sort(out.begin(), out.end(), [&](int a, int b) { return rank[size_t(a)] < rank[size_t(b)]; });
+  return out;
+}
+
+// Types of `fewer` slots s gives back: those it holds beyond the policy's,
+// slowest first, then its slowest.
+std::vector<int> releaseTypes(const SlotState& s, int fewer, const std::vector<int>& by_speed) {
+  std::vector<int> have = s.held_types, out;
+  for (auto t = by_speed.rbegin(); t != by_speed.rend(); ++t) {
+    const size_t k = size_t(*t);
+    const int keep = k < s.desired_types.size() ? s.desired_types[k] : have[k];
+    for (; have[k] > keep && have[k] > 0 && int(out.size()) < fewer; --have[k]) out.push_back(*t);
+  }
+  for (auto t = by_speed.rbegin(); t != by_speed.rend(); ++t)
+    for (size_t k = size_t(*t); have[k] > 0 && int(out.size()) < fewer; --have[k]) out.push_back(*t);
+  return out;
+}
+
+}  // namespace
+
+std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots, const std::vector<SlotType>& types) {
+  const bool typed = !types.empty();
+  const std::vector<int> by_speed = typesBySpeed(types);
+  std::vector<int> type_free(types.size());
+  for (size_t t = 0; t < types.size(); ++t) type_free[t] = types[t].count;
+  for (SlotState& s : jobs) {
+    if (!typed) continue;
+    s.held_types.resize(types.size(), 0);
+    for (size_t t = 0; t < types.size(); ++t) type_free[t] -= s.held_types[t];
+  }
   std::vector<SlotAction> out;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const SlotState& s = jobs[i];
-    if (s.running && s.ready && s.desired > 0 && s.desired < s.target) out.push_back({SlotAction::kShrink, i, s.desired});
+    if (!(s.running && s.ready && s.desired > 0 && s.desired < s.target)) continue;
+    if (!typed) {
+      out.push_back({SlotAction::kShrink, i, s.desired, {}, {}});
+    } else if (s.held == s.target) {  // not while an earlier shrink takes effect: its slots are still held
+      out.push_back({SlotAction::kShrink, i, s.desired, {}, releaseTypes(s, s.target - s.desired, by_speed)});
+    }
   }
   int free = slots;
   for (const SlotState& s : jobs) free -= s.held;
@@ -854,14 +1005,33 @@ std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots)
   for (size_t i : order) {
     SlotState& s = jobs[i];
     if (!s.ready) continue;
-    if (!s.running && s.desired > 0 && s.desired <= free) {
-      out.push_back({SlotAction::kStart, i, s.desired});
-      free -= s.desired;
+    const int more = !s.running ? s.desired : s.desired - s.held;
+    const bool start = !s.running && s.desired > 0 && s.desired <= free;
+    const bool grow = s.running && s.desired > s.target && more <= free;
+    if (start || grow) {
+      std::vector<int> picked;
+      if (typed) {
+        picked = takeTypes(s, more, type_free, by_speed);
+        if (int(picked.size()) != more) continue;
+        for (int t : picked) ++s.held_types[size_t(t)];
+      }
+      out.push_back({start ? SlotAction::kStart : SlotAction::kGrow, i, s.desired, picked, {}});
+      free -= more;
       s.held = s.desired;
-    } else if (s.running && s.desired > s.target && s.desired - s.held <= free) {
-      out.push_back({SlotAction::kGrow, i, s.desired});
-      free -= s.desired - s.held;
-      s.held = s.desired;
+    } else if (typed && s.running && s.can_move && s.desired == s.target && s.held == s.target && free > 0 &&
+               s.desired_types.size() == types.size() && s.desired_types != s.held_types) {
+      // A move: onto the fastest free type it lacks, off the slowest it holds in excess.
+      int to = -1, from = -1;
+      for (int t : by_speed)
+        if (to < 0 && s.desired_types[size_t(t)] > s.held_types[size_t(t)] && type_free[size_t(t)] > 0) to = t;
+      for (int t : by_speed)
+        if (s.held_types[size_t(t)] > s.desired_types[size_t(t)]) from = t;
+      if (to < 0 || from < 0) continue;
+      out.push_back({SlotAction::kMove, i, s.target, {to}, {from}});
+      --type_free[size_t(to)];
+      ++s.held_types[size_t(to)];
+      --free;
+      ++s.held;
     }
   }
   return out;

@@ -78,12 +78,23 @@ struct SlotState {
   int target = 0;        // workers last asked of it (running)
   int held = 0;          // slots it holds: its target, more while a shrink or a grow is under way
   int desired = 0;       // the policy's target
-  bool ready = true;     // running: its port known, no resize or grow under way
+  bool ready = true;     // running: its port known, no resize, grow or move under way
+  bool can_move = true;  // running: it can run on one worker more (a move's in-between)
+  // With slot types (planSlotActions' `types` not empty): the slots it
+  // holds of each type (summing to `held`) and the policy's slots of each
+  // type (summing to `desired`; empty: any).
+  std::vector<int> held_types, desired_types;
 };
 struct SlotAction {
-  enum Kind { kShrink, kStart, kGrow } kind;
+  // kMove (slot types only): the same worker count on other types: one
+  // worker more on a free slot of `types`, then the worker on a slot of
+  // `release` released (the job holds one slot more in between).
+  enum Kind { kShrink, kStart, kGrow, kMove } kind;
   size_t job;  // index into the states
-  int workers;
+  int workers;  // the count asked (a move's: its count, unchanged)
+  // With slot types: the types of the slots it takes (a start, a grow, a
+  // move; fastest first) and of those it gives back (a shrink, a move).
+  std::vector<int> types, release;
 };
 // Shrinks first (a shrinking job keeps holding its slots until the shrink
 // has taken effect); then, in priority order (priority, then id), the starts
@@ -91,7 +102,19 @@ struct SlotAction {
 // fit waits without blocking the ones behind it (the policy decided the
 // order). Sets `held` of the jobs it starts or grows. Given held slots that
 // sum to at most `slots`, they still do after.
-std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots);
+//
+// With slot types (`types`, their counts summing to `slots`), also per type:
+// a start or a grow takes the free slots of the types the policy asked for
+// beyond what the job holds, then any free slot, fastest first; a shrink
+// gives back slots of the types the job holds beyond the policy's, slowest
+// first, then its slowest; a running job at its count whose types differ
+// from the policy's moves, one slot at a time, onto a free slot of a type
+// it lacks, giving back one of a type it holds in excess (only when both
+// exist, and not while a shrink of it takes effect). Sets `held_types` of
+// the jobs it starts, grows or moves; per type, held slots stay within the
+// type's count.
+std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots,
+                                        const std::vector<SlotType>& types = {});
 
 struct ClusterClientOptions {
   std::string cluster;     // HOST:PORT

@@ -34,6 +34,11 @@ TEST(CommandLine, ParsesWhatTheFrontDecidesOn) {
   EXPECT_EQ(inv.command, morph::Invocation::Command::kSlow);
   EXPECT_EQ(inv.slow_worker, 2);
   EXPECT_DOUBLE_EQ(inv.slow_factor, 4.0);
+  inv = parse({"resize", "--join", "h:1", "--workers", "1", "--release", "0,3"}, &rc);
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(inv.command, morph::Invocation::Command::kResize);
+  EXPECT_EQ(inv.resize_workers, 1);
+  EXPECT_EQ(inv.resize_release, (std::vector<int64_t>{0, 3}));
   inv = parse({"worker", "--join", "h:1"}, &rc);
   EXPECT_EQ(inv.command, morph::Invocation::Command::kWorker);
   inv = parse({"cluster", "simulate", "t.json", "--slots", "4"}, &rc);

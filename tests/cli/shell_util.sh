@@ -10,14 +10,16 @@ make_work() {
 
 # cluster_parts MORPH [PART [DIR]]: the arguments of the live cluster tests
 # (cluster_live_test.sh, cluster_types_test.sh): sets MORPH, $part (refs,
-# live or all; default all; else usage, exit 2), $work (a scratch folder),
+# all, or one of $CLUSTER_LIVE_PARTS, default "live"; default all; else
+# usage, exit 2), $work (a scratch folder),
 # $refs (DIR, default $work/refs) and $cluster_pid (empty); on exit ends
 # the cluster at $cluster_pid if one runs and removes $work (kept, and
 # named, with KEEP=1).
 cluster_parts() {
   MORPH=$1
   part=${2:-all}
-  case $part in refs|live|all) ;; *) echo "usage: $0 MORPH [refs|live|all [DIR]]" >&2; exit 2 ;; esac
+  local live_parts=${CLUSTER_LIVE_PARTS:-live}
+  [[ " refs $live_parts all " == *" $part "* ]] || { echo "usage: $0 MORPH [refs|${live_parts// /|}|all [DIR]]" >&2; exit 2; }
   work=$(mktemp -d)
   refs=${3:-$work/refs}
   cluster_pid=""

@@ -5,6 +5,7 @@
 
 #include "control/protocol/generation_plan.h"
 #include "control/protocol/generation_want.h"
+#include "control/protocol/resize_request.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/reach_report.h"
 #include "control/protocol/message.h"
@@ -207,6 +208,29 @@ TEST(GenerationWant, RefusesWhatTheManagerCouldNotHaveWritten) {
                           R"({"generation": 1, "slowdown": {"1": 0.5}})", R"({"generation": 1, "slowdown": {"1": 2000}})",
                           R"({"generation": 1, "slowdown": {"1": "4"}})", R"({"generation": -2})"})
     EXPECT_THROW(GenerationWant::decode(bad), MessageError) << bad;
+}
+
+// `morph resize` writes the bare count it always did unless it names
+// workers to release first.
+TEST(ResizeRequest, BareCountUnlessWorkersAreNamed) {
+  ResizeRequest r;
+  r.workers = 3;
+  EXPECT_EQ(r.encode(), "3");
+  EXPECT_EQ(ResizeRequest::decode("3").workers, 3);
+  EXPECT_TRUE(ResizeRequest::decode("3").release.empty());
+  r.release = {0, 4};
+  EXPECT_EQ(json::parse(r.encode()), json::parse(R"({"workers": 3, "release": [0, 4]})"));
+  const ResizeRequest back = ResizeRequest::decode(r.encode());
+  EXPECT_EQ(back.workers, 3);
+  EXPECT_EQ(back.release, r.release);
+}
+
+TEST(ResizeRequest, RefusesWhatTheClientCouldNotHaveWritten) {
+  for (const char* bad : {"", "0", "-1", "3x", "[3]", R"({"release": [1]})", R"({"workers": 0, "release": [1]})",
+                          R"({"workers": 2, "release": []})", R"({"workers": 2, "release": [3, 1]})",
+                          R"({"workers": 2, "release": [1, 1]})", R"({"workers": 2, "release": [-1]})",
+                          R"({"workers": 2, "release": 1})", R"({"workers": "2", "release": [1]})"})
+    EXPECT_THROW(ResizeRequest::decode(bad), MessageError) << bad;
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ seconds=${1:-2}
 out=${2:-$(mktemp -d)}
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol generation_plan member_report generation_want job_file resources profile plan_file checkpoint idx npy cluster_trace)
+[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol generation_plan member_report generation_want resize_request job_file resources profile plan_file checkpoint idx npy cluster_trace)
 mkdir -p "$out/obj"
 command -v clang++ > /dev/null || { echo "run_fuzz: clang++ is not installed (bash scripts/install-deps.sh installs it)"; exit 1; }
 torch_inc="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI=1"
@@ -34,6 +34,7 @@ declare -A sources=(
   [generation_plan]="control/protocol/generation_plan.cpp control/protocol/message.cpp exec/schedule.cpp"
   [member_report]="control/protocol/member_report.cpp control/protocol/message.cpp"
   [generation_want]="control/protocol/generation_want.cpp control/protocol/message.cpp"
+  [resize_request]="control/protocol/resize_request.cpp control/protocol/message.cpp"
   [job_file]="core/job_spec.cpp core/npy.cpp"
   [resources]="plan/resources.cpp plan/profile.cpp core/job_spec.cpp core/npy.cpp core/parse_number.cpp core/sys.cpp"
   [profile]="plan/profile.cpp core/job_spec.cpp core/npy.cpp core/parse_number.cpp core/sys.cpp"
@@ -48,6 +49,7 @@ declare -A libs=(
   [generation_plan]=""
   [member_report]=""
   [generation_want]=""
+  [resize_request]=""
   [job_file]="-ltomlplusplus -lxxhash"
   [resources]="-ltomlplusplus -ltorch_cpu -lc10 -lxxhash"
   [profile]="-ltomlplusplus -ltorch_cpu -lc10 -lxxhash"

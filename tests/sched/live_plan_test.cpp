@@ -105,5 +105,162 @@ TEST(LivePlan, HeldSlotsNeverExceedTheSlotsOnRandomStates) {
   }
 }
 
+// Slot types: a fast type (slowdown 1) and a slow one (1.5), `fast` and
+// `slow` slots of each.
+std::vector<SlotType> fastSlow(int fast, int slow) {
+  return {SlotType{"fast", 1.0, fast, 0}, SlotType{"slow", 1.5, slow, 0}};
+}
+
+SlotState typed(SlotState s, std::vector<int> held_types, std::vector<int> desired_types) {
+  s.held_types = std::move(held_types);
+  s.desired_types = std::move(desired_types);
+  return s;
+}
+
+TEST(LivePlan, AJobOnASlowSlotMovesToAFastOneThatFreedUp) {
+  // j0 runs on the slow slot; the fast one is free and the policy wants j0
+  // there at the same count: a move, one slot more held in between.
+  std::vector<SlotState> s{typed(running(0, 1, 1, 1, 1), {0, 1}, {1, 0})};
+  auto a = planSlotActions(s, 2, fastSlow(1, 1));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, SlotAction::kMove);
+  EXPECT_EQ(a[0].workers, 1);
+  EXPECT_EQ(a[0].types, std::vector<int>{0});    // onto the fast slot
+  EXPECT_EQ(a[0].release, std::vector<int>{1});  // off the slow one
+  EXPECT_EQ(s[0].held, 2);
+  EXPECT_EQ(s[0].held_types, (std::vector<int>{1, 1}));
+  // While the fast slot is held by another job: nothing to do.
+  s = {typed(running(0, 1, 1, 1, 1), {0, 1}, {1, 0}), typed(running(1, 1, 1, 1, 1), {1, 0}, {1, 0})};
+  EXPECT_TRUE(planSlotActions(s, 2, fastSlow(1, 1)).empty());
+  // A move under way (not ready) or a job already on its types: nothing.
+  s = {typed(running(0, 1, 1, 2, 1, false), {1, 1}, {1, 0})};
+  EXPECT_TRUE(planSlotActions(s, 2, fastSlow(1, 1)).empty());
+  s = {typed(running(0, 1, 1, 1, 1), {1, 0}, {1, 0})};
+  EXPECT_TRUE(planSlotActions(s, 2, fastSlow(1, 1)).empty());
+  // A job already on all its VNs' workers cannot hold one more in between: no move.
+  s = {typed(running(0, 1, 1, 1, 1), {0, 1}, {1, 0})};
+  s[0].can_move = false;
+  EXPECT_TRUE(planSlotActions(s, 2, fastSlow(1, 1)).empty());
+  // Untyped, the same counts ask for nothing.
+  s = {running(0, 1, 1, 1, 1)};
+  EXPECT_TRUE(planSlotActions(s, 2).empty());
+}
+
+TEST(LivePlan, AMoveGoesOneSlotAtATimeAndWaitsForFreeSlotsInPriorityOrder) {
+  // j0 (priority 1) holds 2 slow slots and wants 2 fast ones, 2 fast free:
+  // one slot moves now (the next once this move has taken effect).
+  std::vector<SlotState> s{typed(running(0, 1, 2, 2, 2), {0, 2}, {2, 0})};
+  auto a = planSlotActions(s, 4, fastSlow(2, 2));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, SlotAction::kMove);
+  EXPECT_EQ(a[0].workers, 2);
+  // A queued job of higher priority that wants both fast slots starts
+  // first, and j0's move waits for a free fast slot.
+  s = {typed(running(0, 1, 2, 2, 2), {0, 2}, {2, 0}), typed(queued(1, 10, 2), {}, {2, 0})};
+  a = planSlotActions(s, 4, fastSlow(2, 2));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, SlotAction::kStart);
+  EXPECT_EQ(a[0].job, 1u);
+  EXPECT_EQ(a[0].types, (std::vector<int>{0, 0}));
+  EXPECT_EQ(s[1].held_types, (std::vector<int>{2, 0}));
+}
+
+TEST(LivePlan, TypedShrinksGiveBackTheTypesThePolicyLetGoSlowestFirst) {
+  // j0 holds a fast and a slow slot; the policy keeps it on the fast one.
+  std::vector<SlotState> s{typed(running(0, 1, 2, 2, 1), {1, 1}, {1, 0})};
+  auto a = planSlotActions(s, 2, fastSlow(1, 1));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, SlotAction::kShrink);
+  EXPECT_EQ(a[0].release, std::vector<int>{1});
+  // ... or on the slow one (it gives the fast slot to another job).
+  s = {typed(running(0, 1, 2, 2, 1), {1, 1}, {0, 1})};
+  a = planSlotActions(s, 2, fastSlow(1, 1));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].release, std::vector<int>{0});
+  // No types asked: its slowest goes.
+  s = {typed(running(0, 1, 3, 3, 1), {2, 1}, {})};
+  a = planSlotActions(s, 3, fastSlow(2, 1));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].release, (std::vector<int>{1, 0}));
+  // Not while an earlier shrink still holds its slots.
+  s = {typed(running(0, 1, 2, 3, 1), {2, 1}, {1, 0})};
+  EXPECT_TRUE(planSlotActions(s, 3, fastSlow(2, 1)).empty());
+}
+
+TEST(LivePlan, TypedStartsAndGrowsTakeTheAskedTypesThenTheFastestFree) {
+  // 2 fast, 2 slow, all free. j0 asks for 1 slow: it gets the slow one.
+  std::vector<SlotState> s{typed(queued(0, 1, 1), {}, {0, 1})};
+  auto a = planSlotActions(s, 4, fastSlow(2, 2));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].types, std::vector<int>{1});
+  // Asked for 2 fast while 1 fast is free: the fast one, then a slow one, fastest first.
+  s = {typed(running(0, 1, 1, 1, 1), {1, 0}, {1, 0}), typed(queued(1, 1, 2), {}, {2, 0})};
+  a = planSlotActions(s, 4, fastSlow(2, 2));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].types, (std::vector<int>{0, 1}));
+  // A grow appends only the new slots' types.
+  s = {typed(running(0, 1, 1, 1, 3), {0, 1}, {2, 1})};
+  a = planSlotActions(s, 4, fastSlow(2, 2));
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].kind, SlotAction::kGrow);
+  EXPECT_EQ(a[0].types, (std::vector<int>{0, 0}));
+  EXPECT_EQ(s[0].held_types, (std::vector<int>{2, 1}));
+}
+
+TEST(LivePlan, HeldSlotsOfEachTypeNeverExceedItsCountOnRandomStates) {
+  std::mt19937_64 rng(2929);
+  for (int round = 0; round < 3000; ++round) {
+    const std::vector<SlotType> types = fastSlow(1 + int(rng() % 4), 1 + int(rng() % 4));
+    const int slots = types[0].count + types[1].count;
+    std::vector<int> left{types[0].count, types[1].count};
+    std::vector<SlotState> s;
+    for (int i = 0; i < 5; ++i) {
+      std::vector<int> want{int(rng() % (types[0].count + 1)), int(rng() % (types[1].count + 1))};
+      if (want[0] + want[1] == 0) want[0] = 1;
+      const int desired = want[0] + want[1];
+      std::vector<int> have{int(rng() % (left[0] + 1)), int(rng() % (left[1] + 1))};
+      if (rng() % 2 && have[0] + have[1] > 0) {
+        left[0] -= have[0];
+        left[1] -= have[1];
+        const int h = have[0] + have[1];
+        const int target = rng() % 3 == 0 ? 1 + int(rng() % h) : h;
+        s.push_back(typed(running(i, 1 + int(rng() % 10), target, h, desired, rng() % 4 != 0), have, want));
+      } else {
+        s.push_back(typed(queued(i, 1 + int(rng() % 10), desired), {}, want));
+      }
+    }
+    const std::vector<SlotState> before = s;
+    const auto actions = planSlotActions(s, slots, types);
+    std::vector<int> per_type(2, 0);
+    int held = 0;
+    for (const auto& x : s) {
+      held += x.held;
+      ASSERT_EQ(x.held_types.size(), 2u);
+      EXPECT_EQ(x.held_types[0] + x.held_types[1], x.held);
+      per_type[0] += x.held_types[0];
+      per_type[1] += x.held_types[1];
+    }
+    EXPECT_LE(held, slots);
+    EXPECT_LE(per_type[0], types[0].count);
+    EXPECT_LE(per_type[1], types[1].count);
+    for (const auto& a : actions) {
+      const SlotState& b = before[a.job];
+      EXPECT_TRUE(b.ready);
+      if (a.kind == SlotAction::kShrink) {
+        EXPECT_EQ(int(a.release.size()), b.target - a.workers);
+        for (int t : a.release) EXPECT_GT(b.held_types[size_t(t)], 0);
+      } else if (a.kind == SlotAction::kMove) {
+        EXPECT_TRUE(b.running && a.workers == b.target && b.desired == b.target);
+        ASSERT_EQ(a.types.size(), 1u);
+        ASSERT_EQ(a.release.size(), 1u);
+        EXPECT_NE(a.types[0], a.release[0]);
+        EXPECT_EQ(s[a.job].held, b.held + 1);
+      } else {
+        EXPECT_EQ(int(a.types.size()), a.kind == SlotAction::kStart ? a.workers : a.workers - b.held);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace morph::sched

@@ -12,6 +12,7 @@
 #include "control/run_setup.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/message.h"
+#include "control/protocol/resize_request.h"
 #include "control/store_access.h"
 #include "core/error.h"
 #include "core/job_spec.h"
@@ -154,22 +155,26 @@ int Generations::pollResizeRequests(c10d::Store& store) {
   if (seq == resize_seq_) return 0;
   resize_seq_ = seq;
   const std::string asked = getString(store, keys::kResizeTarget);
-  const bool number = !asked.empty() && asked.size() <= 6 &&
-                      std::all_of(asked.begin(), asked.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!number) {
-    std::fprintf(stderr, "morph: ignoring resize to '%s' workers: not a number\n", asked.c_str());
+  ResizeRequest r;
+  try {
+    r = ResizeRequest::decode(asked);
+  } catch (const MessageError& e) {
+    std::fprintf(stderr, "morph: ignoring resize request: %s\n", e.what());
     return 0;
   }
-  const int want = std::stoi(asked);
-  if (want < 1 || want > job_.virtual_nodes) {
+  const int want = r.workers;
+  if (want > job_.virtual_nodes) {
     std::fprintf(stderr, "morph: ignoring resize to %d workers (1..%lld)\n", want,
                  static_cast<long long>(job_.virtual_nodes));
     return 0;
   }
-  std::printf("morph: resize requested: %d -> %d workers\n", target_, want);
+  std::string named;
+  for (int64_t id : r.release) named += (named.empty() ? ", releasing worker(s) " : ", ") + std::to_string(id);
+  std::printf("morph: resize requested: %d -> %d workers%s\n", target_, want, named.c_str());
   std::fflush(stdout);
   const int alive = m_.aliveOrStarting();
   target_ = want;
+  release_first_ = r.release;
   return want > alive ? want - alive : 0;
 }
 
@@ -320,6 +325,14 @@ GenerationPlan Generations::publish(c10d::Store& store, int64_t next_step, int64
   std::vector<int64_t> candidates = survivors;
   const std::vector<int64_t> waiting = joiners();
   candidates.insert(candidates.end(), waiting.begin(), waiting.end());
+  // `morph resize --release`: the named workers go last, so that a shrink
+  // releases them before any other (a pipeline's morph places its own).
+  if (!release_first_.empty()) {
+    std::stable_partition(candidates.begin(), candidates.end(), [&](int64_t id) {
+      return std::find(release_first_.begin(), release_first_.end(), id) == release_first_.end();
+    });
+    release_first_.clear();
+  }
   straggler_.orderForDrop(candidates);  // a straggler being dropped is released
   // The first generation of a pipeline runs exactly its plan's workers;
   // later ones are placed by publishMorph().

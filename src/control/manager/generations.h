@@ -104,7 +104,8 @@ class Generations {
   // largest group that can all reach each other; one set aside is admitted
   // again (as a joiner) once it reports that it reaches every member.
   void watchPartitions(c10d::Store& store, const Clock& clock);
-  // `morph resize`: the new target; returns how many workers to start.
+  // `morph resize`: the new target (and the workers to release first at the
+  // next generation); returns how many workers to start.
   int pollResizeRequests(c10d::Store& store);
   // `morph slow` (ctl/slow/<id>): the factors in effect ride on gen/want,
   // which every member reads before each step (GenerationWant).
@@ -145,6 +146,9 @@ class Generations {
   double transition_start_ = 0;
   double transition_unix_ = 0;  // wall-clock time of the change, for benchmarks
   int64_t resize_seq_ = 0;
+  // The workers the last resize request named to release first (ResizeRequest),
+  // ordered last at the next publish.
+  std::vector<int64_t> release_first_;
   int64_t events_seen_ = 0;
   GenerationWant want_;  // what gen/want holds
   std::map<int64_t, std::string> slow_seen_;  // ctl/slow/<id> values read, by worker
