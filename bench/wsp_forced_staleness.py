@@ -8,13 +8,15 @@ version c, and runs
 
   morph run JOB --workers 2 --set job.steps=S --set eval.every=E
             --set sync.mode=wsp --set sync.staleness=D --set sync.wave=W
-            --replay LOG
+            --replay LOG [--set sync.stale_update=R]
 
-for each D, printing the test accuracies and the model hash (the same
-hash every time: the log fixes every pull). Even VN shares (no resources
-file), so the log's shares record is [N/2, N/2].
+for each D (and each rule R of --stale-update: how the servers apply a
+stale push, docs/wsp.md "Stale pushes"), printing the test accuracies and
+the model hash (the same hash every time: the log fixes every pull). Even
+VN shares (no resources file), so the log's shares record is [N/2, N/2].
 
   python3 bench/wsp_forced_staleness.py --staleness 0,1,4 --steps 200
+  python3 bench/wsp_forced_staleness.py --staleness 1,4 --stale-update none,scale,bypass
   python3 bench/wsp_forced_staleness.py --morph /path/to/old/morph ...
 """
 import argparse
@@ -50,30 +52,37 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--all", action="store_true", help="every VW's pulls D clocks old, not only VW 0's")
+    ap.add_argument("--stale-update", default="",
+                    help="comma-separated sync.stale_update rules, each run per D (default: the job's)")
     args = ap.parse_args()
     shares = [args.vns // 2, args.vns - args.vns // 2]
+    rules = [x for x in args.stale_update.split(",") if x] or [""]
     with tempfile.TemporaryDirectory() as tmp:
         for d in [int(x) for x in args.staleness.split(",")]:
             log = os.path.join(tmp, "log-%d.jsonl" % d)
             with open(log, "w") as f:
                 f.write(forced_log(args.steps, args.wave, d, shares, args.all))
-            out = os.path.join(tmp, "out-%d" % d)
-            cmd = [args.morph, "run", args.job, "--quiet", "--workers", "2", "--out", out,
-                   "--set", "job.steps=%d" % args.steps, "--set", "eval.every=%d" % args.eval_every,
-                   "--set", "sync.mode=wsp", "--set", "sync.staleness=%d" % d, "--set", "sync.wave=%d" % args.wave,
-                   "--replay", log]
-            t0 = time.time()
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                sys.exit("D = %d: exit %d\n%s" % (d, r.returncode, r.stderr[-2000:]))
-            acc = []
-            for line in open(os.path.join(out, "metrics.jsonl")):
-                j = json.loads(line)
-                if "test_accuracy" in j:
-                    acc.append("%d:%.3f" % (j.get("step", -1), j["test_accuracy"]))
-            h = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "?"
-            print("D = %d (%s): test accuracy %s; %s; %.0f s" % (d, "every VW" if args.all else "VW 0", " ".join(acc),
-                                                                h, time.time() - t0), flush=True)
+            for rule in rules:
+                out = os.path.join(tmp, "out-%d-%s" % (d, rule))
+                cmd = [args.morph, "run", args.job, "--quiet", "--workers", "2", "--out", out,
+                       "--set", "job.steps=%d" % args.steps, "--set", "eval.every=%d" % args.eval_every,
+                       "--set", "sync.mode=wsp", "--set", "sync.staleness=%d" % d, "--set", "sync.wave=%d" % args.wave,
+                       "--replay", log]
+                if rule:
+                    cmd += ["--set", "sync.stale_update=" + rule]
+                t0 = time.time()
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    sys.exit("D = %d: exit %d\n%s" % (d, r.returncode, r.stderr[-2000:]))
+                acc = []
+                for line in open(os.path.join(out, "metrics.jsonl")):
+                    j = json.loads(line)
+                    if "test_accuracy" in j:
+                        acc.append("%d:%.3f" % (j.get("step", -1), j["test_accuracy"]))
+                h = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "?"
+                print("D = %d (%s%s): test accuracy %s; %s; %.0f s" % (
+                    d, "every VW" if args.all else "VW 0", ", " + rule if rule else "", " ".join(acc), h,
+                    time.time() - t0), flush=True)
 
 
 if __name__ == "__main__":

@@ -514,13 +514,14 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   // is no WSP job) is checked by `morph run`, which knows it.
   j.sync_mode = r.choice("sync.mode", "sync", {"sync", "wsp"}) == "wsp" ? SyncMode::kWsp : SyncMode::kSync;
   if (j.sync_mode == SyncMode::kSync) {
-    for (const char* k : {"sync.staleness", "sync.wave"})
+    for (const char* k : {"sync.staleness", "sync.wave", "sync.stale_update"})
       if (r.has(k)) r.fail(k, "applies only to sync.mode = \"wsp\"");
   } else {
     j.staleness = r.integer("sync.staleness", 0, 0, 1 << 20);
     // A wave's push sums wave x VNs quantised terms of each value, as a
     // step sums VNs: the int64 format holds 2^12 of them (docs/wsp.md).
     j.wave = r.integer("sync.wave", 1, 1, 4096);
+    j.stale_update = r.choice("sync.stale_update", j.stale_update, {"none", "scale", "bypass"});
     if (j.reduce_mode != ReduceMode::kExact)
       r.fail("reduce.mode", "sync.mode = \"wsp\" needs \"exact\" (the servers' sums are fixed point, so a run replays)");
     if (j.reduce_bits != 64) r.fail("reduce.bits", "sync.mode = \"wsp\" needs 64 (a wave's sum may exceed the 32-bit bound)");

@@ -526,6 +526,8 @@ nlohmann::json StepCore::meaning() const {
     m["sync.mode"] = toString(j.sync_mode);
     m["sync.staleness"] = j.staleness;
     m["sync.wave"] = j.wave;
+    // Only when not the default, so WSP checkpoints written before the key resume.
+    if (j.stale_update != JobSpec().stale_update) m["sync.stale_update"] = j.stale_update;
   }
   // Only TorchScript jobs carry these (the same reason): the module file's
   // bytes are its architecture and initial weights.

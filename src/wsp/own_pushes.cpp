@@ -1,12 +1,23 @@
 // ownPushesMove (own_pushes.h).
 #include "wsp/own_pushes.h"
 
+#include "core/error.h"
 #include "exec/optimizer.h"
 
 namespace morph {
 
+double wspStaleFactor(const JobSpec& job, int64_t s) {
+  return s <= 0 || job.stale_update == "none" ? 1.0 : 1.0 / static_cast<double>(1 + s);
+}
+
+bool wspStaleBypass(const JobSpec& job, int64_t s) {
+  return s >= 1 && job.stale_update == "bypass" && job.optim.name == "sgd" && job.optim.momentum > 0.0;
+}
+
 std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t version,
-                                 const std::vector<const std::vector<float>*>& grads, size_t n) {
+                                 const std::vector<const std::vector<float>*>& grads,
+                                 const std::vector<int64_t>& stale, size_t n) {
+  MORPH_CHECK_EQ(stale.size(), grads.size());
   const OptimSpec& o = job.optim;
   const float mu = static_cast<float>(o.momentum);
   std::vector<float> buf, move;
@@ -19,10 +30,17 @@ std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t vers
     }
     const int64_t clock = version + static_cast<int64_t>(i);
     const float lr = static_cast<float>(learningRate(o, clock * job.wave, steps));
+    const float f = static_cast<float>(g ? wspStaleFactor(job, stale[i]) : 1.0);
+    const bool bypass = g && wspStaleBypass(job, stale[i]);
     for (size_t j = 0; j < n; ++j) {
-      const float gj = g ? (*g)[j] : 0.0f;
-      buf[j] = mu * buf[j] + gj;
-      move[j] += lr * (o.nesterov ? gj + mu * buf[j] : buf[j]);
+      const float gj = g ? f * (*g)[j] : 0.0f;
+      if (bypass) {
+        buf[j] = mu * buf[j];
+        move[j] += lr * gj + lr * (o.nesterov ? mu * buf[j] : buf[j]);
+      } else {
+        buf[j] = mu * buf[j] + gj;
+        move[j] += lr * (o.nesterov ? gj + mu * buf[j] : buf[j]);
+      }
     }
   }
   return move;

@@ -11,14 +11,26 @@
 
 namespace morph {
 
+// A stale push (docs/wsp.md, "Stale pushes"): a push of clock k computed
+// on a shard's version v has staleness s = k - v. Its gradient is applied
+// with the factor wspStaleFactor (1 for s = 0 or sync.stale_update =
+// "none", else 1 / (1 + s)); wspStaleBypass says it is applied outside the
+// momentum buffer ("bypass", s >= 1, SGD with momentum).
+double wspStaleFactor(const JobSpec& job, int64_t s);
+bool wspStaleBypass(const JobSpec& job, int64_t s);
+
 // The move of one tensor of `n` values that the servers' optimiser
 // (job.optim: SGD, with its momentum and Nesterov; one step per clock at
 // lr(k * job.wave) of a job of `steps`) makes by clock `version + size of
 // grads` from these gradients alone, clock version + i's being grads[i]
-// (a mean-gradient part G / B; null: none that clock): buf = mu buf + g,
-// move += lr buf (Nesterov: lr (g + mu buf)), from buf = 0. The weights
-// are then w - move. Empty when every entry is null.
+// (a mean-gradient part G / B; null: none that clock), at staleness
+// stale[i]: with f = wspStaleFactor,
+// buf = mu buf + f g, move += lr buf (Nesterov: lr (f g + mu buf)), from
+// buf = 0; a bypassed push (wspStaleBypass) instead adds lr f g to
+// the move and nothing to buf. The weights are then w - move. Empty when
+// every entry is null.
 std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t version,
-                                 const std::vector<const std::vector<float>*>& grads, size_t n);
+                                 const std::vector<const std::vector<float>*>& grads,
+                                 const std::vector<int64_t>& stale, size_t n);
 
 }  // namespace morph

@@ -7,6 +7,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "exec/fixed_point.h"
+#include "wsp/own_pushes.h"
 
 namespace morph {
 
@@ -60,7 +61,7 @@ ParamShard::ParamShard(const JobSpec& job, int64_t steps, int vws, const std::ve
   received_.assign(static_cast<size_t>(vws), 0);
 }
 
-void ParamShard::packPush(const ScaledValues& sum, size_t first, size_t end, std::vector<int64_t>& out) {
+void ParamShard::packPush(const ScaledValues& sum, size_t first, size_t end, int64_t base, std::vector<int64_t>& out) {
   out.clear();
   for (size_t s = first; s < end; ++s) out.push_back(sum.scales[s]);
   for (size_t s = first; s < end; ++s) {
@@ -74,6 +75,7 @@ void ParamShard::packPush(const ScaledValues& sum, size_t first, size_t end, std
   for (size_t s = first; s < end; ++s) n += sum.sizes[s];
   out.insert(out.end(), sum.values.begin() + off, sum.values.begin() + off + n);
   out.push_back(sum.terms);
+  out.push_back(base);
 }
 
 void ParamShard::push(int vw, int64_t clock, const int64_t* payload) {
@@ -85,11 +87,14 @@ void ParamShard::push(int vw, int64_t clock, const int64_t* payload) {
   }
   std::copy(payload + 2 * n, payload + 2 * n + values_, v.values.begin());
   v.terms = payload[2 * n + values_];  // minibatches in the wave
+  const int64_t base = payload[2 * n + values_ + 1];
   std::lock_guard<std::mutex> l(mu_);
   MORPH_CHECK(clock >= version_, "a push of a clock already applied");
+  MORPH_CHECK(base >= 0 && base <= clock, "a push computed on a version past its clock");
   auto& at = pending_[clock];
   MORPH_CHECK(!at.count(vw), "two pushes of one wave from one virtual worker");
   at.emplace(vw, std::move(v));
+  bases_[clock][vw] = base;
   int64_t& got = received_.at(static_cast<size_t>(vw));
   got = std::max(got, clock + 1);
   applyReady();
@@ -102,6 +107,7 @@ void ParamShard::applyReady() {
     if (replay_ && served_[version_] < expected_[version_]) return;
     applyClock(version_);
     pending_.erase(it);
+    bases_.erase(version_);
     ++version_;
     if (snapshot_due_ && snapshot_due_(version_)) snapshots_[version_] = snapshot();
     cv_.notify_all();
@@ -110,22 +116,54 @@ void ParamShard::applyReady() {
 
 void ParamShard::applyClock(int64_t k) {
   std::vector<const ScaledValues*> parts;
-  for (const auto& [vw, v] : pending_.at(k)) parts.push_back(&v);
+  // The pushes by staleness (ascending): each group's exact sum is applied
+  // with its factor (docs/wsp.md, "Stale pushes").
+  std::map<int64_t, std::vector<const ScaledValues*>> by_staleness;
+  const auto& bases = bases_.at(k);
+  for (const auto& [vw, v] : pending_.at(k)) {
+    parts.push_back(&v);
+    by_staleness[k - bases.at(vw)].push_back(&v);
+  }
+  // Every push at factor 1 inside the momentum: the one exact sum, as a sync step.
+  const bool plain = job_.stale_update == "none" || (by_staleness.size() == 1 && by_staleness.begin()->first == 0);
+  std::vector<std::pair<int64_t, ScaledValues>> groups;
+  if (!plain)
+    for (const auto& [st, ps] : by_staleness) groups.emplace_back(st, sumAll(ps));
   const ScaledValues sum = sumAll(parts);
   const int64_t minibatches = parts.front()->terms;  // every VW's wave k has the same length
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes * minibatches);
   torch::NoGradGuard no_grad;
+  // Per parameter segment, what "bypass" applies outside the optimiser.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> outside;
   int64_t off = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     const int64_t n = sizes_[s];
     const int64_t* q = sum.values.data() + off;
+    const int64_t at = off;
     off += n;
     switch (kinds_[s]) {
       case StepCore::Segment::kParam: {
         torch::Tensor& g = state_[s].mutable_grad();
         if (!g.defined()) g = torch::empty_like(state_[s]);
-        dequantize(q, n, sum.scales[s], B, g.data_ptr<float>());
+        if (plain) {
+          dequantize(q, n, sum.scales[s], B, g.data_ptr<float>());
+          break;
+        }
+        // Each staleness group's mean-gradient part G / (B (1 + s)), added
+        // in ascending staleness into the gradient or, bypassed, into `out`.
+        g.zero_();
+        torch::Tensor out, part = torch::empty({n});
+        for (const auto& [st, grp] : groups) {
+          dequantize(grp.values.data() + at, n, grp.scales[s], B / wspStaleFactor(job_, st), part.data_ptr<float>());
+          if (!wspStaleBypass(job_, st)) {
+            g.view({n}).add_(part);
+          } else {
+            if (!out.defined()) out = torch::zeros({n});
+            out.add_(part);
+          }
+        }
+        if (out.defined()) outside.emplace_back(state_[s], out.view_as(state_[s]));
         break;
       }
       case StepCore::Segment::kBnMean:
@@ -142,7 +180,9 @@ void ParamShard::applyClock(int64_t k) {
     // The next scales from the clock's exact maxima (GradAccumulator::updateScales).
     if (sum.maxima[s] > 0.0) scales_[s] = scaleFor(sum.maxima[s], job_.headroom_bits, fixedTop(64, 1));
   }
-  opt_->step(learningRate(job_.optim, k * job_.wave, steps_));
+  const double lr = learningRate(job_.optim, k * job_.wave, steps_);
+  opt_->step(lr);
+  for (auto& [w, out] : outside) w.detach().add_(out, -lr);
 }
 
 void ParamShard::waitUntil(std::unique_lock<std::mutex>& l, const std::function<bool()>& ready,

@@ -47,8 +47,9 @@ class ParamShard {
 
   // int64 values of a push (the wire's payload): per segment its scale and
   // max |g| (as the double's bits), then the values, then the wave's
-  // minibatch count.
-  int64_t pushValues() const { return 2 * static_cast<int64_t>(sizes_.size()) + values_ + 1; }
+  // minibatch count, then the version of this shard the wave was computed
+  // on (its pull's; the push's staleness is its clock less that).
+  int64_t pushValues() const { return 2 * static_cast<int64_t>(sizes_.size()) + values_ + 2; }
   // Floats of a pull's state (parameters and running statistics).
   int64_t stateFloats() const { return state_floats_; }
   size_t segments() const { return sizes_.size(); }
@@ -105,7 +106,7 @@ class ParamShard {
   int64_t version() const;
 
   // Helpers of the wire format.
-  static void packPush(const ScaledValues& sum, size_t first, size_t end, std::vector<int64_t>& out);
+  static void packPush(const ScaledValues& sum, size_t first, size_t end, int64_t base, std::vector<int64_t>& out);
 
  private:
   void applyReady();  // with mu_ held
@@ -132,6 +133,7 @@ class ParamShard {
   int64_t version_ = 0;
   // Pushes not yet applied: clock -> per VW.
   std::map<int64_t, std::map<int, ScaledValues>> pending_;
+  std::map<int64_t, std::map<int, int64_t>> bases_;  // clock -> per VW: the version its push was computed on
   bool replay_ = false;
   std::map<int64_t, int64_t> expected_, served_;
   std::function<bool(int64_t)> snapshot_due_;

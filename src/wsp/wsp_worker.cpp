@@ -31,6 +31,7 @@ WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communic
   MORPH_CHECK(start % job_.wave == 0 || start == steps_,
               "a WSP run starts at step " + std::to_string(start) + ", not at a clock");
   clock_ = checkpointed_ = (start + job_.wave - 1) / job_.wave;
+  base_.assign(static_cast<size_t>(vws_), clock_);
   segs_ = core.segments();
   sizes_ = core.buffer().segmentSizes();
   map_ = ShardMap::balance(sizes_, vws_);
@@ -117,7 +118,7 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
   std::vector<torch::Tensor> keep;
   for (int r = 0; r < vws_; ++r) {
     std::vector<int64_t> payload;
-    ParamShard::packPush(wave_, map_.begin(r), map_.end(r), payload);
+    ParamShard::packPush(wave_, map_.begin(r), map_.end(r), base_[static_cast<size_t>(r)], payload);
     if (r == me_) {
       shard_->push(me_, clock, payload.data());
       continue;
@@ -136,6 +137,8 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
     const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
     std::vector<std::vector<float>>& g = own_[clock];
     g.resize(segs_.size());
+    std::vector<int64_t>& st = own_stale_[clock];
+    for (int64_t b : base_) st.push_back(clock - b);
     int64_t off = 0;
     for (size_t s = 0; s < segs_.size(); ++s) {
       if (segs_[s].kind == StepCore::Segment::kParam && segs_[s].state.defined()) {
@@ -153,11 +156,14 @@ void WspWorker::addOwnPushes(int r, int64_t version, int64_t clock) {
   for (size_t s = map_.begin(r); s < map_.end(r); ++s) {
     if (segs_[s].kind != StepCore::Segment::kParam || !segs_[s].state.defined()) continue;
     std::vector<const std::vector<float>*> grads;
+    std::vector<int64_t> stale;
     for (int64_t i = version; i < clock; ++i) {
       auto it = own_.find(i);
       grads.push_back(it == own_.end() ? nullptr : &it->second[s]);
+      stale.push_back(it == own_.end() ? 0 : own_stale_.at(i)[static_cast<size_t>(r)]);
     }
-    const std::vector<float> move = ownPushesMove(job_, steps_, version, grads, static_cast<size_t>(sizes_[s]));
+    const std::vector<float> move =
+        ownPushesMove(job_, steps_, version, grads, stale, static_cast<size_t>(sizes_[s]));
     float* w = segs_[s].state.data_ptr<float>();
     for (size_t j = 0; j < move.size(); ++j) w[j] -= move[j];
   }
@@ -228,7 +234,9 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     for (int r = 0; r < vws_; ++r) addOwnPushes(r, rec.versions[static_cast<size_t>(r)], clock);
     const int64_t applied = *std::min_element(rec.versions.begin(), rec.versions.end());
     own_.erase(own_.begin(), own_.lower_bound(applied));
+    own_stale_.erase(own_stale_.begin(), own_stale_.lower_bound(applied));
   }
+  base_ = rec.versions;
   core.buffer().setScales(scales);
   MORPH_CHECK(rec.gap() <= job_.staleness || final, "a pull past the staleness bound");
   records_.push_back(rec);

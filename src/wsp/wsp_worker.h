@@ -100,6 +100,12 @@ class WspWorker {
   // buffer's layout; empty for the other segments). A pull adds what they
   // will do to the pulled weights (read-my-writes, docs/wsp.md).
   std::map<int64_t, std::vector<std::vector<float>>> own_;
+  // Per wave in own_, per shard: that push's staleness (its clock less the
+  // version it was computed on).
+  std::map<int64_t, std::vector<int64_t>> own_stale_;
+  // Per shard, the version the current wave is computed on: its last
+  // pull's (the starting clock before the first). Sent with each push.
+  std::vector<int64_t> base_;
   void addOwnPushes(int r, int64_t version, int64_t clock);
 };
 

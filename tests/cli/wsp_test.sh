@@ -46,6 +46,8 @@ mlp_job "$work/wave0.toml" wsp 3 $'[sync]\nmode = "wsp"\nwave = 0'
 expect_bad "$work/wave0.toml" "sync.wave" "$work/wave0.toml"
 mlp_job "$work/wavebig.toml" wsp 3 $'[sync]\nmode = "wsp"\nwave = 1025'
 expect_bad "$work/wavebig.toml" "sync.wave.*at most 1024" "$work/wavebig.toml"
+mlp_job "$work/rule.toml" wsp 3 $'[sync]\nmode = "wsp"\nstale_update = "half"'
+expect_bad "$work/rule.toml" "sync.stale_update" "$work/rule.toml"
 mlp_job "$work/one.toml" wsp 3 $'[sync]\nmode = "wsp"\nstaleness = 1'
 expect_bad "$work/one.toml" "sync.mode.*at least two virtual workers" "$work/one.toml"
 set +e

@@ -206,6 +206,16 @@ std::vector<StepCore::Segment> shardSegments(torch::Tensor w) {
   return {{StepCore::Segment::kParam, w, 0.0}, {StepCore::Segment::kStats, torch::Tensor(), 0.0}};
 }
 
+// A push to a shard of shardSegments (one parameter of 2 values): scale 4,
+// values `a` and `b` (g = a / 16, b / 16), max |g| 2, one minibatch,
+// computed on the shard's version `base`.
+std::vector<int64_t> shardPush(int64_t a, int64_t b, int64_t base) {
+  double mx = 2.0;
+  int64_t bits;
+  std::memcpy(&bits, &mx, sizeof bits);
+  return {4, bits, a, b, 1, base};
+}
+
 // A shard of one parameter, two virtual workers: clock 0 is applied only
 // with both pushes, as one SGD step of the summed gradient over the global
 // batch; a pull waits for its version; under replay, clock 1 waits for the
@@ -215,15 +225,12 @@ TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
   torch::Tensor w = torch::zeros({2});
   std::vector<StepCore::Segment> segs = shardSegments(w);
   ParamShard shard(job, 10, 2, segs, {2, 2}, 0, 1, {4, 4});
-  EXPECT_EQ(shard.pushValues(), 2 + 2 + 1);
+  EXPECT_EQ(shard.pushValues(), 2 + 2 + 2);
   // scale 4, values 16 and -32 (g = 1, -2), max 2, one minibatch.
-  double mx = 2.0;
-  int64_t bits;
-  std::memcpy(&bits, &mx, sizeof bits);
-  const int64_t push[] = {4, bits, 16, -32, 1};
-  shard.push(0, 0, push);
+  const std::vector<int64_t> push = shardPush(16, -32, 0);
+  shard.push(0, 0, push.data());
   EXPECT_EQ(shard.version(), 0);
-  shard.push(1, 0, push);
+  shard.push(1, 0, push.data());
   EXPECT_EQ(shard.version(), 1);
   const ParamShard::Pulled p = shard.pull(1, -1);
   // sum g = (2, -4) over B = 4: (0.5, -1); w = -lr x g.
@@ -232,8 +239,9 @@ TEST(WspParamShard, AppliesAClockWithEveryPushAndReplayHoldsVersions) {
   EXPECT_EQ(p.scales[0], scaleFor(2.0, job.headroom_bits, 51));
 
   shard.expectPulls({{1, 1}});  // one pull saw version 1 (the one above came before)
-  shard.push(0, 1, push);
-  shard.push(1, 1, push);
+  const std::vector<int64_t> push1 = shardPush(16, -32, 1);
+  shard.push(0, 1, push1.data());
+  shard.push(1, 1, push1.data());
   EXPECT_EQ(shard.version(), 1);  // held for the logged pull of version 1
   std::thread t([&] { EXPECT_EQ(shard.pull(0, 1).version, 1); });
   t.join();
@@ -260,12 +268,9 @@ TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
   torch::Tensor w = torch::zeros({2});
   std::vector<StepCore::Segment> segs = shardSegments(w);
   ParamShard shard(job, 10, 2, segs, {2, 2}, 0, 1, {4, 4});
-  double mx = 2.0;
-  int64_t bits;
-  std::memcpy(&bits, &mx, sizeof bits);
-  const int64_t push[] = {4, bits, 16, -32, 1};  // g = (1, -2) at scale 4
-  shard.push(0, 0, push);
-  shard.push(1, 0, push);
+  const std::vector<int64_t> push = shardPush(16, -32, 0);  // g = (1, -2) at scale 4
+  shard.push(0, 0, push.data());
+  shard.push(1, 0, push.data());
   // Version 1: buf = g = (0.5, -1) (the first step sets it), w = -lr buf.
   const ParamShard::Pulled now = shard.pull(1, -1, {}, 1);
   EXPECT_EQ(now.version, 1);
@@ -294,7 +299,7 @@ TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
     job.optim.schedule = "cosine";
     const int64_t steps = 40, version = 2;
     const std::vector<float> g0{1.0f, -2.0f, 0.5f}, g2{-0.25f, 4.0f, 1.0f};
-    const std::vector<float> move = ownPushesMove(job, steps, version, {&g0, nullptr, &g2}, 3);
+    const std::vector<float> move = ownPushesMove(job, steps, version, {&g0, nullptr, &g2}, {0, 0, 0}, 3);
     torch::Tensor p = torch::zeros({3}).requires_grad_(true);
     OptimSpec o = job.optim;
     std::unique_ptr<Optimizer> opt = makeOptimizer(o, {p});
@@ -310,7 +315,79 @@ TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
     EXPECT_GT(move[0], 0.0f);  // not trivially zero
   }
   JobSpec job;
-  EXPECT_TRUE(ownPushesMove(job, 10, 0, {nullptr, nullptr}, 3).empty());  // none of its own: nothing
+  EXPECT_TRUE(ownPushesMove(job, 10, 0, {nullptr, nullptr}, {0, 0}, 3).empty());  // none of its own: nothing
+}
+
+// A stale push (docs/wsp.md, "Stale pushes"): clock 1 gets VW 0's push
+// computed on version 0 (staleness 1: g = (1, -2) / B) and VW 1's fresh one
+// (g = (0.5, 0.5) / B); clock 2 two fresh zero pushes, so the momentum
+// alone moves the weights. Hand-computed, lr 0.5, mu 0.9, B = 4: clock 0
+// (both fresh, g = (1, -2) each) leaves buf = (0.5, -1), w = (-0.25, 0.5).
+//   none:   buf = 0.9 buf + (0.25, -0.5) + (0.125, 0.125) = (0.825, -1.275)
+//   scale:  buf = 0.9 buf + (0.25, -0.5) / 2 + (0.125, 0.125) = (0.7, -1.025)
+//   bypass: buf = 0.9 buf + (0.125, 0.125) = (0.575, -0.775), and
+//           w -= lr (0.25, -0.5) / 2 outside it
+// then clock 2: w -= lr 0.9 buf.
+TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
+  struct Case {
+    const char* rule;
+    float w1[2], w2[2];
+  };
+  const Case cases[] = {
+      {"none", {-0.6625f, 1.1375f}, {-0.6625f - 0.37125f, 1.1375f + 0.57375f}},
+      {"scale", {-0.6f, 1.0125f}, {-0.6f - 0.315f, 1.0125f + 0.46125f}},
+      {"bypass", {-0.6f, 1.0125f}, {-0.6f - 0.25875f, 1.0125f + 0.34875f}},
+  };
+  for (const Case& c : cases) {
+    JobSpec job = shardJob(0.9);
+    job.staleness = 1;
+    job.stale_update = c.rule;
+    torch::Tensor w = torch::zeros({2});
+    ParamShard shard(job, 10, 2, shardSegments(w), {2, 2}, 0, 1, {4, 4});
+    shard.push(0, 0, shardPush(16, -32, 0).data());
+    shard.push(1, 0, shardPush(16, -32, 0).data());
+    shard.push(1, 1, shardPush(8, 8, 1).data());
+    shard.push(0, 1, shardPush(16, -32, 0).data());  // computed on version 0
+    const ParamShard::Pulled p1 = shard.pull(2, -1);
+    EXPECT_NEAR(p1.state[0], c.w1[0], 1e-6) << c.rule;
+    EXPECT_NEAR(p1.state[1], c.w1[1], 1e-6) << c.rule;
+    shard.push(0, 2, shardPush(0, 0, 2).data());
+    shard.push(1, 2, shardPush(0, 0, 2).data());
+    const ParamShard::Pulled p2 = shard.pull(3, -1);
+    EXPECT_NEAR(p2.state[0], c.w2[0], 1e-6) << c.rule;
+    EXPECT_NEAR(p2.state[1], c.w2[1], 1e-6) << c.rule;
+  }
+  // The factor 1 / (1 + s); fresh pushes and "none" at 1; bypass only with
+  // SGD's momentum.
+  JobSpec job = shardJob(0.9);
+  EXPECT_EQ(job.stale_update, "bypass");  // the default
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 0), 1.0);
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
+  EXPECT_FALSE(wspStaleBypass(job, 0));
+  EXPECT_TRUE(wspStaleBypass(job, 1));
+  job.optim.momentum = 0.0;
+  EXPECT_FALSE(wspStaleBypass(job, 1));
+  job.stale_update = "none";
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 1.0);
+}
+
+// Read-my-writes of a stale own push: the VW's prediction follows the
+// servers' rule (lr 0.5, mu 0.9; g0 = 1 pushed at staleness 1, g1 = 2
+// fresh): none: 0.5 g0 + 0.5 (0.9 g0 + g1) = 1.95; scale: g0 / 2 into the
+// buffer: 0.25 + 0.5 (0.45 + 2) = 1.475; bypass: 0.5 g0 / 2 outside it,
+// 0.25 + 0.5 (0 + 2) = 1.25.
+TEST(WspOwnPushes, AStaleOwnPushMovesAsTheServersApplyIt) {
+  const std::vector<float> g0{1.0f}, g1{2.0f};
+  for (const auto& [rule, want] : std::vector<std::pair<std::string, float>>{
+           {"none", 1.95f}, {"scale", 1.475f}, {"bypass", 1.25f}}) {
+    JobSpec job;
+    job.optim.lr = 0.5;
+    job.optim.momentum = 0.9;
+    job.stale_update = rule;
+    const std::vector<float> move = ownPushesMove(job, 10, 0, {&g0, &g1}, {1, 0}, 1);
+    ASSERT_EQ(move.size(), 1u);
+    EXPECT_NEAR(move[0], want, 1e-6) << rule;
+  }
 }
 
 // Checkpointed versions: the first clock at or past each multiple of
@@ -351,13 +428,9 @@ TEST(WspParamShard, SnapshotRestoresTheServersStateAndAWaitCanBeStopped) {
   torch::Tensor w = torch::zeros({2});
   ParamShard a(job, 10, 2, shardSegments(w), {2, 2}, 0, 1, {4, 4});
   a.keepSnapshots([](int64_t v) { return v == 2; });
-  double mx = 2.0;
-  int64_t bits;
-  std::memcpy(&bits, &mx, sizeof bits);
-  const int64_t push[] = {4, bits, 16, -32, 1};
   for (int64_t c = 0; c < 3; ++c) {
-    a.push(0, c, push);
-    a.push(1, c, push);
+    a.push(0, c, shardPush(16, -32, c).data());
+    a.push(1, c, shardPush(16, -32, c).data());
   }
   EXPECT_EQ(a.received(), (std::vector<int64_t>{3, 3}));
   const ParamShard::Snapshot s = a.takeSnapshot(2);
@@ -370,14 +443,14 @@ TEST(WspParamShard, SnapshotRestoresTheServersStateAndAWaitCanBeStopped) {
   ParamShard b(job, 10, 2, shardSegments(w2), {2, 2}, 0, 1, s.scales);
   b.restore(2, s.optim, s.optim_steps);
   EXPECT_EQ(b.version(), 2);
-  b.push(0, 2, push);
-  b.push(1, 2, push);
+  b.push(0, 2, shardPush(16, -32, 2).data());
+  b.push(1, 2, shardPush(16, -32, 2).data());
   const ParamShard::Pulled pa = a.pull(3, -1), pb = b.pull(3, -1);
   EXPECT_EQ(pa.version, 3);
   EXPECT_EQ(pb.version, 3);
   EXPECT_EQ(pa.state, pb.state);
   // A pull of version 4: VW 1's push of clock 3 never comes.
-  a.push(0, 3, push);
+  a.push(0, 3, shardPush(16, -32, 3).data());
   std::atomic<bool> lost{false};
   std::thread t([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
