@@ -7,7 +7,7 @@
    step time, then `morph run` measures it: the wall-clock time between the
    commits of consecutive steps (metrics.jsonl `unix_time`), over the steady
    steps (the first WARMUP steps and the last, which evaluates, left out),
-   median over the steps. Data parallel with 1 and 2 workers; pipelines of
+   median over the steps. Data parallel with 1, 2 and 3 workers; pipelines of
    P = 2 and 3 with M = 4, 8, 16 VNs, gpipe / 1f1b / varuna, with and without
    recomputation; and with an emulated slow link (MORPH_TEST_PIPE_DELAY_MS,
    a per-message delay on the sender that only the test build's
@@ -148,7 +148,7 @@ def label_of(r):
 
 
 def all_rows():
-    rows = [dict(workers=1, vns=8), dict(workers=2, vns=8)]
+    rows = [dict(workers=1, vns=8), dict(workers=2, vns=8), dict(workers=3, vns=8)]
     for P in (2, 3):
         for M in (4, 8, 16):
             rows.append(dict(workers=P, stages=P, vns=M, schedule="1f1b"))
@@ -211,7 +211,7 @@ def main():
 
     rows = all_rows()
     if a.quick:
-        rows = rows[:2] + rows[2:4]
+        rows = rows[:2] + rows[3:5]
     if a.only:
         keep = {int(x) for x in a.only.split(",")}
         rows = [r for i, r in enumerate(rows) if i + 1 in keep]
