@@ -9,7 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cstring>
+#include <fstream>
 #include <numeric>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -28,6 +31,7 @@
 #include "exec/pipeline.h"
 #include "models/model.h"
 #include "plan/calibrate.h"
+#include "plan/contention.h"
 #include "plan/plan_file.h"
 #include "plan/planner.h"
 #include "plan/resources.h"
@@ -67,9 +71,153 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// Measures `job`'s profile: layers here, communication with a peer process.
+// The co-located run (docs/planner.md, "Processes that share a host"): a
+// 2-stage 1F1B pipeline of the job over kColocatedVns VNs, two worker
+// processes beside the manager, traced; its steady steps are the first
+// kColocatedWarmup left out, and the last.
+constexpr int64_t kColocatedVns = 8;
+constexpr int kColocatedWarmup = 4;
+// Steps: enough for about kColocatedSeconds of steady steps, within
+// [kColocatedMinSteps, kColocatedMaxSteps]; a job whose predicted step is
+// above kColocatedMaxStep is not measured (the older model stays).
+constexpr double kColocatedSeconds = 0.6, kColocatedMaxStep = 0.3;
+constexpr int kColocatedMinSteps = 16, kColocatedMaxSteps = 30;
+constexpr int kColocatedTimeoutS = 120;
+
+// Runs `argv` with its output to `log`; its exit status, or -1 when it
+// ran past `timeout_s` (then it is killed).
+int runLogged(const std::vector<std::string>& argv, const std::string& log, int timeout_s) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw JobError("cannot start " + argv[0]);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+    execv(argv[0].c_str(), args.data());
+    _exit(3);
+  }
+  const double until = nowSeconds() + timeout_s;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (nowSeconds() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    usleep(20000);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+double medianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Fits p.host_contention from the co-located run, or says why not and
+// leaves it (the older model, compute_contention).
+void measureColocated(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
+                      const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say) {
+  const size_t L = p.layers.size();
+  if (L < 2) {
+    say("co-located run: skipped (one layer: no 2-stage pipeline); the older contention model stays");
+    return;
+  }
+  JobSpec small = job;
+  small.virtual_nodes = kColocatedVns;
+  small.global_batch = kColocatedVns * job.vnSize();
+  small.checkpoint_every = 0;
+  SimOptions so = simOptionsFor(small, false);
+  ColocatedRun run;
+  run.plan.stages = 2;
+  run.plan.cuts = evenCuts(L, 2);
+  run.plan.vn_shares = {kColocatedVns};
+  const double predicted = simulate(p, run.plan, so).step_seconds;
+  if (predicted > kColocatedMaxStep) {
+    say("co-located run: skipped (a step of about " + fmt("%.2f", predicted) +
+        " s: too long to measure in a few seconds); the older contention model stays");
+    return;
+  }
+  const int steps = std::clamp(kColocatedWarmup + 1 + static_cast<int>(std::ceil(kColocatedSeconds / predicted)),
+                               kColocatedMinSteps, kColocatedMaxSteps);
+  const double t0 = nowSeconds();
+  char tmpl[] = "/tmp/morph_colocated_XXXXXX";
+  if (!mkdtemp(tmpl)) {
+    say("co-located run: skipped (no temporary folder); the older contention model stays");
+    return;
+  }
+  const std::string dir = tmpl;
+  std::vector<std::string> argv = {self_exe, "run", job_path};
+  for (const std::string& o : overrides) argv.insert(argv.end(), {"--set", o});
+  for (const std::string& o : {"batch.virtual_nodes=" + std::to_string(kColocatedVns),
+                               "batch.global=" + std::to_string(small.global_batch), std::string("eval.every=0"),
+                               std::string("checkpoint.every=0")})
+    argv.insert(argv.end(), {"--set", o});
+  argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", "2", "--stages", "2", "--schedule", "1f1b",
+                           "--trace", dir + "/trace.json", "--out", dir + "/run", "--status", "off", "--quiet"});
+  try {
+    const int rc = runLogged(argv, dir + "/log", kColocatedTimeoutS);
+    if (rc != 0) throw JobError("morph run exited " + std::to_string(rc) + " (" + dir + "/log)");
+    // The step time: the median gap between step commits.
+    std::vector<double> commits;
+    std::vector<int64_t> step_of;
+    std::ifstream metrics(dir + "/run/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      if (line.empty()) continue;
+      const json m = json::parse(line);
+      commits.push_back(m.at("unix_time").get<double>());
+      step_of.push_back(m.at("step").get<int64_t>());
+    }
+    if (commits.size() < static_cast<size_t>(kColocatedWarmup) + 3) throw JobError("too few steps in metrics.jsonl");
+    std::vector<double> gaps;
+    for (size_t i = kColocatedWarmup; i + 2 < commits.size(); ++i) gaps.push_back(commits[i + 1] - commits[i]);
+    run.step_seconds = medianOf(gaps);
+    // The cut it ran, and per stage its compute per step (median over the
+    // steady steps).
+    std::ifstream summary_in(dir + "/run/summary.json");
+    const json summary = json::parse(summary_in);
+    run.plan.cuts = summary.at("cuts").get<std::vector<size_t>>();
+    std::ifstream trace_in(dir + "/trace.json");
+    const json trace = json::parse(trace_in);
+    // Steps [first, last): the steady ones (the bench's, bench/sim_accuracy.py).
+    const int64_t first = step_of[kColocatedWarmup], last = step_of[commits.size() - 2];
+    std::map<std::pair<int, int64_t>, double> busy;  // (stage, step) -> seconds
+    for (const json& e : trace.at("traceEvents")) {
+      if (e.value("ph", "") != "X") continue;
+      const std::string cat = e.value("cat", "");
+      if (cat != "forward" && cat != "backward" && cat != "recompute") continue;
+      const int64_t step = e.at("args").at("step").get<int64_t>();
+      if (step < first || step >= last) continue;
+      busy[{e.at("tid").get<int>(), step}] += e.at("dur").get<double>() / 1e6;  // microseconds
+    }
+    for (int k = 0; k < 2; ++k) {
+      std::vector<double> per_step;
+      for (int64_t s = first; s < last; ++s) per_step.push_back(busy[{k, s}]);
+      run.stage_busy_s.push_back(medianOf(per_step));
+    }
+    run.label = "morph run, 2 worker processes: 2-stage 1f1b over " + std::to_string(kColocatedVns) + " VNs, " +
+                std::to_string(last - first) + " steady steps";
+    p.host_contention = fitHostContention(p, run, so);
+  } catch (const std::exception& e) {
+    say(std::string("co-located run: failed (") + e.what() + "); the older contention model stays");
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  say("co-located run (" + std::to_string(steps) + " steps, " + fmt("%.1f", nowSeconds() - t0) +
+      " s): each of 2 worker processes computes x" + fmt("%.3f", p.host_contention.factor(2)) +
+      " the single-process figures; a pipeline step " + fmt("%.2f", p.host_contention.pipeline_step_s * 1e3) +
+      " ms beyond the simulator's parts");
+}
+
+// Measures `job`'s profile: layers here, communication with a peer process,
+// and (colocated) a short real run of worker processes on this host.
 Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
-                     const std::string& self_exe, double budget_s, bool quiet) {
+                     const std::string& self_exe, double budget_s, bool quiet, bool colocated) {
   const double t0 = nowSeconds();
   auto say = [&](const std::string& line) {
     if (!quiet) std::printf("calibrate: %s\n", line.c_str()), std::fflush(stdout);
@@ -126,6 +274,7 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   }
   int status = 0;
   waitpid(pid, &status, 0);
+  if (colocated) measureColocated(job, job_path, overrides, self_exe, p, say);
   p.created_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   p.calibration_seconds = nowSeconds() - t0;
   say("done in " + fmt("%.1f", p.calibration_seconds) + " s");
@@ -377,7 +526,7 @@ int runCalibrate(const CalibrateOptions& o) {
                 res.types.size(), o.resources.c_str());
   }
   const std::string out = !o.out.empty() ? o.out : "runs/" + job.name + "/profile.json";
-  const Profile p = calibrateJob(job, o.job_path, o.overrides, o.self_exe, o.budget_s, o.quiet);
+  const Profile p = calibrateJob(job, o.job_path, o.overrides, o.self_exe, o.budget_s, o.quiet, o.colocated);
   writeProfile(p, out);
   std::printf("profile: %s (%zu layers, %.1f s)\n", out.c_str(), p.layers.size(), p.calibration_seconds);
   return 0;
@@ -582,7 +731,7 @@ RunOptions resolveAutoPlan(const RunOptions& o, const JobSpec& job) {
   if (!found) {
     std::printf("morph: --plan auto: no matching profile; calibrating (docs/profile_format.md)\n");
     std::fflush(stdout);
-    prof = calibrateJob(job, o.job_path, effectiveOverrides(o), o.self_exe, kCalibrateBudget, o.quiet);
+    prof = calibrateJob(job, o.job_path, effectiveOverrides(o), o.self_exe, kCalibrateBudget, o.quiet, true);
     writeProfile(prof, run_profile);
     try {
       writeProfile(prof, cached);

@@ -88,6 +88,7 @@ struct CalibrateOptions {
   std::string resources; // optional: checked; its emulated types share this machine's profile
   double budget_s = 3.0;  // seconds of measuring rounds over the layers
   bool quiet = false;
+  bool colocated = true;  // the co-located run (Profile::host_contention); --no-colocated: the older model
 };
 int runCalibrate(const CalibrateOptions& opts);
 int runCalibratePeer(const std::string& join);  // the peer half (hidden command; token in $MORPH_TOKEN)

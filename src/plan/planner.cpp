@@ -133,7 +133,7 @@ class Search {
   double oneHostBound(const std::vector<size_t>& cuts, int D, bool rc) const {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int P = static_cast<int>(cuts.size()) - 1, n = P * D;
-    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    const double contention = p_.computeFactor(n, n);
     double per_vn = 0;
     for (int k = 0; k < P; ++k) per_vn += compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1], rc && P > 1);
     double t = static_cast<double>(rq_.virtual_nodes) * per_vn * contention /
@@ -141,7 +141,7 @@ class Search {
     if (P > 1) {
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       const double max_reduce = p_.allreduceSeconds(p_.allreduce_max, max_bytes, n);
-      t += max_reduce * (rq_.sim.clipping ? 2.0 : 1.0) + p_.reduceSeconds(2.0, n);
+      t += max_reduce * (rq_.sim.clipping ? 2.0 : 1.0) + p_.reduceSeconds(2.0, n) + p_.pipelineStepSeconds();
     }
     return (t + p_.step_overhead_s) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
@@ -409,7 +409,9 @@ class DeviceSearch {
   double shapeHostBound(int P, int D, int hosts) const {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int n = P * D;
-    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    // One host: its n processes' factor; more: each host holds at least
+    // one of them (factors >= 1: a lower bound).
+    const double contention = hosts <= 1 ? p_.computeFactor(n, n) : p_.computeFactor(1, n);
     const double busy = static_cast<double>(rq_.virtual_nodes) * host_lb_ * contention /
                         static_cast<double>(std::max(1, hosts));
     return (busy / static_cast<double>(std::max(1, p_.host_cores)) + afterHostCompute(P, n)) * (1.0 - 1e-9);
@@ -669,15 +671,21 @@ class DeviceSearch {
   double hostBound(const PlanSpec& plan) const {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int P = plan.stages, n = plan.stages * plan.replicas;
-    const double contention = n < 2 ? 1.0 : p_.compute_contention;
+    auto hostOfRank = [&](int r) {
+      const int slot = plan.workers[static_cast<size_t>(r)];
+      return rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
+    };
+    std::vector<int> on_host(static_cast<size_t>(hosts_), 0);  // the simulator's factor per host
+    for (int r = 0; r < n; ++r) ++on_host[static_cast<size_t>(hostOfRank(r))];
     std::vector<double> host_busy(static_cast<size_t>(hosts_), 0.0);
     for (int d = 0; d < plan.replicas; ++d)
       for (int k = 0; k < P; ++k) {
         const auto& cuts = plan.group_cuts.empty() ? plan.cuts : plan.group_cuts[static_cast<size_t>(d)];
         const int slot = plan.workers[static_cast<size_t>(d * P + k)];
-        const int host = rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
+        const int host = hostOfRank(d * P + k);
+        const double f = p_.computeFactor(on_host[static_cast<size_t>(host)], n);
         host_busy[static_cast<size_t>(host)] +=
-            static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * contention *
+            static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * f *
             search_.compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1],
                             plan.recompute && P > 1, tableOfSlot(slot));
       }
@@ -687,9 +695,12 @@ class DeviceSearch {
       // Data parallelism steps the optimiser on every worker after the
       // last bucket is reduced: the slowest worker's step comes after it.
       double opt = 0;
-      for (int s : plan.workers)
-        opt = std::max(opt, search_.optimizerPerParam(tableOfSlot(s)) * rq_.slot_slowdown[static_cast<size_t>(s)]);
-      t += opt * static_cast<double>(p_.totalParams()) * contention;
+      for (int r = 0; r < n; ++r) {
+        const int s = plan.workers[static_cast<size_t>(r)];
+        opt = std::max(opt, search_.optimizerPerParam(tableOfSlot(s)) * rq_.slot_slowdown[static_cast<size_t>(s)] *
+                                p_.computeFactor(on_host[static_cast<size_t>(hostOfRank(r))], n));
+      }
+      t += opt * static_cast<double>(p_.totalParams());
     }
     return (t + afterHostCompute(P, n)) * (1.0 - 1e-9);  // sums in another order: never above the simulator's
   }
@@ -709,7 +720,7 @@ class DeviceSearch {
     if (P > 1) {
       const double max_bytes = 8.0 * (4.0 * static_cast<double>(L_) + 4.0);
       t += p_.allreduceSeconds(p_.allreduce_max, max_bytes, n) * (rq_.sim.clipping ? 2.0 : 1.0) +
-           p_.reduceSeconds(2.0, n);
+           p_.reduceSeconds(2.0, n) + p_.pipelineStepSeconds();
     }
     return t;
   }

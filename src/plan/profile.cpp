@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <torch/version.h>
@@ -55,6 +56,18 @@ double Profile::allreduceSeconds(const std::map<int, LinearFit>& fits, double by
   const double step_latency = f.latency_s / (2.0 * (h - 1.0));
   const double per_byte = f.seconds_per_byte / (2.0 * (h - 1.0) / h);
   return 2.0 * (g - 1.0) * step_latency + 2.0 * (g - 1.0) / g * bytes * per_byte;
+}
+
+double HostContention::factor(int processes) const {
+  if (processes <= 1 || factors.empty()) return 1.0;
+  auto it = factors.upper_bound(processes);  // the first count above
+  if (it == factors.begin()) return 1.0;
+  return std::prev(it)->second;
+}
+
+double Profile::computeFactor(int on_host, int in_plan) const {
+  if (host_contention.measured()) return host_contention.factor(on_host);
+  return in_plan < 2 ? 1.0 : compute_contention;
 }
 
 int64_t Profile::totalParams() const {
@@ -272,6 +285,13 @@ std::string profileToJson(const Profile& p) {
             {"step_overhead_s", p.step_overhead_s},
             {"compute_contention", p.compute_contention},
             {"host_cores", p.host_cores}};
+  if (p.host_contention.measured()) {
+    json factors = json::object();
+    for (const auto& [n, f] : p.host_contention.factors) factors[std::to_string(n)] = f;
+    j["host_contention"] = {{"factors", factors},
+                            {"pipeline_step_s", p.host_contention.pipeline_step_s},
+                            {"measured_on", p.host_contention.measured_on}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -357,6 +377,24 @@ Profile profileFromJson(const std::string& text, const std::string& origin) {
   if (p.compute_contention < 1.0) r.fail("compute_contention", "expected a factor >= 1");
   p.host_cores = static_cast<int>(r.integer(j, "host_cores", ""));
   if (p.host_cores < 1) r.fail("host_cores", "expected >= 1");
+  // Optional (profiles written before it keep the older model).
+  if (j.contains("host_contention")) {
+    const json& h = j.at("host_contention");
+    const json& factors = r.at(h, "factors", "host_contention.");
+    if (!factors.is_object() || factors.empty())
+      r.fail("host_contention.factors", "expected an object of worker processes -> factor");
+    for (auto it = factors.begin(); it != factors.end(); ++it) {
+      const std::string key = "host_contention.factors." + it.key();
+      const auto n = parseInt64(it.key());
+      if (!n || *n < 1 || *n > (1 << 20)) r.fail(key, "expected a count of processes in [1, 1048576]");
+      const double f = r.num(factors, it.key(), "host_contention.factors.");
+      if (f < 1.0) r.fail(key, "expected a factor >= 1");
+      if (*n == 1 && f != 1.0) r.fail(key, "one process is the reference: expected 1");
+      p.host_contention.factors[static_cast<int>(*n)] = f;
+    }
+    p.host_contention.pipeline_step_s = r.num(h, "pipeline_step_s", "host_contention.");
+    p.host_contention.measured_on = r.str(h, "measured_on", "host_contention.");
+  }
   return p;
 }
 

@@ -27,6 +27,29 @@ struct LinearFit {
 // Least-squares line through `samples` (clamped to non-negative terms).
 LinearFit fitLine(std::vector<std::pair<double, double>> samples);
 
+// Worker processes that share a host's cores compute slower than one
+// process alone (caches, memory bandwidth, the processes' own threads: a
+// receiver, a sender, Gloo's, the heartbeat, and the manager beside them),
+// and a pipeline pays per step what the simulator's parts do not add up to
+// on a busy host. Measured by calibration (plan/contention.h), relative to
+// the same calibration's single-process figures: 1 for one process by
+// construction.
+struct HostContention {
+  // Worker processes on the host -> factor on each one's compute (>= 1).
+  // A count above the largest measured takes its factor (the cores bound
+  // of the simulator covers more processes than cores). Empty: not measured.
+  std::map<int, double> factors;
+  // Seconds per pipeline step that the measured run took beyond the
+  // simulator's prediction with `factors` (>= 0): wake-ups of blocked
+  // stages, the collectives and the manager's and store's per-step work
+  // on a host whose cores are busy.
+  double pipeline_step_s = 0;
+  // What it was fitted from, for the reader (docs/profile_format.md).
+  std::string measured_on;
+  bool measured() const { return !factors.empty(); }
+  double factor(int processes) const;
+};
+
 struct LayerCost {
   std::string name;
   double forward_s = 0, forward_nograd_s = 0, backward_s = 0, recompute_s = 0;  // one VN
@@ -68,8 +91,22 @@ struct Profile {
   double step_overhead_s = 0;
   // One VN's compute while another worker process of the host computes too,
   // over the same alone (>= 1): shared cores, caches and memory bandwidth.
+  // The older contention model: every process of a plan of two or more.
   double compute_contention = 1.0;
   int host_cores = 1;
+  // The co-located model (docs/planner.md, "Processes that share a host"),
+  // fitted by calibration from a short real 2-stage run of the job on this
+  // host (plan/contention.h). When present it replaces compute_contention.
+  HostContention host_contention;
+
+  // The factor on the compute of a process whose host runs `on_host` worker
+  // processes of a plan of `in_plan`: with host_contention, its factor for
+  // that count (1 for one process); without, compute_contention for every
+  // process of a plan of two or more.
+  double computeFactor(int on_host, int in_plan) const;
+  // Per step of a pipeline (P >= 2) of worker processes, on top of what
+  // the simulator charges: host_contention's, else 0.
+  double pipelineStepSeconds() const { return host_contention.measured() ? host_contention.pipeline_step_s : 0.0; }
 
   // Seconds for an all-reduce of `bytes` over `group` ranks: 0 for one rank;
   // a measured group size uses its fit; others extrapolate from the

@@ -339,16 +339,22 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   const int P = plan.stages, D = plan.replicas;
   const size_t L = prof.layers.size();
   const double elem = prof.valueBytes();
-  // Worker processes of one host slow each other down when they compute at
-  // the same time (all of a `morph run`'s workers are on one host).
-  const double contention = opts.in_process || P * D < 2 ? 1.0 : prof.compute_contention;
-  auto slow = [&](int d, int k) {
-    return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)]) * contention;
-  };
   auto hostOf = [&](int rank) { return opts.rank_host.empty() ? 0 : opts.rank_host.at(static_cast<size_t>(rank)); };
   if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(P * D))
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " +
                      std::to_string(P * D) + " ranks");
+  // Worker processes of one host slow each other down when they compute at
+  // the same time (all of a `morph run`'s workers are on one host): each
+  // rank's compute takes the factor of its host's process count
+  // (Profile::computeFactor).
+  std::map<int, int> on_host;
+  for (int r = 0; r < P * D; ++r) ++on_host[hostOf(r)];
+  auto contentionOf = [&](int rank) {
+    return opts.in_process ? 1.0 : prof.computeFactor(on_host[hostOf(rank)], P * D);
+  };
+  auto slow = [&](int d, int k) {
+    return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)]) * contentionOf(d * P + k);
+  };
   checkCosts(prof, opts, P * D);
   auto view = [&](int d, int k) { return LayerView(prof, costsOfRank(opts, d * P + k)); };
   auto group = [&](int n, double values) { return opts.in_process ? 0.0 : prof.reduceSeconds(values, n); };
@@ -421,7 +427,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // host's cores carry this machine's compute only.)
     std::map<int, double> host_busy;
     for (int d = 0; d < D; ++d)
-      host_busy[hostOf(d)] += per_vn_all[static_cast<size_t>(d)] * contention *
+      host_busy[hostOf(d)] += per_vn_all[static_cast<size_t>(d)] * contentionOf(d) *
                               static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
     double cores_bound = 0;
     for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
@@ -509,7 +515,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   std::map<int, double> host_busy;  // this machine's compute (see the data-parallel case)
   for (int d = 0; d < D; ++d)
     for (int k = 0; k < P; ++k)
-      host_busy[hostOf(d * P + k)] += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) * contention;
+      host_busy[hostOf(d * P + k)] += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) *
+                                   contentionOf(d * P + k);
   double cores_bound = 0;
   for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
   const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
@@ -625,7 +632,9 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   }
   out.schedule_seconds = compute_end;
   out.reduce_seconds = step - compute_end;
-  out.step_seconds = step + overhead;
+  // What a measured pipeline of worker processes took per step beyond the
+  // parts above (Profile::pipelineStepSeconds).
+  out.step_seconds = step + overhead + (opts.in_process ? 0.0 : prof.pipelineStepSeconds());
   return out;
 }
 
@@ -644,10 +653,12 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
                      " ranks");
   auto hostOf = [&](int v) { return opts.rank_host.empty() ? 0 : opts.rank_host[static_cast<size_t>(v)]; };
   checkCosts(prof, opts, W);
-  // As simulate(): the host's workers compute at once (contention), times
-  // each device's factor.
-  const double contention = prof.compute_contention;
-  auto slow = [&](int v) { return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(v)]) * contention; };
+  // As simulate(): the host's workers compute at once (the factor of its
+  // process count), times each device's factor.
+  std::map<int, int> on_host;
+  for (int v = 0; v < W; ++v) ++on_host[hostOf(v)];
+  auto contentionOf = [&](int v) { return prof.computeFactor(on_host[hostOf(v)], W); };
+  auto slow = [&](int v) { return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(v)]) * contentionOf(v); };
   // A push carries every value of the buffer (parameters, batch-norm
   // statistics, the loss statistics) as int64; a pull every float of the
   // global weights (parameters, running statistics). Shards are taken as
@@ -689,7 +700,7 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
     }
     s.cycle_s = s.compute_s + s.push_s + s.pull_s;
     s.server_s = server_cpu * f;
-    host_cpu[hostOf(v)] += nm * (per_vn * share * contention + opt * params) + server_cpu;
+    host_cpu[hostOf(v)] += nm * (per_vn * share * contentionOf(v) + opt * params) + server_cpu;
     out.vws.push_back(s);
   }
   double cycle = 0;

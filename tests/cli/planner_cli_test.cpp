@@ -224,6 +224,7 @@ TEST_F(PlannerCli, ResourcesGiveSpeedWeightedSharesAndTheReferenceHash) {
     for (auto& l : prof.at("layers"))
       for (const char* k : {"forward_s", "backward_s", "recompute_s", "forward_nograd_s"}) l[k] = l.at(k).get<double>() * 200;
     prof["compute_contention"] = 1.0;
+    prof.erase("host_contention");  // the co-located model's factor too
     prof["host_cores"] = 16;
     fs::create_directories(out("het"));
     std::ofstream(out("het") + "/profile.json") << prof.dump();

@@ -115,6 +115,12 @@ TEST(Planner, HostBoundPruningKeepsTheBestPlan) {
     p.host_cores = 1 + trial % 3;
     p.compute_contention = 1.0 + 0.1 * (trial % 3);
     p.step_overhead_s = 0.002 * (trial % 2);
+    // Every third trial the co-located model (factors by the host's
+    // process count, a per-step pipeline term) instead.
+    if (trial % 3 == 2) {
+      p.host_contention.factors = {{1, 1.0}, {2, 1.2}, {4, 1.4}};
+      p.host_contention.pipeline_step_s = 0.002;
+    }
     PlanRequest rq;
     rq.workers = 4 + 3 * trial;
     rq.virtual_nodes = 8 + trial % 5;
@@ -169,6 +175,10 @@ TEST(Planner, ShapeHostBoundsKeepTheBestPlanOnPoolsOfHosts) {
     p.host_cores = 2;
     p.compute_contention = 1.0 + 0.2 * (trial % 3);
     p.step_overhead_s = 0.001;
+    if (trial % 3 == 1) {  // the co-located model: 8 devices per host take the factor of 4
+      p.host_contention.factors = {{1, 1.0}, {2, 1.15}, {4, 1.3}};
+      p.host_contention.pipeline_step_s = 0.001;
+    }
     // Half the trials with an optimiser step as long as a few layers: it
     // comes after data parallelism's last bucket, in hostBound() too.
     if (trial % 4 >= 2) p.optimizer_s_per_param = 3e-8;

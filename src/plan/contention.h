@@ -1,0 +1,35 @@
+// The co-located contention model (Profile::host_contention, issue 30):
+// fitted from a short real run of the job's worker processes on one host.
+// Calibration (src/control/plan_commands.cpp) runs it: a 2-stage 1F1B
+// pipeline of the job, two worker processes beside the manager, with
+// --trace, and hands over what it measured; this fits the model. Pure
+// logic: no processes, no files, no clocks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan/profile.h"
+#include "plan/simulator.h"
+
+namespace morph {
+
+// What the run measured, over its steady steps.
+struct ColocatedRun {
+  PlanSpec plan;                     // what ran: stages, cuts, schedule, VN shares (one replica each)
+  std::vector<double> stage_busy_s;  // per stage: compute (forward, backward, recompute) per step
+  double step_seconds = 0;           // median wall time between two step commits
+  std::string label;                 // "2-stage 1f1b, 8 VNs, 2 worker processes" (the profile says it)
+};
+
+// The model, relative to `p`'s own (single-process) figures:
+//  - factors {1: 1, n: f}, n = the run's worker processes, f = the stages'
+//    measured compute over what `p` gives the same actions (>= 1): what
+//    each process's compute costs when n share this host;
+//  - pipeline_step_s = the measured step minus simulate()'s step for the
+//    same plan with those factors (>= 0): what a pipeline pays per step on
+//    a busy host that the simulator's parts leave out.
+// InputError when the run does not fit the profile or measured nothing.
+HostContention fitHostContention(const Profile& p, const ColocatedRun& run, const SimOptions& opts);
+
+}  // namespace morph

@@ -1,0 +1,179 @@
+// The co-located contention model (Profile::host_contention): the
+// simulator on a synthetic host, and the fit, against figures computed by
+// hand.
+#include "plan/contention.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "hand_profiles.h"
+
+namespace morph {
+namespace {
+
+// Layers of f = 1, b = 2 (3 s a VN per layer), free communication, a host
+// of 64 cores.
+Profile uniform(size_t layers) {
+  return handProfile(layers, [](size_t, LayerCost& c) {
+    c.forward_s = c.forward_nograd_s = 1;
+    c.backward_s = 2;
+  });
+}
+
+// One layer per stage, one replica of M VNs, 1F1B.
+PlanSpec pipeline(int P, int64_t M) {
+  PlanSpec s;
+  s.stages = P;
+  for (int k = 0; k <= P; ++k) s.cuts.push_back(static_cast<size_t>(k));
+  s.vn_shares = {M};
+  return s;
+}
+
+HostContention model(std::map<int, double> factors, double pipeline_step_s) {
+  HostContention h;
+  h.factors = std::move(factors);
+  h.pipeline_step_s = pipeline_step_s;
+  h.measured_on = "by hand";
+  return h;
+}
+
+TEST(HostContention, FactorByProcessCount) {
+  const HostContention h = model({{1, 1.0}, {2, 1.2}, {4, 1.5}}, 0);
+  EXPECT_DOUBLE_EQ(h.factor(0), 1.0);
+  EXPECT_DOUBLE_EQ(h.factor(1), 1.0);
+  EXPECT_DOUBLE_EQ(h.factor(2), 1.2);
+  EXPECT_DOUBLE_EQ(h.factor(3), 1.2);  // between two counts: the lower one's
+  EXPECT_DOUBLE_EQ(h.factor(4), 1.5);
+  EXPECT_DOUBLE_EQ(h.factor(64), 1.5);  // above the largest measured: its factor
+  // Without the model: the older one, compute_contention for every process
+  // of a plan of two or more, wherever it runs.
+  Profile p = uniform(2);
+  p.compute_contention = 1.3;
+  EXPECT_DOUBLE_EQ(p.computeFactor(1, 1), 1.0);
+  EXPECT_DOUBLE_EQ(p.computeFactor(1, 2), 1.3);
+  EXPECT_DOUBLE_EQ(p.pipelineStepSeconds(), 0.0);
+  p.host_contention = h;
+  EXPECT_DOUBLE_EQ(p.computeFactor(1, 2), 1.0);
+  EXPECT_DOUBLE_EQ(p.computeFactor(2, 2), 1.2);
+}
+
+TEST(HostContention, SimulatorChargesEachProcessItsHostsFactor) {
+  Profile prof = uniform(2);
+  prof.host_cores = 2;
+  prof.compute_contention = 1.5;  // the older model: ignored once host_contention is there
+  prof.host_contention = model({{1, 1.0}, {2, 1.5}}, 0.25);
+  // Two stages on one host, each computing 1.5x: f = 1.5, b = 3. Rank 0
+  // F0 [0,1.5] F1 [1.5,3]; rank 1 F0 [1.5,3] B0 [3,6] F1 [6,7.5] B1
+  // [7.5,10.5]; rank 0 B0 [6,9] B1 [10.5,13.5]. Free collectives, no
+  // optimiser: the step is 13.5 plus the pipeline's 0.25.
+  SimResult r = simulate(prof, pipeline(2, 2));
+  EXPECT_DOUBLE_EQ(r.schedule_seconds, 13.5);
+  EXPECT_DOUBLE_EQ(r.stages[1].busy_s, 9.0);
+  EXPECT_DOUBLE_EQ(r.step_seconds, 13.75);
+  // Each stage alone on its host: factor 1, (M + P - 1) x 3 = 9.
+  SimOptions two_hosts;
+  two_hosts.rank_host = {0, 1};
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 2), two_hosts).step_seconds, 9.25);
+  // The older model charges every process of the plan, on any host.
+  Profile old = prof;
+  old.host_contention = HostContention{};
+  EXPECT_DOUBLE_EQ(simulate(old, pipeline(2, 2), two_hosts).step_seconds, 13.5);
+
+  // Three stages on a host of one core, M = 2: the schedule alone takes
+  // (M + P - 1) x 4.5 = 18, but the host computes 3 x 2 x 4.5 = 27 s on
+  // one core (3 processes take the factor of 2, the largest measured).
+  Profile three = uniform(3);
+  three.host_cores = 1;
+  three.host_contention = model({{1, 1.0}, {2, 1.5}}, 0.25);
+  EXPECT_DOUBLE_EQ(simulate(three, pipeline(3, 2)).schedule_seconds, 27.0);
+  EXPECT_DOUBLE_EQ(simulate(three, pipeline(3, 2)).step_seconds, 27.25);
+  three.host_cores = 64;
+  EXPECT_DOUBLE_EQ(simulate(three, pipeline(3, 2)).schedule_seconds, 18.0);
+
+  // Data parallelism: two workers, a VN each, 6 x 1.5 = 9; no pipeline
+  // term. One process (no --workers) computes at factor 1: 2 VNs, 12.
+  PlanSpec dp;
+  dp.replicas = 2;
+  dp.vn_shares = {1, 1};
+  EXPECT_DOUBLE_EQ(simulate(prof, dp).step_seconds, 9.0);
+  dp.replicas = 1;
+  dp.vn_shares = {2};
+  SimOptions alone;
+  alone.in_process = true;
+  EXPECT_DOUBLE_EQ(simulate(prof, dp, alone).step_seconds, 12.0);
+}
+
+TEST(HostContention, FitIsRelativeToTheProfilesOwnFigures) {
+  // The profile gives each stage 2 VNs x 3 s = 6 s a step, 12 together.
+  // The run measured 8 + 10 = 18: factor 1.5. With it the simulator says
+  // 13.5 (SimulatorChargesEachProcessItsHostsFactor); the run's step was
+  // 14: 0.5 s a step beyond.
+  const Profile prof = uniform(2);
+  ColocatedRun run;
+  run.plan = pipeline(2, 2);
+  run.stage_busy_s = {8.0, 10.0};
+  run.step_seconds = 14.0;
+  run.label = "2-stage 1f1b";
+  HostContention h = fitHostContention(prof, run, {});
+  ASSERT_EQ(h.factors.size(), 2u);
+  EXPECT_DOUBLE_EQ(h.factors.at(1), 1.0);
+  EXPECT_DOUBLE_EQ(h.factors.at(2), 1.5);
+  EXPECT_DOUBLE_EQ(h.pipeline_step_s, 0.5);
+  EXPECT_EQ(h.measured_on, "2-stage 1f1b");
+  // The fitted model predicts the run it was fitted to.
+  Profile fitted = prof;
+  fitted.host_contention = h;
+  EXPECT_DOUBLE_EQ(simulate(fitted, run.plan).step_seconds, 14.0);
+  // The profile's older factor plays no part: the fit starts from 1.
+  Profile other = prof;
+  other.compute_contention = 1.4;
+  EXPECT_DOUBLE_EQ(fitHostContention(other, run, {}).factors.at(2), 1.5);
+  // Faster than the simulator: no negative terms (factor 1, 0 s).
+  run.stage_busy_s = {5.0, 5.0};
+  run.step_seconds = 8.0;
+  h = fitHostContention(prof, run, {});
+  EXPECT_DOUBLE_EQ(h.factors.at(2), 1.0);
+  EXPECT_DOUBLE_EQ(h.pipeline_step_s, 0.0);
+  // Runs that do not fit.
+  run.stage_busy_s = {5.0};
+  EXPECT_THROW(fitHostContention(prof, run, {}), InputError);
+  run.stage_busy_s = {5.0, 5.0};
+  run.step_seconds = 0;
+  EXPECT_THROW(fitHostContention(prof, run, {}), InputError);
+  run.step_seconds = 8.0;
+  run.plan = pipeline(1, 2);
+  EXPECT_THROW(fitHostContention(prof, run, {}), InputError);
+}
+
+TEST(HostContention, RoundTripsThroughTheProfileAndRefusesBadFactors) {
+  Profile p = uniform(2);
+  p.host_contention = model({{1, 1.0}, {2, 1.25}}, 0.004);
+  const std::string text = profileToJson(p);
+  const Profile q = profileFromJson(text, "p.json");
+  EXPECT_DOUBLE_EQ(q.host_contention.factor(2), 1.25);
+  EXPECT_DOUBLE_EQ(q.host_contention.pipeline_step_s, 0.004);
+  EXPECT_EQ(q.host_contention.measured_on, "by hand");
+  EXPECT_EQ(profileToJson(q), text);
+  // Without the key: the older model.
+  EXPECT_FALSE(profileFromJson(profileToJson(uniform(2)), "p.json").host_contention.measured());
+  auto refusal = [&](const std::string& from, const std::string& to) {
+    std::string s = text;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    try {
+      profileFromJson(s.replace(at, from.size(), to), "p.json");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal("\"2\": 1.25", "\"2\": 0.9").find("key 'host_contention.factors.2': expected a factor >= 1"),
+            std::string::npos);
+  EXPECT_NE(refusal("\"1\": 1.0", "\"1\": 1.1").find("key 'host_contention.factors.1'"), std::string::npos);
+  EXPECT_NE(refusal("\"2\": 1.25", "\"two\": 1.25").find("key 'host_contention.factors.two'"), std::string::npos);
+  EXPECT_NE(refusal("\"pipeline_step_s\"", "\"pipeline_step\"").find("key 'host_contention.pipeline_step_s'"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace morph
