@@ -274,9 +274,10 @@ class GlooCommunicator : public Communicator {
 // and the all-gather, step t: send float chunk r + 1 - t to the right,
 // receive float chunk r - t from the left into its place. One flow in and
 // one out per rank at any time, like Gloo's ring all-reduce (an all-to-all,
-// every rank to every rank at once, was slower on shaped links). Each
-// chunk travels in pieces, and a piece goes on as soon as it has arrived
-// (and been added), so the link stays busy between steps. The transfers
+// every rank to every rank at once, was slower on shaped links). With 3 or
+// more ranks each chunk travels in pieces, and a piece goes on as soon as
+// it has arrived (and been added), so the link stays busy between steps;
+// 2 ranks pass nothing on and send each chunk whole. The transfers
 // are waited on as the pipeline's in-step ones are: a dead peer's closed
 // connection fails them, and the group's watchdog aborts them once the
 // generation is (a live neighbour that gave the sum up never sends).
