@@ -12,7 +12,7 @@ same model_hash, or the script stops. With --stages P the job is a
 pipeline of P stages x W / P replicas.
 
   /usr/bin/python3 bench/builds_ab.py --a OLD/morph --b build/morph [--model mlp]
-      [--mode exact|float] [--workers 2] [--stages P] [--steps 700] [--rounds 4]
+      [--mode exact|exact32|float] [--workers 2] [--stages P] [--steps 700] [--rounds 4]
 """
 import argparse
 import json
@@ -46,7 +46,7 @@ def main():
     p.add_argument("--a", required=True, help="the baseline morph binary")
     p.add_argument("--b", required=True, help="the morph binary compared with it")
     vs_ddp.add_job_args(p, steps=700, morph=False)
-    p.add_argument("--mode", default="exact", choices=["exact", "float"])
+    p.add_argument("--mode", default="exact", choices=["exact", "exact32", "float"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--stages", type=int, default=1, help="a pipeline of this many stages (default 1: data parallel)")
     a = p.parse_args()
@@ -67,7 +67,7 @@ def main():
                 print(f"round {rnd}: {name}: {wall * 1e3:.2f} ms/step, reduce {red * 1e3:.2f} ms", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if a.mode == "exact" and hashes["A"] != hashes["B"]:
+    if a.mode != "float" and hashes["A"] != hashes["B"]:
         sys.exit(f"builds_ab: the builds trained different models: A {hashes['A']}, B {hashes['B']}")
     shape = f", {a.stages} stages x {a.workers // a.stages} replicas" if a.stages > 1 else ""
     print(f"{a.model}, {a.mode}, {a.workers} workers{shape}, {a.steps} steps; medians of {a.rounds} rounds")

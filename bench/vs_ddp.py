@@ -73,6 +73,8 @@ namespaces are removed on exit, also on an error or SIGTERM/SIGINT/SIGHUP.
         [--exact-wires allreduce,...]   (extra exact rows with MORPH_EXACT_WIRE=...)
         [--link 1gbit,10gbit [--workers 4]] [--extra E]   (E: override the model's extra steps)
         [--ddp-glibc]   (an extra row: DDP with glibc's own malloc thresholds)
+        [--before OTHER/morph]   (extra rows exact-before, exact32-before: both exact formats with another
+                                  build, in the same rounds; each row gives after/before per round)
 """
 import argparse
 import glob
@@ -296,7 +298,10 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
             times[steps] = (ddp_netns(net, model, workers, steps, malloc) if net
                             else timed(ddp_cmd(model, workers, steps, malloc)))
         else:
-            # mode[@MORPH_BUCKET_BYTES][~MORPH_EXACT_WIRE]
+            # mode[@MORPH_BUCKET_BYTES][~MORPH_EXACT_WIRE][-before]
+            binary = a.morph
+            if system.endswith("-before"):
+                binary, system = a.before, system[:-len("-before")]
             rest, _, wire = system.partition("~")
             mode, _, bucket = rest.partition("@")
             env = dict(os.environ)
@@ -307,9 +312,9 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
             if wire:
                 env["MORPH_EXACT_WIRE"] = wire
             if net:
-                times[steps], out = morph_netns(net, a.morph, model, workers, mode, steps, tmp, env)
+                times[steps], out = morph_netns(net, binary, model, workers, mode, steps, tmp, env)
             else:
-                cmd, out = morph_cmd(a.morph, model, workers, mode, steps, tmp)
+                cmd, out = morph_cmd(binary, model, workers, mode, steps, tmp)
                 times[steps] = timed(cmd, env)
             if steps == s + e:
                 stats = morph_reduce_stats(out)
@@ -376,9 +381,13 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                       ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in wire.items()), flush=True)
             for x in extra:
                 ratio = [e / d for e, d in zip(sps[x], sps["ddp"])]
+                if x.endswith("-before"):  # this build's row of the same mode against the other build's
+                    base = x[:-len("-before")]
+                    vs = f"{base}/{x} {spread([b / e for e, b in zip(sps[x], sps[base])])}"
+                else:
+                    vs = f"{x}/exact {spread([e / b for e, b in zip(sps[x], sps['exact'])])}"
                 print(f"{'':7} {'':>2} {x + ':':>15} {statistics.median(sps[x]):7.0f} samples/s, "
-                      f"{x}/ddp {spread(ratio)}, {x}/exact "
-                      f"{spread([e / b for e, b in zip(sps[x], sps['exact'])])}", flush=True)
+                      f"{x}/ddp {spread(ratio)}, {vs}", flush=True)
 
 
 def main():
@@ -398,6 +407,9 @@ def main():
     p.add_argument("--extra", type=int, default=0, help="extra steps E (default: the model's)")
     p.add_argument("--no-exact32", action="store_true",
                    help="leave out exact mode's 32-bit format (reduce.bits = 32; the row under each model's)")
+    p.add_argument("--before", default="",
+                   help="another build of morph: extra systems exact-before and exact32-before run with it in the "
+                        "same rounds (a before/after comparison of a change)")
     p.add_argument("--ddp-glibc", action="store_true",
                    help="an extra system: DDP with glibc's own malloc thresholds (row 'ddp-glibc'); the baseline "
                         "'ddp' has Morph's")
@@ -413,6 +425,9 @@ def main():
     extra = [f"exact@{b}" for b in a.exact_buckets.split(",") if b]
     extra += [f"exact~{w}" for w in a.exact_wires.split(",") if w]
     extra += ["ddp-glibc"] if a.ddp_glibc else []
+    if a.before:
+        a.before = os.path.abspath(a.before)
+        extra += ["exact-before"] + ([] if a.no_exact32 else ["exact32-before"])
     print(f"start: load average {' '.join('%.2f' % x for x in os.getloadavg())}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     net = None
 

@@ -274,9 +274,10 @@ class GlooCommunicator : public Communicator {
 // and the all-gather, step t: send float chunk r + 1 - t to the right,
 // receive float chunk r - t from the left into its place. One flow in and
 // one out per rank at any time, like Gloo's ring all-reduce (an all-to-all,
-// every rank to every rank at once, was slower on shaped links). Each
-// chunk travels in pieces, and a piece goes on as soon as it has arrived
-// (and been added), so the link stays busy between steps. The transfers
+// every rank to every rank at once, was slower on shaped links). With 3 or
+// more ranks each chunk travels in pieces, and a piece goes on as soon as
+// it has arrived (and been added), so the link stays busy between steps;
+// 2 ranks pass nothing on and send each chunk whole. The transfers
 // are waited on as the pipeline's in-step ones are: a dead peer's closed
 // connection fails them, and the group's watchdog aborts them once the
 // generation is (a live neighbour that gave the sum up never sends).
@@ -312,7 +313,13 @@ class ShardedSum : public PendingWork {
     int64_t longest = 0;
     for (int j = 0; j <= D_; ++j) begin_.push_back(static_cast<int64_t>(static_cast<__int128>(n) * j / D_));
     for (int j = 0; j < D_; ++j) longest = std::max(longest, len(j));
-    pieces_ = static_cast<int>(std::clamp<int64_t>(longest * 8 / kPieceBytes, 1, 16));
+    // Pieces let a rank pass on what it has received while the rest still
+    // arrives. Two ranks pass nothing on (each receives the other's own
+    // chunk, in both rings), so there a chunk goes whole: every transfer
+    // costs a message and wake-ups of Gloo's loop thread and of this one
+    // (at the MLP's size, 10 pieces per chunk took 5x float mode's system
+    // calls a step; docs/exact_reduction.md).
+    pieces_ = D_ == 2 ? 1 : static_cast<int>(std::clamp<int64_t>(longest * 8 / kPieceBytes, 1, 16));
     // Steps alternate halves of it (int64 storage; T-sized halves).
     scratch_.recv.resize(static_cast<size_t>((2 * longest * static_cast<int64_t>(sizeof(T)) + 7) / 8));
     scratch_.floats.resize(static_cast<size_t>(len(mod(r_ + 1))));

@@ -491,6 +491,87 @@ TEST(ShardedSum, ReadingWithAnotherDivisorIsCaught) {
   EXPECT_NO_THROW(acc.read(0, 8.0, out.data()));
 }
 
+// A Gloo group that counts the point-to-point transfers started on it.
+class CountingComm : public Communicator {
+ public:
+  explicit CountingComm(Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  void allreduceMax(double* d, int64_t n) override { c_.allreduceMax(d, n); }
+  void broadcast(torch::Tensor& t, int root) override { c_.broadcast(t, root); }
+  std::unique_ptr<PendingWork> allreduceSumAsync(int64_t* d, int64_t n) override { return c_.allreduceSumAsync(d, n); }
+  std::unique_ptr<PendingWork> allreduceSumAsync(float* d, int64_t n) override { return c_.allreduceSumAsync(d, n); }
+  std::unique_ptr<PendingWork> allreduceSumAsync(int32_t* d, int64_t n) override { return c_.allreduceSumAsync(d, n); }
+  std::unique_ptr<PendingWork> send(torch::Tensor t, int peer, int tag) override {
+    ++sends;
+    return c_.send(std::move(t), peer, tag);
+  }
+  std::unique_ptr<PendingWork> recv(torch::Tensor t, int peer, int tag) override {
+    ++recvs;
+    return c_.recv(std::move(t), peer, tag);
+  }
+  int sends = 0, recvs = 0;
+
+ private:
+  Communicator& c_;
+};
+
+// Two ranks pass nothing on in either ring, so a sharded sum sends each
+// chunk whole: one transfer each way for the reduce-scatter and one for
+// the all-gather's floats, and one of the kept integers (they are in the
+// last chunk), in both formats, for a bucket that 3 ranks still send in several pieces (there a
+// piece is passed on while the rest arrives). The sums stay right.
+TEST(ShardedSum, TwoRanksSendEachChunkWhole) {
+  const int64_t n = 400000, keep = 5;
+  auto value = [](int r, int64_t i) { return static_cast<int64_t>((r + 1) * 1009 + i % 7919); };
+  for (int D : {2, 3})
+    for (int bits : {64, 32}) {
+      std::vector<std::pair<int, int>> transfers(static_cast<size_t>(D));
+      std::vector<std::vector<float>> got(static_cast<size_t>(D));
+      const std::vector<std::string> errors = onGlooRanks(D, [&](Communicator& gloo, int r) {
+        CountingComm comm(gloo);
+        ShardScratch scratch;
+        std::vector<int64_t> d64;
+        std::vector<int32_t> d32;
+        for (int64_t i = 0; i < n; ++i) {
+          d64.push_back(value(r, i));
+          d32.push_back(static_cast<int32_t>(value(r, i)));
+        }
+        auto work = bits == 64 ? startShardedSum(comm, d64.data(), n, keep, scratch,
+                                                 [](int64_t, const int64_t* s, int64_t len, float* out) {
+                                                   for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(s[i]);
+                                                 })
+                               : startShardedSum(comm, d32.data(), n, keep, scratch,
+                                                 [](int64_t, const int32_t* s, int64_t len, float* out) {
+                                                   for (int64_t i = 0; i < len; ++i) out[i] = static_cast<float>(s[i]);
+                                                 });
+        work->wait();
+        const float* f = bits == 64 ? reinterpret_cast<const float*>(d64.data())
+                                    : reinterpret_cast<const float*>(d32.data());
+        got[static_cast<size_t>(r)].assign(f, f + (n - keep));
+        transfers[static_cast<size_t>(r)] = {comm.sends, comm.recvs};
+      });
+      for (int r = 0; r < D; ++r) {
+        ASSERT_EQ(errors[static_cast<size_t>(r)], "") << D << " ranks, " << bits << " bits, rank " << r;
+        const auto [sends, recvs] = transfers[static_cast<size_t>(r)];
+        if (D == 2) {
+          // The reduce-scatter's one each way; the all-gather's floats each
+          // way, and the kept integers from the last chunk's owner (rank 0).
+          EXPECT_EQ(sends, r == 0 ? 3 : 2) << bits << " bits, rank " << r;
+          EXPECT_EQ(recvs, r == 0 ? 2 : 3) << bits << " bits, rank " << r;
+        } else {
+          EXPECT_GT(sends, 2 * (D - 1) + 1) << bits << " bits, rank " << r << ": pieces to pass on";
+        }
+        for (int64_t i = 0; i < n - keep; i += 997) {
+          int64_t sum = 0;
+          for (int q = 0; q < D; ++q) sum += value(q, i);
+          ASSERT_EQ(got[static_cast<size_t>(r)][static_cast<size_t>(i)], static_cast<float>(sum))
+              << D << " ranks, " << bits << " bits, rank " << r << ", value " << i;
+        }
+      }
+    }
+}
+
 // --- The 32-bit format (reduce.bits = 32, issue 31) --------------------------
 
 // By construction: for every VN count the exact mode allows, V values each
