@@ -93,7 +93,10 @@ try:
             fail(f"more than {SLOTS} slots in use: queue {max_queue}, worker processes {max_procs}")
         return q
 
-    ids = {submit(0, 1, 2): 0}
+    # j0 demands all 3 slots: a long job narrower than the cluster would be
+    # started at its demand early and kept there by the morph policy
+    # (docs/cluster.md, "morph": long narrow jobs first), and no job resized.
+    ids = {submit(0, 1, 3): 0}
     deadline = time.time() + 60
     while True:  # the second job arrives while the first runs
         q = poll()

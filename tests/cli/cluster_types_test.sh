@@ -4,10 +4,11 @@
 # under the morph policy, two jobs with linear speed tables:
 #  - A (priority 10, demand 2, long) is submitted first and starts on both
 #    slots (2 slots at 1/1.5 each: 1.33 steps/s against 1 on the fast one);
-#  - B (priority 1, demand 1, 2000 steps) arrives: the policy keeps A on
-#    the fast slot and gives B the slow one (with B's 200 steps it would
-#    give B the fast one: priority 1 over 200 steps left outweighs 10 over
-#    15000), so A shrinks releasing its slow worker by id and B starts on
+#  - B (priority 1, demand 1, 5500 steps) arrives: the policy keeps A on
+#    the fast slot and gives B the slow one (weights priority / steps
+#    left^2: B's 1 / 5500^2 lies between half and all of A's 10 / 15000^2;
+#    with 2000 steps B would take the fast slot, with 8000 it would wait
+#    for A), so A shrinks releasing its slow worker by id and B starts on
 #    the slow slot, its job's resources file listing one "slow" device, so
 #    that `morph run --resources` emulates it;
 #  - B ends and A grows back onto the slow slot; that new worker runs at
@@ -49,7 +50,7 @@ cluster_parts "$@"
 write_files() {
   local no_replan=$'[elastic]\nstraggler_replan = false'
   STEPS=15000 mlp_job "$1/a.toml" A 1 "$no_replan"
-  STEPS=2000 mlp_job "$1/b.toml" B 2 "$no_replan"
+  STEPS=5500 mlp_job "$1/b.toml" B 2 "$no_replan"
   STEPS=3000 mlp_job "$1/f.toml" F 4 "$no_replan"
   STEPS=4000 mlp_job "$1/m.toml" M 3 "$no_replan"
   fast_and_slow 1.5 "$1/res.toml" 4096

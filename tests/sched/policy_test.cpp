@@ -96,16 +96,42 @@ TEST(ClusterPolicy, MorphGivesSlotsWhereTheySpeedUpMost) {
 }
 
 TEST(ClusterPolicy, MorphWeighsPriorityAndWorkLeft) {
+  // A job's weight is priority / steps left squared (docs/cluster.md, "morph").
   ClusterView v;
   v.slots = 4;
-  v.jobs = {job(0, 1, 4, 0.0), job(1, 10, 4, 1.0)};
+  v.jobs = {job(0, 1, 4, 0.0), job(1, 4, 4, 1.0)};
   EXPECT_EQ(run("morph", v), (std::vector<int>{0, 4}));
-  // Ten times less work left balances ten times lower priority; the tie
-  // goes to priority order.
-  v.jobs[0].remaining_steps = 10;
+  // Half the work left balances four times lower priority; the tie goes to
+  // priority order.
+  v.jobs[0].remaining_steps = 50;
   EXPECT_EQ(run("morph", v), (std::vector<int>{0, 4}));
-  v.jobs[0].remaining_steps = 5;  // now the low-priority job is nearer its end
+  v.jobs[0].remaining_steps = 40;  // now the low-priority job is nearer its end
   EXPECT_EQ(run("morph", v), (std::vector<int>{4, 0}));
+}
+
+TEST(ClusterPolicy, MorphStartsALongNarrowJobEarly) {
+  // 8 slots; L demands 2 (linear: r steps take r / 2 s on 2 slots); six
+  // short jobs demand 8 with 100 steps each (12.5 s on 8, 100
+  // slot-seconds). The work left is r + 600 slot-seconds, (r + 600) / 8 s
+  // over the slots; L is critical when r / 2 >= 0.8 of that, r >= 150:
+  // served last it would run alone on 2 slots with 6 idle, so it gets its 2
+  // first and the nearest short job the other 6.
+  ClusterView v;
+  v.slots = 8;
+  v.jobs = {job(0, 1, 2, 0.0, 1000)};
+  for (int i = 1; i <= 6; ++i) v.jobs.push_back(job(i, 1, 8, double(i)));
+  const std::vector<int> early{2, 6, 0, 0, 0, 0, 0}, last{0, 8, 0, 0, 0, 0, 0};
+  EXPECT_EQ(run("morph", v), early);
+  v.jobs[0].remaining_steps = 200;
+  EXPECT_EQ(run("morph", v), early);
+  // Not critical at 120 steps (60 s < 0.8 x 90 s): shortest first, L waits.
+  v.jobs[0].remaining_steps = 120;
+  EXPECT_EQ(run("morph", v), last);
+  // A long job that fills the cluster alone idles nothing when served
+  // last: shortest first as before (3000 steps: 375 s on 8, past 0.8 x 450 s).
+  v.jobs[0].remaining_steps = 3000;
+  v.jobs[0].demand = 8;
+  EXPECT_EQ(run("morph", v), last);
 }
 
 TEST(ClusterPolicy, MorphGrowsOnlyWhenTheGainPaysForTheResize) {
