@@ -2,17 +2,25 @@
 # Slot types in the live scheduler (docs/cluster.md, "Slot types"):
 # `morph cluster --resources` with 1 fast slot and 1 slow one (slowdown 1.5)
 # under the morph policy, two jobs with linear speed tables:
-#  - A (priority 10, demand 2, long) is submitted first and starts on both
-#    slots (2 slots at 1/1.5 each: 1.33 steps/s against 1 on the fast one);
-#  - B (priority 1, demand 1, 5500 steps) arrives: the policy keeps A on
+#  - A (priority 10, demand 2, 3100 steps) is submitted first and starts on
+#    both slots (2 slots at 1/1.5 each: 1.33 steps/s against 1 on the fast
+#    one);
+#  - B (priority 1, demand 1, 1000 steps) arrives: the policy keeps A on
 #    the fast slot and gives B the slow one (weights priority / steps
-#    left^2: B's 1 / 5500^2 lies between half and all of A's 10 / 15000^2;
-#    with 2000 steps B would take the fast slot, with 8000 it would wait
-#    for A), so A shrinks releasing its slow worker by id and B starts on
+#    left^2: B's 1 / 1000^2 lies between half and all of A's 10 / 3100^2
+#    for as long as A has 2240 to 3160 steps left; with 600 steps B would
+#    take the fast slot, with 1500 it would wait for A), so A shrinks
+#    releasing its slow worker by id and B starts on
 #    the slow slot, its job's resources file listing one "slow" device, so
 #    that `morph run --resources` emulates it;
 #  - B ends and A grows back onto the slow slot; that new worker runs at
 #    its slot's speed through `morph slow` (the cluster's slow.log says so).
+#    A must still run when B ends: A's layer is 512 wide (about 2.5 ms a
+#    step here against B's 1.3 ms on the slow slot), so that its 2700-odd
+#    steps left outlast B's start and 1000 steps (here A had 1800-1900
+#    left when B ended). With A as small as B, the two took about the
+#    same wall time whatever the step counts say, and A could end first
+#    (CI, 2026-12-05).
 # Both hashes equal their standalone runs'; the cluster never holds more
 # slots of a type than exist (queue polls). Bad input: --slots that is not
 # the resources' device count exits 2.
@@ -49,8 +57,8 @@ cluster_parts "$@"
 # write_files DIR: the two jobs and the resources file.
 write_files() {
   local no_replan=$'[elastic]\nstraggler_replan = false'
-  STEPS=15000 mlp_job "$1/a.toml" A 1 "$no_replan"
-  STEPS=5500 mlp_job "$1/b.toml" B 2 "$no_replan"
+  STEPS=3100 HIDDEN=512 mlp_job "$1/a.toml" A 1 "$no_replan"
+  STEPS=1000 mlp_job "$1/b.toml" B 2 "$no_replan"
   STEPS=3000 mlp_job "$1/f.toml" F 4 "$no_replan"
   STEPS=4000 mlp_job "$1/m.toml" M 3 "$no_replan"
   fast_and_slow 1.5 "$1/res.toml" 4096
