@@ -7,6 +7,7 @@ with a = lr * h and w the weight:
   none:   buf' = mu buf + c_f w_k + c_s w_(k-s);          w' = w - lr buf'
   scale:  the same with c_s / (1 + s)
   bypass: buf' = mu buf + c_f w_k; w' = w - lr buf' - lr c_s / (1 + s) w_(k-s)
+  bypass_squared: the same with c_s / (1 + s)^2
 
 (c_f, c_s: the fresh and the stale VWs' shares of the batch). A step is
 stable when the iteration stays below |w| = 1 from w = 1; the edge is
@@ -19,8 +20,8 @@ from fractions import Fraction
 
 
 def stable(a, mu, s, c_f, c_s, rule, n=3000):
-    f = 1.0 if rule == "none" or s == 0 else 1.0 / (1 + s)
-    bypass = rule == "bypass" and s > 0
+    f = 1.0 if rule == "none" or s == 0 else 1.0 / (1 + s) ** (2 if rule == "bypass_squared" else 1)
+    bypass = rule in ("bypass", "bypass_squared") and s > 0
     w = [1.0] * (s + 2)
     buf = 0.0
     for _ in range(n):
@@ -57,9 +58,10 @@ def main():
     a = ap.parse_args()
     c_s = float(Fraction(a.stale_share))
     print("largest stable a = lr*h per clock, momentum %g, stale share %s" % (a.mu, a.stale_share))
-    print("s | none | scale | bypass")
+    rules = ("none", "scale", "bypass", "bypass_squared")
+    print("s | " + " | ".join(rules))
     for s in [int(x) for x in a.staleness.split(",")]:
-        print("%d | %.3f | %.3f | %.3f" % (s, *(edge(a.mu, s, 1 - c_s, c_s, r) for r in ("none", "scale", "bypass"))))
+        print("%d | %s" % (s, " | ".join("%.3f" % edge(a.mu, s, 1 - c_s, c_s, r) for r in rules)))
 
 
 if __name__ == "__main__":

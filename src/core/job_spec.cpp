@@ -521,7 +521,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     // A wave's push sums wave x VNs quantised terms of each value, as a
     // step sums VNs: the int64 format holds 2^12 of them (docs/wsp.md).
     j.wave = r.integer("sync.wave", 1, 1, 4096);
-    j.stale_update = r.choice("sync.stale_update", j.stale_update, {"none", "scale", "bypass"});
+    j.stale_update = r.choice("sync.stale_update", j.stale_update, {"none", "scale", "bypass", "bypass_squared"});
     if (j.reduce_mode != ReduceMode::kExact)
       r.fail("reduce.mode", "sync.mode = \"wsp\" needs \"exact\" (the servers' sums are fixed point, so a run replays)");
     if (j.reduce_bits != 64) r.fail("reduce.bits", "sync.mode = \"wsp\" needs 64 (a wave's sum may exceed the 32-bit bound)");

@@ -526,8 +526,9 @@ nlohmann::json StepCore::meaning() const {
     m["sync.mode"] = toString(j.sync_mode);
     m["sync.staleness"] = j.staleness;
     m["sync.wave"] = j.wave;
-    // Only when not the default, so WSP checkpoints written before the key resume.
-    if (j.stale_update != JobSpec().stale_update) m["sync.stale_update"] = j.stale_update;
+    // A WSP checkpoint without it was trained with "bypass" (the default
+    // before "bypass_squared"; importState() reads its absence so).
+    m["sync.stale_update"] = j.stale_update;
   }
   // Only TorchScript jobs carry these (the same reason): the module file's
   // bytes are its architecture and initial weights.
@@ -597,10 +598,12 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
     const nlohmann::json mine = meaning(), theirs = d.meta.at("job");
     std::string changed;
     for (const auto& [key, value] : mine.items()) {
-      // Checkpoints from before reduce.bits were all 64-bit.
-      const nlohmann::json was = theirs.contains(key) ? theirs.at(key)
-                                 : key == "reduce.bits" ? nlohmann::json(64)
-                                                        : nlohmann::json();
+      // Checkpoints from before reduce.bits were all 64-bit; WSP ones from
+      // before "bypass_squared" was the default recorded "bypass" by omission.
+      const nlohmann::json was = theirs.contains(key)               ? theirs.at(key)
+                                 : key == "reduce.bits"             ? nlohmann::json(64)
+                                 : key == "sync.stale_update"       ? nlohmann::json("bypass")
+                                                                    : nlohmann::json();
       if (was != value) changed += (changed.empty() ? "" : ", ") + key + " (checkpoint " + was.dump() + ", now " + value.dump() + ")";
     }
     if (!changed.empty())

@@ -7,11 +7,14 @@
 namespace morph {
 
 double wspStaleFactor(const JobSpec& job, int64_t s) {
-  return s <= 0 || job.stale_update == "none" ? 1.0 : 1.0 / static_cast<double>(1 + s);
+  if (s <= 0 || job.stale_update == "none") return 1.0;
+  const double f = 1.0 / static_cast<double>(1 + s);
+  return job.stale_update == "bypass_squared" && wspStaleBypass(job, s) ? f * f : f;
 }
 
 bool wspStaleBypass(const JobSpec& job, int64_t s) {
-  return s >= 1 && job.stale_update == "bypass" && job.optim.name == "sgd" && job.optim.momentum > 0.0;
+  return s >= 1 && (job.stale_update == "bypass" || job.stale_update == "bypass_squared") && job.optim.name == "sgd" &&
+         job.optim.momentum > 0.0;
 }
 
 std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t version,

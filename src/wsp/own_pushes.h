@@ -14,8 +14,10 @@ namespace morph {
 // A stale push (docs/wsp.md, "Stale pushes"): a push of clock k computed
 // on a shard's version v has staleness s = k - v. Its gradient is applied
 // with the factor wspStaleFactor (1 for s = 0 or sync.stale_update =
-// "none", else 1 / (1 + s)); wspStaleBypass says it is applied outside the
-// momentum buffer ("bypass", s >= 1, SGD with momentum).
+// "none"; 1 / (1 + s)^2 when "bypass_squared" bypasses; else 1 / (1 + s));
+// wspStaleBypass says it is applied outside the momentum buffer ("bypass"
+// or "bypass_squared", s >= 1, SGD with momentum; otherwise both act as
+// "scale").
 double wspStaleFactor(const JobSpec& job, int64_t s);
 bool wspStaleBypass(const JobSpec& job, int64_t s);
 

@@ -212,6 +212,40 @@ TEST(Trainer, StateRoundTripsWithScales) {
   EXPECT_THROW(c.importState(none), InputError);  // no scale state at all
 }
 
+// A WSP checkpoint records sync.stale_update; one without it (written
+// while "bypass" was the default, which was recorded by omission) was
+// trained with "bypass": a job of the default "bypass_squared" refuses it
+// naming the key, a "bypass" job resumes it (docs/wsp.md, "Stale pushes").
+TEST(Trainer, AWspCheckpointWithoutTheStaleRuleMeansBypass) {
+  JobSpec job = smallJob("cnn", modelKeys("cnn"));
+  job.sync_mode = SyncMode::kWsp;
+  job.staleness = 1;
+  ASSERT_EQ(job.stale_update, "bypass_squared");
+  DataPair data = loadDatasets(job.data, job.seed);
+  LocalCommunicator comm;
+  VnExecutor a(job, job.steps, *data.train, comm);
+  a.step();
+  CheckpointData saved = snapshotCheckpoint(a.exportState());
+  EXPECT_EQ(saved.meta.at("job").at("sync.stale_update"), "bypass_squared");
+  CheckpointData old = saved;
+  old.meta["job"].erase("sync.stale_update");
+  VnExecutor b(job, job.steps, *data.train, comm);
+  b.importState(saved);
+  try {
+    b.importState(old);
+    ADD_FAILURE() << "a checkpoint without sync.stale_update resumed under bypass_squared";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("sync.stale_update (checkpoint \"bypass\", now \"bypass_squared\")"),
+              std::string::npos)
+        << e.what();
+  }
+  JobSpec bypass = job;
+  bypass.stale_update = "bypass";
+  VnExecutor c(bypass, job.steps, *data.train, comm);
+  c.importState(old);
+  EXPECT_THROW(c.importState(saved), InputError);
+}
+
 // The inputs of a worker's next VN are gathered on the prefetcher's
 // thread while its current VN computes. A data set that records each
 // gather (its samples and thread) and a probe that, in the backward pass of

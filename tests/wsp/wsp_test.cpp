@@ -327,6 +327,7 @@ TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
 //   scale:  buf = 0.9 buf + (0.25, -0.5) / 2 + (0.125, 0.125) = (0.7, -1.025)
 //   bypass: buf = 0.9 buf + (0.125, 0.125) = (0.575, -0.775), and
 //           w -= lr (0.25, -0.5) / 2 outside it
+//   bypass_squared: the same buf, and w -= lr (0.25, -0.5) / 4 outside it
 // then clock 2: w -= lr 0.9 buf.
 TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
   struct Case {
@@ -337,6 +338,7 @@ TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
       {"none", {-0.6625f, 1.1375f}, {-0.6625f - 0.37125f, 1.1375f + 0.57375f}},
       {"scale", {-0.6f, 1.0125f}, {-0.6f - 0.315f, 1.0125f + 0.46125f}},
       {"bypass", {-0.6f, 1.0125f}, {-0.6f - 0.25875f, 1.0125f + 0.34875f}},
+      {"bypass_squared", {-0.56875f, 0.95f}, {-0.56875f - 0.25875f, 0.95f + 0.34875f}},
   };
   for (const Case& c : cases) {
     JobSpec job = shardJob(0.9);
@@ -357,16 +359,24 @@ TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
     EXPECT_NEAR(p2.state[0], c.w2[0], 1e-6) << c.rule;
     EXPECT_NEAR(p2.state[1], c.w2[1], 1e-6) << c.rule;
   }
-  // The factor 1 / (1 + s); fresh pushes and "none" at 1; bypass only with
-  // SGD's momentum.
+  // The factor 1 / (1 + s)^2 ("bypass_squared"), 1 / (1 + s) ("bypass",
+  // "scale"); fresh pushes and "none" at 1; bypass only with SGD's
+  // momentum, without it both bypass rules act as "scale".
   JobSpec job = shardJob(0.9);
-  EXPECT_EQ(job.stale_update, "bypass");  // the default
+  EXPECT_EQ(job.stale_update, "bypass_squared");  // the default
   EXPECT_DOUBLE_EQ(wspStaleFactor(job, 0), 1.0);
-  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 1.0 / 16);
   EXPECT_FALSE(wspStaleBypass(job, 0));
   EXPECT_TRUE(wspStaleBypass(job, 1));
+  job.stale_update = "bypass";
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
+  EXPECT_TRUE(wspStaleBypass(job, 1));
+  job.stale_update = "scale";
+  EXPECT_FALSE(wspStaleBypass(job, 1));
+  job.stale_update = "bypass_squared";
   job.optim.momentum = 0.0;
   EXPECT_FALSE(wspStaleBypass(job, 1));
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
   job.stale_update = "none";
   EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 1.0);
 }
@@ -375,11 +385,12 @@ TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
 // servers' rule (lr 0.5, mu 0.9; g0 = 1 pushed at staleness 1, g1 = 2
 // fresh): none: 0.5 g0 + 0.5 (0.9 g0 + g1) = 1.95; scale: g0 / 2 into the
 // buffer: 0.25 + 0.5 (0.45 + 2) = 1.475; bypass: 0.5 g0 / 2 outside it,
-// 0.25 + 0.5 (0 + 2) = 1.25.
+// 0.25 + 0.5 (0 + 2) = 1.25; bypass_squared: 0.5 g0 / 4 outside it,
+// 0.125 + 0.5 (0 + 2) = 1.125.
 TEST(WspOwnPushes, AStaleOwnPushMovesAsTheServersApplyIt) {
   const std::vector<float> g0{1.0f}, g1{2.0f};
   for (const auto& [rule, want] : std::vector<std::pair<std::string, float>>{
-           {"none", 1.95f}, {"scale", 1.475f}, {"bypass", 1.25f}}) {
+           {"none", 1.95f}, {"scale", 1.475f}, {"bypass", 1.25f}, {"bypass_squared", 1.125f}}) {
     JobSpec job;
     job.optim.lr = 0.5;
     job.optim.momentum = 0.9;
