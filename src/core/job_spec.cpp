@@ -521,6 +521,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     // A wave's push sums wave x VNs quantised terms of each value, as a
     // step sums VNs: the int64 format holds 2^12 of them (docs/wsp.md).
     j.wave = r.integer("sync.wave", 1, 1, 4096);
+    // "bypass_squared": as "bypass" with the factor 1 / (1 + s)^2 (wsp/own_pushes.h).
     j.stale_update = r.choice("sync.stale_update", j.stale_update, {"none", "scale", "bypass", "bypass_squared"});
     if (j.reduce_mode != ReduceMode::kExact)
       r.fail("reduce.mode", "sync.mode = \"wsp\" needs \"exact\" (the servers' sums are fixed point, so a run replays)");

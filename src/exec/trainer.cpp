@@ -526,8 +526,9 @@ nlohmann::json StepCore::meaning() const {
     m["sync.mode"] = toString(j.sync_mode);
     m["sync.staleness"] = j.staleness;
     m["sync.wave"] = j.wave;
-    // A WSP checkpoint without it was trained with "bypass" (the default
-    // before "bypass_squared"; importState() reads its absence so).
+    // Always, so that a "bypass" job refuses a "bypass_squared" checkpoint;
+    // WSP checkpoints written before recorded the default "bypass" by
+    // omission (importState() reads its absence so).
     m["sync.stale_update"] = j.stale_update;
   }
   // Only TorchScript jobs carry these (the same reason): the module file's
@@ -598,8 +599,8 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
     const nlohmann::json mine = meaning(), theirs = d.meta.at("job");
     std::string changed;
     for (const auto& [key, value] : mine.items()) {
-      // Checkpoints from before reduce.bits were all 64-bit; WSP ones from
-      // before "bypass_squared" was the default recorded "bypass" by omission.
+      // Checkpoints from before reduce.bits were all 64-bit; WSP ones without
+      // sync.stale_update were trained with its default, "bypass".
       const nlohmann::json was = theirs.contains(key)               ? theirs.at(key)
                                  : key == "reduce.bits"             ? nlohmann::json(64)
                                  : key == "sync.stale_update"       ? nlohmann::json("bypass")

@@ -88,9 +88,10 @@ TEST(JobSpec, SyncKeysDefaultAndBounds) {
   EXPECT_EQ(j.sync_mode, SyncMode::kWsp);
   EXPECT_EQ(j.staleness, 4);
   EXPECT_EQ(j.wave, 3);
-  EXPECT_EQ(j.stale_update, "bypass_squared");
+  EXPECT_EQ(j.stale_update, "bypass");
   EXPECT_EQ(parseJob(kValid, "job.toml", {"sync.mode=wsp", "sync.stale_update=scale"}).stale_update, "scale");
-  EXPECT_EQ(parseJob(kValid, "job.toml", {"sync.mode=wsp", "sync.stale_update=bypass"}).stale_update, "bypass");
+  EXPECT_EQ(parseJob(kValid, "job.toml", {"sync.mode=wsp", "sync.stale_update=bypass_squared"}).stale_update,
+            "bypass_squared");
   expectInputError(kValid, {"job.toml", "sync.stale_update", "got \"half\""}, {"sync.mode=wsp", "sync.stale_update=half"});
   expectInputError(kValid, {"sync.stale_update", "only to sync.mode = \"wsp\""}, {"sync.stale_update=none"});
   expectInputError(kValid, {"job.toml", "sync.staleness", "got -1"}, {"sync.mode=wsp", "sync.staleness=-1"});

@@ -363,13 +363,13 @@ TEST(WspParamShard, AStalePushIsScaledOrBypassesTheMomentum) {
   // "scale"); fresh pushes and "none" at 1; bypass only with SGD's
   // momentum, without it both bypass rules act as "scale".
   JobSpec job = shardJob(0.9);
-  EXPECT_EQ(job.stale_update, "bypass_squared");  // the default
+  EXPECT_EQ(job.stale_update, "bypass");  // the default
   EXPECT_DOUBLE_EQ(wspStaleFactor(job, 0), 1.0);
-  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
   EXPECT_FALSE(wspStaleBypass(job, 0));
   EXPECT_TRUE(wspStaleBypass(job, 1));
-  job.stale_update = "bypass";
-  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 0.25);
+  job.stale_update = "bypass_squared";
+  EXPECT_DOUBLE_EQ(wspStaleFactor(job, 3), 1.0 / 16);
   EXPECT_TRUE(wspStaleBypass(job, 1));
   job.stale_update = "scale";
   EXPECT_FALSE(wspStaleBypass(job, 1));
