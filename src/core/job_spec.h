@@ -95,8 +95,9 @@ struct JobSpec {
   // sync.stale_update (wsp only; docs/wsp.md, "Stale pushes"): what a
   // server does with a push computed on weights s >= 1 clocks old: "none"
   // (as a fresh one), "scale" (its gradient x 1/(1 + s)), "bypass" (x 1/(1
-  // + s), applied outside the momentum buffer). Pushes with s = 0 are
-  // applied as they are under every rule.
+  // + s), applied outside the momentum buffer), "bypass_squared" (as
+  // "bypass", x 1/(1 + s)^2). Pushes with s = 0 are applied as they are
+  // under every rule.
   std::string stale_update = "bypass";
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
