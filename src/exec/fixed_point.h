@@ -47,6 +47,21 @@ QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int
 QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
                                      double bound = kFixedBound);
 
+// The same kernels into an int32 accumulator (reduce.bits = 32, whose
+// bound makes every partial sum of a step fit in int32): each term's q is
+// the one above, and acc[i] gets the low 32 bits of what the int64 kernel
+// would hold (additions modulo 2^32), so narrowTo32 of the int64 kernel's
+// sums gives these bits, on any input.
+QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizePairAdd(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                               double bound);
+QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                 double bound);
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                     double bound);
+
 // out[i] = float(double(acc[i]) * 2^-scale_exp / divisor).
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out);
 void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, float* out);
