@@ -273,10 +273,6 @@ void narrowTo32(const int64_t* in, int64_t n, int32_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(in[i])));
 }
 
-void widenFrom32(const int32_t* in, int64_t n, int64_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
-}
-
 void splitLanes(const int64_t* in, int64_t n, int32_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     const uint64_t v = static_cast<uint64_t>(in[i]);

@@ -246,11 +246,12 @@ std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t fir
   for (size_t s = first; s < float_end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
   acc.markFloats(first, float_end, divisors);
   const GradAccumulator* a = acc_.get();
-  std::unique_ptr<PendingWork> work = startShardedSum(comm, run, len, keep, scratch_[first],
-                               [a, first, float_end, off, divisors](int64_t begin, const int32_t* sums, int64_t len,
-                                                                    float* out) {
-                                 a->dequantizeRange(first, float_end, divisors, off + begin, sums, len, out);
-                               });
+  std::unique_ptr<PendingWork> work =
+      startShardedSum(comm, run, len, keep, scratch_[first],
+                      [a, first, float_end, off, divisors](int64_t begin, const int32_t* sums, int64_t count,
+                                                           float* out) {
+                        a->dequantizeRange(first, float_end, divisors, off + begin, sums, count, out);
+                      });
   // The floats in the run's memory as markFloats says (float i at byte 4 i).
   if (join) work = std::make_unique<UnpackedSum>(std::move(work), std::move(join));
   return work;

@@ -815,23 +815,23 @@ TEST(ShardedSum, Int32WireReadsTheFloatsOfOneAccumulatorAndKeepsLanes) {
         std::vector<int64_t> k64(static_cast<size_t>(keep));
         for (int64_t i = 0; i < keep; ++i) k64[static_cast<size_t>(i)] = kept(r, i);
         ShardScratch scratch;
-        scratch.wire.resize(static_cast<size_t>(n + 4 * keep));
-        std::memcpy(scratch.wire.data(), acc.exact32Buffer(), static_cast<size_t>(n) * 4);
-        splitLanes(k64.data(), keep, scratch.wire.data() + n);
+        std::vector<int32_t> wire(static_cast<size_t>(n + 4 * keep));
+        std::memcpy(wire.data(), acc.exact32Buffer(), static_cast<size_t>(n) * 4);
+        splitLanes(k64.data(), keep, wire.data() + n);
         std::vector<float> floats(static_cast<size_t>(n));
         if (sharded) {
-          auto w = startShardedSum(comm, scratch.wire.data(), n + 4 * keep, 4 * keep, scratch,
+          auto w = startShardedSum(comm, wire.data(), n + 4 * keep, 4 * keep, scratch,
                                    [&](int64_t begin, const int32_t* sums, int64_t len, float* out) {
                                      acc.dequantizeRange(0, 3, divisors, begin, sums, len, out);
                                    });
           w->advance();
           w->wait();
-          std::memcpy(floats.data(), scratch.wire.data(), static_cast<size_t>(n) * 4);
+          std::memcpy(floats.data(), wire.data(), static_cast<size_t>(n) * 4);
         } else {
-          comm.allreduceSumAsync(scratch.wire.data(), n + 4 * keep)->wait();
-          acc.dequantizeRange(0, 3, divisors, 0, scratch.wire.data(), n, floats.data());
+          comm.allreduceSumAsync(wire.data(), n + 4 * keep)->wait();
+          acc.dequantizeRange(0, 3, divisors, 0, wire.data(), n, floats.data());
         }
-        joinLanes(scratch.wire.data() + n, keep, k64.data());
+        joinLanes(wire.data() + n, keep, k64.data());
         got_kept[static_cast<size_t>(r)] = k64;
         for (size_t s = 0; s < 3; ++s) {
           const float* f = floats.data() + acc.segmentOffset(s);
