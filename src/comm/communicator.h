@@ -55,9 +55,6 @@ using ShardToFloat32 = std::function<void(int64_t begin, const int32_t* sums, in
 struct ShardScratch {
   std::vector<int64_t> recv;
   std::vector<float> floats;
-  // reduce.bits = 32: the bucket's values narrowed to int32 for the wire
-  // (the caller's; StepCore::startSum).
-  std::vector<int32_t> wire;
 };
 
 class Communicator {

@@ -60,18 +60,16 @@ MemoryEstimate estimateJobMemory(const JobSpec& job) {
   e.model_keys = c.keys;
   // Per parameter, as a worker keeps it (exec/trainer.cpp, exec/pipeline.cpp):
   // the float32 value, its mean gradient, the accumulator over VNs (int64
-  // fixed point in exact mode), the optimiser's state, and with checkpoints
+  // fixed point in exact mode, int32 with reduce.bits = 32), the optimiser's state, and with checkpoints
   // the snapshot of value and state handed to the writer.
   int64_t state = 0;
   if (job.optim.name == "adamw") state = 2;
   else if (job.optim.momentum > 0.0) state = 1;
   const bool exact = job.reduce_mode == ReduceMode::kExact;
-  e.bytes_per_parameter = 4 + 4 + (exact ? 8 : 4) + 4 * state;
-  e.per_parameter = std::string("value 4 + gradient 4 + ") + (exact ? "int64 accumulator 8" : "float accumulator 4");
-  if (exact && job.reduce_bits == 32) {  // the bucket's int32 wire copy (StepCore::startSum32)
-    e.bytes_per_parameter += 4;
-    e.per_parameter += " + int32 wire 4";
-  }
+  const bool exact64 = exact && job.reduce_bits == 64;
+  e.bytes_per_parameter = 4 + 4 + (exact64 ? 8 : 4) + 4 * state;
+  e.per_parameter = std::string("value 4 + gradient 4 + ") +
+                    (exact64 ? "int64 accumulator 8" : exact ? "int32 accumulator 4" : "float accumulator 4");
   if (state > 0) e.per_parameter += " + " + std::string(state == 2 ? "adamw state 8" : "momentum 4");
   if (job.checkpoint_every > 0) {
     e.bytes_per_parameter += 4 + 4 * state;

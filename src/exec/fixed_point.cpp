@@ -20,9 +20,19 @@ inline int64_t roundMagic(double d) {
   return bits - magic_bits;
 }
 
-template <bool kStore, bool kPair = false>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound,
+template <bool kStore, bool kPair = false, typename T = int64_t>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, T* acc, double bound,
                               const float* g2 = nullptr);
+
+// int32 accumulators hold the low 32 bits of the int64 ones: two's
+// complement additions modulo 2^32 (unsigned, so no signed overflow).
+inline int32_t low32(int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v))); }
+inline void store(int64_t* at, int64_t q) { *at = q; }
+inline void store(int32_t* at, int64_t q) { *at = low32(q); }
+inline void accumulate(int64_t* at, int64_t q) { *at += q; }
+inline void accumulate(int32_t* at, int64_t q) {
+  *at = static_cast<int32_t>(static_cast<uint32_t>(*at) + static_cast<uint32_t>(static_cast<uint64_t>(q)));
+}
 
 #define MORPH_AVX2 __attribute__((target("avx2"), always_inline)) inline
 
@@ -49,13 +59,28 @@ MORPH_AVX2 void put4(int64_t* at, __m256i q) {
   }
 }
 
+// 8 int32 values: the low 32 bits of the int64 lanes of a, then of b.
+template <bool kStore>
+MORPH_AVX2 void put8(int32_t* at, __m256i a, __m256i b) {
+  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  const __m256i q = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(a, low),
+                                              _mm256_permutevar8x32_epi32(b, low), 0x20);
+  __m256i* dst = reinterpret_cast<__m256i*>(at);
+  if constexpr (kStore) {
+    _mm256_storeu_si256(dst, q);
+  } else {
+    _mm256_storeu_si256(dst, _mm256_add_epi32(_mm256_loadu_si256(dst), q));
+  }
+}
+
 // kStore: acc[i] = q (a segment's first VN of the step: no zeroing pass,
 // no read of acc), else acc[i] += q.
 // kPair: acc[i] (=|+=) q(g[i]) + q(g2[i]), each term rounded on its own
 // (the same integers as two single passes, one pass over acc).
-template <bool kStore, bool kPair = false>
+// T = int32_t: the same q, their low 32 bits added modulo 2^32.
+template <bool kStore, bool kPair = false, typename T = int64_t>
 __attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int64_t n, int scale_exp,
-                                                            int64_t* acc, double bound,
+                                                            T* acc, double bound,
                                                             const float* g2 = nullptr) {
   const __m256d vscale = _mm256_set1_pd(std::ldexp(1.0, scale_exp));
   const __m256d vmagic = _mm256_set1_pd(kMagic);
@@ -75,8 +100,12 @@ __attribute__((target("avx2"))) QuantizeResult quantizeAvx2(const float* g, int6
       q0 = _mm256_add_epi64(q0, quant4(g2 + i, vscale, vmagic));
       q1 = _mm256_add_epi64(q1, quant4(g2 + i + 4, vscale, vmagic));
     }
-    put4<kStore>(acc + i, q0);
-    put4<kStore>(acc + i + 4, q1);
+    if constexpr (sizeof(T) == 8) {
+      put4<kStore>(acc + i, q0);
+      put4<kStore>(acc + i + 4, q1);
+    } else {
+      put8<kStore>(acc + i, q0, q1);
+    }
   }
   alignas(32) float m[8];
   _mm256_store_ps(m, vmax);
@@ -102,8 +131,8 @@ bool haveAvx2() {
   return has;
 }
 
-template <bool kStore, bool kPair>
-QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t* acc, double bound,
+template <bool kStore, bool kPair, typename T>
+QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, T* acc, double bound,
                               const float* g2) {
   const double scale = std::ldexp(1.0, scale_exp);
   double max_scaled = 0.0;
@@ -134,9 +163,9 @@ QuantizeResult quantizeScalar(const float* g, int64_t n, int scale_exp, int64_t*
       continue;
     }
     if constexpr (kStore) {
-      acc[i] = q + q2;
+      store(acc + i, q + q2);
     } else {
-      acc[i] += q + q2;
+      accumulate(acc + i, q + q2);
     }
   }
   r.max_abs = std::ldexp(max_scaled, -scale_exp);
@@ -180,6 +209,37 @@ QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n,
   return quantizeScalar<false, true>(g, n, scale_exp, acc, bound, g2);
 }
 
+QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound) {
+  if (haveAvx2()) return quantizeAvx2<false>(g, n, scale_exp, acc, bound);
+  return quantizeScalar<false>(g, n, scale_exp, acc, bound);
+}
+
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound) {
+  if (haveAvx2()) return quantizeAvx2<true>(g, n, scale_exp, acc, bound);
+  return quantizeScalar<true>(g, n, scale_exp, acc, bound);
+}
+
+QuantizeResult quantizePairAdd(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                               double bound) {
+  if (haveAvx2()) return quantizeAvx2<false, true>(g, n, scale_exp, acc, bound, g2);
+  return quantizeScalar<false, true>(g, n, scale_exp, acc, bound, g2);
+}
+
+QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                 double bound) {
+  if (haveAvx2()) return quantizeAvx2<true, true>(g, n, scale_exp, acc, bound, g2);
+  return quantizeScalar<true, true>(g, n, scale_exp, acc, bound, g2);
+}
+
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound) {
+  return quantizeScalar<false>(g, n, scale_exp, acc, bound);
+}
+
+QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                     double bound) {
+  return quantizeScalar<false, true>(g, n, scale_exp, acc, bound, g2);
+}
+
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out) {
   const double f = std::ldexp(1.0, -scale_exp) / divisor;
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<double>(acc[i]) * f);
@@ -211,10 +271,6 @@ double fixedBound(int bits, int64_t vns) {
 
 void narrowTo32(const int64_t* in, int64_t n, int32_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(in[i])));
-}
-
-void widenFrom32(const int32_t* in, int64_t n, int64_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
 }
 
 void splitLanes(const int64_t* in, int64_t n, int32_t* out) {

@@ -47,6 +47,21 @@ QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int
 QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int64_t* acc,
                                      double bound = kFixedBound);
 
+// The same kernels into an int32 accumulator (reduce.bits = 32, whose
+// bound makes every partial sum of a step fit in int32): each term's q is
+// the one above, and acc[i] gets the low 32 bits of what the int64 kernel
+// would hold (additions modulo 2^32), so narrowTo32 of the int64 kernel's
+// sums gives these bits, on any input.
+QuantizeResult quantizeAdd(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizeStore(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizePairAdd(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                               double bound);
+QuantizeResult quantizePairStore(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                 double bound);
+QuantizeResult quantizeAddScalar(const float* g, int64_t n, int scale_exp, int32_t* acc, double bound);
+QuantizeResult quantizePairAddScalar(const float* g, const float* g2, int64_t n, int scale_exp, int32_t* acc,
+                                     double bound);
+
 // out[i] = float(double(acc[i]) * 2^-scale_exp / divisor).
 void dequantize(const int64_t* acc, int64_t n, int scale_exp, double divisor, float* out);
 void dequantize(const int32_t* acc, int64_t n, int scale_exp, double divisor, float* out);
@@ -64,10 +79,10 @@ int scaleFor(double max_abs, int headroom_bits, int top = 51);
 int fixedTop(int bits, int64_t vns);        // 51, or 30 - c
 double fixedBound(int bits, int64_t vns);   // 2^top
 
-// Wire helpers of the 32-bit format. narrow: out[i] = int32(in[i]) (values
-// that fit; others wrap, as a step that overflowed is redone anyway).
+// out[i] = int32(in[i]) (values that fit; others wrap): what the int32
+// kernels above must hold, given the int64 kernels' sums (their test's
+// reference).
 void narrowTo32(const int64_t* in, int64_t n, int32_t* out);
-void widenFrom32(const int32_t* in, int64_t n, int64_t* out);
 // Any int64 values carried exactly in int32 sums: 4 lanes of 16 bits each
 // (out[4i + j] = bits 16j..16j+15 of in[i], as a non-negative int32). The
 // lane sums of up to 2^15 summands fit in int32, and joinLanes adds them

@@ -40,7 +40,19 @@ GradAccumulator::GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode 
 }
 
 int64_t GradAccumulator::bufferBytes() const {
-  return mode_ == ReduceMode::kExact ? total_ * 8 : total_ * 4;
+  return mode_ == ReduceMode::kExact && bits_ == 64 ? total_ * 8 : total_ * 4;
+}
+
+int64_t* GradAccumulator::exactBuffer() {
+  MORPH_CHECK(mode_ == ReduceMode::kExact && bits_ == 64, "exactBuffer: the 64-bit exact format");
+  settle();
+  return exact_.data();
+}
+
+int32_t* GradAccumulator::exact32Buffer() {
+  MORPH_CHECK(mode_ == ReduceMode::kExact && bits_ == 32, "exact32Buffer: the 32-bit exact format");
+  settle();
+  return exact32_.data();
 }
 
 void GradAccumulator::beginStep() {
@@ -49,7 +61,11 @@ void GradAccumulator::beginStep() {
   // No zeroing pass over the segments: each is fresh (logically zero)
   // until its first add() of the step stores instead of adding.
   const size_t len = static_cast<size_t>(total_ + tail_);
-  if (mode_ == ReduceMode::kExact) {
+  if (mode_ == ReduceMode::kExact && bits_ == 32) {
+    exact32_.resize(static_cast<size_t>(total_ + 4 * tail_));
+    std::fill(exact32_.begin() + total_, exact32_.end(), int32_t{0});
+    tail64_.assign(static_cast<size_t>(tail_), int64_t{0});
+  } else if (mode_ == ReduceMode::kExact) {
     exact_.resize(len);
     std::fill(exact_.begin() + total_, exact_.end(), int64_t{0});
   } else {
@@ -68,8 +84,14 @@ void GradAccumulator::add(size_t seg, const float* values) {
   const bool first = fresh_[seg];
   fresh_[seg] = 0;
   if (mode_ == ReduceMode::kExact) {
-    QuantizeResult r = first ? quantizeStore(values, n, scales_[seg], exact_.data() + off, bound_)
-                             : quantizeAdd(values, n, scales_[seg], exact_.data() + off, bound_);
+    QuantizeResult r;
+    if (bits_ == 32) {
+      r = first ? quantizeStore(values, n, scales_[seg], exact32_.data() + off, bound_)
+                : quantizeAdd(values, n, scales_[seg], exact32_.data() + off, bound_);
+    } else {
+      r = first ? quantizeStore(values, n, scales_[seg], exact_.data() + off, bound_)
+                : quantizeAdd(values, n, scales_[seg], exact_.data() + off, bound_);
+    }
     max_[seg] = std::max(max_[seg], r.max_abs);
     overflow_ = overflow_ || r.overflow;
     nonfinite_ = nonfinite_ || r.nonfinite;
@@ -89,8 +111,14 @@ void GradAccumulator::addPair(size_t seg, const float* a, const float* b) {
   const int64_t n = sizes_[seg], off = offsets_[seg];
   const bool first = fresh_[seg];
   fresh_[seg] = 0;
-  QuantizeResult r = first ? quantizePairStore(a, b, n, scales_[seg], exact_.data() + off, bound_)
-                           : quantizePairAdd(a, b, n, scales_[seg], exact_.data() + off, bound_);
+  QuantizeResult r;
+  if (bits_ == 32) {
+    r = first ? quantizePairStore(a, b, n, scales_[seg], exact32_.data() + off, bound_)
+              : quantizePairAdd(a, b, n, scales_[seg], exact32_.data() + off, bound_);
+  } else {
+    r = first ? quantizePairStore(a, b, n, scales_[seg], exact_.data() + off, bound_)
+              : quantizePairAdd(a, b, n, scales_[seg], exact_.data() + off, bound_);
+  }
   max_[seg] = std::max(max_[seg], r.max_abs);
   overflow_ = overflow_ || r.overflow;
   nonfinite_ = nonfinite_ || r.nonfinite;
@@ -100,7 +128,8 @@ void GradAccumulator::settle() {
   for (size_t seg = 0; seg < sizes_.size(); ++seg) {
     if (!fresh_[seg]) continue;
     const size_t off = static_cast<size_t>(offsets_[seg]), n = static_cast<size_t>(sizes_[seg]);
-    if (mode_ == ReduceMode::kExact) std::fill_n(exact_.begin() + off, n, int64_t{0});
+    if (mode_ == ReduceMode::kExact && bits_ == 32) std::fill_n(exact32_.begin() + off, n, int32_t{0});
+    else if (mode_ == ReduceMode::kExact) std::fill_n(exact_.begin() + off, n, int64_t{0});
     else std::fill_n(float_.begin() + off, n, 0.0f);
     fresh_[seg] = 0;
   }
@@ -146,8 +175,11 @@ void GradAccumulator::read(size_t seg, double divisor, float* out) const {
     std::fill_n(out, n, 0.0f);
   } else if (mode_ == ReduceMode::kExact && float_run_[seg] >= 0) {
     // The run's floats start at its first value's memory (4 bytes each).
-    const char* floats = reinterpret_cast<const char*>(exact_.data() + float_run_[seg]);
+    const char* floats = bits_ == 32 ? reinterpret_cast<const char*>(exact32_.data() + float_run_[seg])
+                                     : reinterpret_cast<const char*>(exact_.data() + float_run_[seg]);
     std::memcpy(out, floats + 4 * (off - float_run_[seg]), static_cast<size_t>(n) * 4);
+  } else if (mode_ == ReduceMode::kExact && bits_ == 32) {
+    dequantize(exact32_.data() + off, n, scales_[seg], divisor, out);
   } else if (mode_ == ReduceMode::kExact) {
     dequantize(exact_.data() + off, n, scales_[seg], divisor, out);
   } else {
@@ -186,6 +218,7 @@ double GradAccumulator::readScalar(size_t seg, int64_t i) const {
   const size_t k = static_cast<size_t>(offsets_[seg] + i);
   MORPH_CHECK(float_run_[seg] < 0, "readScalar of a sharded sum's floats");
   if (fresh_[seg]) return 0.0;
+  if (mode_ == ReduceMode::kExact && bits_ == 32) return std::ldexp(static_cast<double>(exact32_[k]), -scales_[seg]);
   if (mode_ == ReduceMode::kExact) return std::ldexp(static_cast<double>(exact_[k]), -scales_[seg]);
   return float_[k];
 }

@@ -2,10 +2,11 @@
 // gradient (and every other quantity that is summed over VNs: batch-norm
 // statistics, loss). Its memory is constant in the number of VNs.
 //
-// Exact mode: an int64 fixed-point buffer, one power-of-two scale per segment
-// (tensor) that all workers agree on before the step; integer addition makes
-// the sum independent of the order and placement of VNs. Float mode: a float
-// buffer (fast, not bitwise reproducible across mappings).
+// Exact mode: an int64 fixed-point buffer (int32 with reduce.bits = 32),
+// one power-of-two scale per segment (tensor) that all workers agree on
+// before the step; integer addition makes the sum independent of the order
+// and placement of VNs. Float mode: a float buffer (fast, not bitwise
+// reproducible across mappings).
 //
 // Per step: beginStep(); add() for each VN and segment; the caller reduces
 // flagsAndMax() with MAX and the buffer with SUM across workers; then
@@ -26,8 +27,8 @@ class GradAccumulator {
   // bits (reduce.bits) and terms (the most quantised terms a summed value
   // has over a step: VNs x contributions per VN, 2 for a tied weight) set
   // the exact mode's bound: 64, or 32 (every sum of up to `terms` terms fits
-  // in int32; the buffer itself stays int64, narrowed for the wire by
-  // StepCore::startSum).
+  // in int32, so the buffer is int32: exact32Buffer(), which is also the
+  // wire of StepCore::startSum32).
   GradAccumulator(std::vector<int64_t> segment_sizes, ReduceMode mode, int headroom_bits, int bits = 64,
                   int64_t terms = 1);
 
@@ -80,16 +81,18 @@ class GradAccumulator {
   const std::vector<int64_t>& segmentSizes() const { return sizes_; }
   int64_t segmentOffset(size_t seg) const { return offsets_[seg]; }
   int64_t totalElements() const { return total_; }
-  int64_t* exactBuffer() {
-    settle();
-    return exact_.data();
-  }
+  // The 64-bit format's buffer (bits() == 64).
+  int64_t* exactBuffer();
+  // The 32-bit format's (bits() == 32): the segments' int32 values, then
+  // 4 x tailSize() int32 for the wire's 16-bit lanes of the tail's int64
+  // values (StepCore::startSum32; zeroed by beginStep()).
+  int32_t* exact32Buffer();
   float* floatBuffer() {
     settle();
     return float_.data();
   }
-  // `n` more values (float or int64, the buffer's type) after the
-  // segments from the next beginStep() on, zeroed by it and summed with the
+  // `n` more values (float or int64; int64 in both exact formats) after
+  // the segments from the next beginStep() on, zeroed by it and summed with the
   // bucket of the last segment (StepCore::startSum). Each worker writes its
   // values into its own slots there, and the others' are 0, so the sum
   // gathers every worker's exactly (VnExecutor: the flags, maxima and
@@ -98,8 +101,8 @@ class GradAccumulator {
   int64_t tailSize() const { return tail_; }  // in effect since the last beginStep()
   float* floatTail() { return float_.data() + total_; }
   const float* floatTail() const { return float_.data() + total_; }
-  int64_t* exactTail() { return exact_.data() + total_; }
-  const int64_t* exactTail() const { return exact_.data() + total_; }
+  int64_t* exactTail() { return bits_ == 32 ? tail64_.data() : exact_.data() + total_; }
+  const int64_t* exactTail() const { return bits_ == 32 ? tail64_.data() : exact_.data() + total_; }
   int64_t bufferBytes() const;
 
   // Scale state for the next step: part of the training state (checkpointed
@@ -122,7 +125,9 @@ class GradAccumulator {
   double bound_;   // fixedBound(bits_, terms_)
   std::vector<int> scales_;       // in use by the current attempt
   std::vector<int> next_scales_;  // from the last updateScales()
-  std::vector<int64_t> exact_;
+  std::vector<int64_t> exact_;   // exact mode, 64 bits: segments, then the tail
+  std::vector<int32_t> exact32_; // 32 bits: segments, then the tail's lanes
+  std::vector<int64_t> tail64_;  // 32 bits: the tail
   std::vector<float> float_;
   std::vector<double> max_;
   std::vector<char> fresh_;  // per segment: no add() yet this step (logically zero)

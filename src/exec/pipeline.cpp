@@ -737,7 +737,7 @@ std::vector<StageMemory> estimateStageMemory(const JobSpec& job, const std::vect
   int64_t state_per_param = 0;  // optimiser state tensors per parameter tensor
   if (job.optim.name == "adamw") state_per_param = 2;
   else if (job.optim.momentum > 0.0) state_per_param = 1;
-  const int64_t elem = job.reduce_mode == ReduceMode::kExact ? 8 : 4;
+  const int64_t elem = job.reduce_mode == ReduceMode::kExact && job.reduce_bits == 64 ? 8 : 4;
   const int64_t vn_size = job.global_batch / job.virtual_nodes;
   Batch b = train.range(0, vn_size);
   torch::Tensor x = b.x;

@@ -179,9 +179,7 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
   const size_t float_end = std::min(end, stats_seg_);
   const int64_t keep = end > stats_seg_ ? acc.segmentSize(stats_seg_) + tail : 0;
   const bool sharded = float_end > first && useShardedSum(total - keep, comm.size());
-  // The 32-bit wire only where there is a wire: alone, the int64 buffer
-  // already holds the sums (narrowing and widening them back is the identity).
-  if (acc.bits() == 32 && comm.size() > 1) return startSum32(comm, first, float_end, total, keep, sharded);
+  if (acc.bits() == 32) return startSum32(comm, first, end, float_end, tail, sharded);
   if (!sharded) return comm.allreduceSumAsync(acc.exactBuffer() + off, total);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
@@ -198,7 +196,7 @@ std::unique_ptr<PendingWork> StepCore::startSum(Communicator& comm, size_t first
 
 namespace {
 // A sum whose result is unpacked once it is done (reduce.bits = 32: the
-// int32 wire back into the int64 buffer).
+// tail's lanes joined back into its int64 values).
 class UnpackedSum : public PendingWork {
  public:
   UnpackedSum(std::unique_ptr<PendingWork> inner, std::function<void()> unpack)
@@ -215,45 +213,48 @@ class UnpackedSum : public PendingWork {
 };
 }  // namespace
 
-std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t first, size_t float_end,
-                                                  int64_t total, int64_t keep, bool sharded) {
-  // docs/exact_reduction.md, "The 32-bit format": each value of the run
-  // (its sums over every VN of the step fit in int32 by the bound) narrowed
-  // to int32, the kept integers (loss statistics, slots: any int64) as
-  // 4 lanes of 16 bits each; one int32 sum; then the int32 sums widened
-  // back (or, sharded, the owner's floats) and the lanes joined.
+std::unique_ptr<PendingWork> StepCore::startSum32(Communicator& comm, size_t first, size_t end, size_t float_end,
+                                                  int64_t tail, bool sharded) {
+  // docs/exact_reduction.md, "The 32-bit format": the int32 buffer is the
+  // wire. Each value of the run (its sums over every VN of the step fit in
+  // int32 by the bound) is summed as it is; the tail's int64 values (slots:
+  // doubles' bits among them) travel as 4 lanes of 16 bits each in the
+  // lane area after the segments, which follows the run when the tail is
+  // in it. One int32 sum; then (sharded) the owner's floats are in the
+  // run's memory, and the lanes are joined back into the tail.
   GradAccumulator& acc = *acc_;
   const int64_t off = acc.segmentOffset(first);
-  const int64_t nq = total - keep;
-  ShardScratch& sc = scratch_[first];
-  sc.wire.resize(static_cast<size_t>(nq + 4 * keep));
-  int64_t* src = acc.exactBuffer() + off;
-  int32_t* wire = sc.wire.data();
-  narrowTo32(src, nq, wire);
-  splitLanes(src + nq, keep, wire + nq);
+  const int64_t n = acc.segmentOffset(end - 1) + acc.segmentSize(end - 1) - off;
+  int32_t* run = acc.exact32Buffer() + off;
+  int32_t* lanes = run + n;  // == exact32Buffer() + totalElements() when tail > 0
+  int64_t* tail64 = acc.exactTail();
+  splitLanes(tail64, tail, lanes);
+  const int64_t len = n + 4 * tail;
+  std::function<void()> join;
+  if (tail > 0) join = [lanes, tail, tail64] { joinLanes(lanes, tail, tail64); };
   if (!sharded) {
-    return std::make_unique<UnpackedSum>(comm.allreduceSumAsync(wire, nq + 4 * keep), [src, wire, nq, keep] {
-      widenFrom32(wire, nq, src);
-      joinLanes(wire + nq, keep, src + nq);
-    });
+    std::unique_ptr<PendingWork> work = comm.allreduceSumAsync(run, len);
+    if (join) work = std::make_unique<UnpackedSum>(std::move(work), std::move(join));
+    return work;
   }
+  // The values after the float segments (the loss statistics and the
+  // lanes) stay integers.
+  const int64_t keep = len - (acc.segmentOffset(float_end - 1) + acc.segmentSize(float_end - 1) - off);
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes);
   std::vector<double> divisors;
   for (size_t s = first; s < float_end; ++s) divisors.push_back(s < bn_seg_ ? B : V);
   acc.markFloats(first, float_end, divisors);
   const GradAccumulator* a = acc_.get();
-  auto inner = startShardedSum(comm, wire, nq + 4 * keep, 4 * keep, sc,
-                               [a, first, float_end, off, divisors](int64_t begin, const int32_t* sums, int64_t len,
-                                                                    float* out) {
-                                 a->dequantizeRange(first, float_end, divisors, off + begin, sums, len, out);
-                               });
-  // The floats in the run's memory as markFloats says (float i at byte 4 i),
-  // the kept integers in their place after them.
-  return std::make_unique<UnpackedSum>(std::move(inner), [src, wire, nq, keep] {
-    std::memcpy(src, wire, static_cast<size_t>(nq) * 4);
-    joinLanes(wire + nq, keep, src + nq);
-  });
+  std::unique_ptr<PendingWork> work =
+      startShardedSum(comm, run, len, keep, scratch_[first],
+                      [a, first, float_end, off, divisors](int64_t begin, const int32_t* sums, int64_t count,
+                                                           float* out) {
+                        a->dequantizeRange(first, float_end, divisors, off + begin, sums, count, out);
+                      });
+  // The floats in the run's memory as markFloats says (float i at byte 4 i).
+  if (join) work = std::make_unique<UnpackedSum>(std::move(work), std::move(join));
+  return work;
 }
 
 void StepCore::abandonBuffer() {

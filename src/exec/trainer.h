@@ -225,9 +225,10 @@ class StepCore {
   // (exact or float as the job says; exactWire() picks the exact one's
   // wire). read() gives the sums once the work is waited.
   std::unique_ptr<PendingWork> startSum(Communicator& comm, size_t first, size_t end);
-  // startSum's reduce.bits = 32 path: the run's values as int32 on the wire.
-  std::unique_ptr<PendingWork> startSum32(Communicator& comm, size_t first, size_t float_end,
-                                          int64_t total, int64_t keep, bool sharded);
+  // startSum's reduce.bits = 32 path: the int32 buffer's run is the wire;
+  // `tail` int64 slots (the last run's) ride as lanes after it.
+  std::unique_ptr<PendingWork> startSum32(Communicator& comm, size_t first, size_t end, size_t float_end,
+                                          int64_t tail, bool sharded);
   // After a CommFailure: collectives of the failed generation may still
   // write into the buffer, so it is set aside (never reused) and a fresh
   // one with the same scale state takes over.

@@ -309,9 +309,9 @@ StageFootprint stageFootprint(const Profile& p, size_t first, size_t end, bool r
   const int64_t optim = own_optim;
   // Exact mode: the int64 buffer, and the sharded sum's scratch among
   // replicas (at most 6 bytes per value; counted always, as
-  // estimateStageMemory does); the 32-bit format adds the int32 wire copy
-  // (4) and needs half the scratch (3).
-  const int64_t accumulator = own_values * (!p.exact() ? 4 : p.valueBytes() == 8.0 ? 8 + 6 : 8 + 4 + 3);
+  // estimateStageMemory does); the 32-bit format's buffer is int32 (4),
+  // and it needs half the scratch (3).
+  const int64_t accumulator = own_values * (!p.exact() ? 4 : p.valueBytes() == 8.0 ? 8 + 6 : 4 + 3);
   const int64_t input = first == 0 ? p.input_bytes : p.layers[first - 1].output_bytes;
   StageFootprint m;
   m.fixed_bytes = p.runtime_bytes + init + model + optim + accumulator + own;

@@ -76,6 +76,8 @@ TEST(MemoryEstimate, BytesPerParameterFollowTheEngine) {
   EXPECT_EQ(estimateJobMemory(parseJob(kMlp, "m.toml")).bytes_per_parameter, 16);
   // + momentum 4
   EXPECT_EQ(estimateJobMemory(parseJob(kMlp, "m.toml", {"optim.momentum=0.9"})).bytes_per_parameter, 20);
+  // reduce.bits = 32: int32 accumulator 4 (it is also the wire)
+  EXPECT_EQ(estimateJobMemory(parseJob(kMlp, "m.toml", {"reduce.bits=32"})).bytes_per_parameter, 12);
   // float accumulator 4, adamw 8, checkpoint snapshot of value and state 12
   EXPECT_EQ(estimateJobMemory(parseJob(kMlp, "m.toml", {"reduce.mode=float", "optim.name=adamw", "checkpoint.every=5"}))
                 .bytes_per_parameter,

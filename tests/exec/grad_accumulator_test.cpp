@@ -40,6 +40,7 @@ std::vector<int64_t> accumulate(GradAccumulator& acc, const std::vector<std::vec
     acc.updateScales(f);
     if (!GradAccumulator::overflowOf(f)) break;
   }
+  if (acc.bits() == 32) return {acc.exact32Buffer(), acc.exact32Buffer() + acc.totalElements()};
   return {acc.exactBuffer(), acc.exactBuffer() + acc.totalElements()};
 }
 
@@ -589,8 +590,9 @@ TEST(Exact32, EveryVnCountsSumsOfBoundedValuesFitInInt32) {
 
 // The largest gradients the bound allows, fed to many VNs, all of one sign
 // (the worst case) and of alternating signs: no overflow is flagged, the
-// int64 sums are V times the rounded value, and they fit in int32 (the
-// narrowing for the wire keeps them). A value at the bound is flagged.
+// int32 buffer's sums are V times the rounded value (had any partial sum
+// left int32, the wrapped sum would differ). A value at the bound is
+// flagged.
 TEST(Exact32, LargestAllowedGradientsOfManyVnsSumWithoutOverflow) {
   for (int64_t V : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{100}, int64_t{256}, int64_t{1000}, int64_t{4096}}) {
     const int s = 7;
@@ -608,20 +610,11 @@ TEST(Exact32, LargestAllowedGradientsOfManyVnsSumWithoutOverflow) {
     const std::vector<double> f = acc.flagsAndMax();
     ASSERT_FALSE(GradAccumulator::overflowOf(f)) << V << " VNs";
     const int64_t q = static_cast<int64_t>(std::nearbyint(std::ldexp(static_cast<double>(big), s)));
-    const int64_t* sums = acc.exactBuffer();
-    EXPECT_EQ(sums[0], V * q) << V << " VNs";
-    EXPECT_EQ(sums[1], -V * q) << V << " VNs";
-    EXPECT_EQ(sums[2], V % 2 ? -q : 0) << V << " VNs";  // VN 0 has -big
-    EXPECT_EQ(sums[3], q) << V << " VNs";
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_LE(sums[i], int64_t{INT32_MAX}) << V << " VNs, value " << i;
-      EXPECT_GE(sums[i], int64_t{INT32_MIN}) << V << " VNs, value " << i;
-    }
-    int32_t wire[4];
-    int64_t back[4];
-    narrowTo32(sums, 4, wire);
-    widenFrom32(wire, 4, back);
-    EXPECT_EQ(0, std::memcmp(back, sums, sizeof back)) << V << " VNs";
+    const int32_t* sums = acc.exact32Buffer();
+    EXPECT_EQ(int64_t{sums[0]}, V * q) << V << " VNs";
+    EXPECT_EQ(int64_t{sums[1]}, -V * q) << V << " VNs";
+    EXPECT_EQ(int64_t{sums[2]}, V % 2 ? -q : 0) << V << " VNs";  // VN 0 has -big
+    EXPECT_EQ(int64_t{sums[3]}, q) << V << " VNs";
     // At the bound: flagged (the step is redone with the exact maxima).
     GradAccumulator over(std::vector<int64_t>{1}, ReduceMode::kExact, 0, 32, V);
     over.setScales({s});
@@ -634,6 +627,85 @@ TEST(Exact32, LargestAllowedGradientsOfManyVnsSumWithoutOverflow) {
     over.beginStep();
     over.add(0, &at);
     EXPECT_FALSE(GradAccumulator::overflowOf(over.flagsAndMax())) << V << " VNs";
+  }
+}
+
+// The int32 buffer (reduce.bits = 32) holds what the int64 kernels' sums
+// narrowed to int32 held before it (narrowTo32): on random gradients up to
+// the bound, singly and in pairs, stored and added, over lengths that end
+// in the AVX2 loop's scalar tail; and bit for bit modulo 2^32 even where a
+// term is past the bound (the step is redone then, but no path differs).
+// The floats read() gives and the flags are the same as from the int64
+// sums.
+TEST(Exact32, Int32BufferHoldsTheNarrowedInt64Sums) {
+  SplitMix64 rng(31);
+  for (int64_t V : {int64_t{2}, int64_t{8}, int64_t{12}, int64_t{64}}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{301}, int64_t{4099}}) {
+      for (bool past : {false, true}) {
+        const int s = 20;
+        const double bound = fixedBound(32, V);
+        const double top = std::ldexp(bound, -s);  // |g| below this fits
+        std::vector<std::vector<float>> g(static_cast<size_t>(V), std::vector<float>(static_cast<size_t>(n)));
+        for (auto& v : g)
+          for (auto& x : v) {
+            // Near the bound: the largest values a step keeps.
+            x = static_cast<float>((rng.uniform() * 2.0 - 1.0) * top * (rng.below(4) == 0 ? 1.0 : 0.001));
+            if (std::fabs(x) >= top) x = std::nextafter(static_cast<float>(top), 0.0f);
+          }
+        if (past) g[1][static_cast<size_t>(n) / 2] = static_cast<float>(top * 3.5);  // past the bound
+        GradAccumulator acc(std::vector<int64_t>{n}, ReduceMode::kExact, 0, 32, V);
+        acc.setScales({s});
+        acc.beginStep();
+        std::vector<int64_t> ref(static_cast<size_t>(n));
+        bool ref_overflow = false;
+        // VN 0 stores, then pairs (stored into a fresh accumulator's
+        // second segment below), then singles added.
+        for (int64_t v = 0; v < V; ++v) {
+          const float* a = g[static_cast<size_t>(v)].data();
+          if (v % 3 == 1 && v + 1 < V) {
+            const float* b = g[static_cast<size_t>(v + 1)].data();
+            acc.addPair(0, a, b);
+            ref_overflow = quantizePairAdd(a, b, n, s, ref.data(), bound).overflow || ref_overflow;
+            ++v;
+          } else {
+            acc.add(0, a);
+            ref_overflow = (v == 0 ? quantizeStore(a, n, s, ref.data(), bound) : quantizeAdd(a, n, s, ref.data(), bound))
+                               .overflow ||
+                           ref_overflow;
+          }
+        }
+        const std::vector<double> f = acc.flagsAndMax();
+        ASSERT_EQ(GradAccumulator::overflowOf(f), ref_overflow);
+        ASSERT_EQ(ref_overflow, past) << V << " VNs, n " << n;
+        std::vector<int32_t> narrowed(static_cast<size_t>(n));
+        narrowTo32(ref.data(), n, narrowed.data());
+        const int32_t* got = acc.exact32Buffer();
+        ASSERT_EQ(0, std::memcmp(got, narrowed.data(), static_cast<size_t>(n) * 4))
+            << V << " VNs, n " << n << ", past the bound " << past;
+        if (past) continue;
+        std::vector<float> want(static_cast<size_t>(n)), out(static_cast<size_t>(n));
+        dequantize(ref.data(), n, s, 256.0, want.data());
+        acc.read(0, 256.0, out.data());
+        ASSERT_EQ(0, std::memcmp(out.data(), want.data(), static_cast<size_t>(n) * 4)) << V << " VNs, n " << n;
+        // A pair stored first, and the portable kernels: the same bits.
+        GradAccumulator pair(std::vector<int64_t>{n}, ReduceMode::kExact, 0, 32, V);
+        pair.setScales({s});
+        pair.beginStep();
+        pair.addPair(0, g[0].data(), g[1].data());
+        std::vector<int64_t> ref2(static_cast<size_t>(n), 0);
+        quantizePairAddScalar(g[0].data(), g[1].data(), n, s, ref2.data(), bound);
+        std::vector<int32_t> scalar32(static_cast<size_t>(n), 0);
+        quantizePairAddScalar(g[0].data(), g[1].data(), n, s, scalar32.data(), bound);
+        quantizeAddScalar(g[2 % V].data(), n, s, scalar32.data(), bound);
+        quantizeAddScalar(g[2 % V].data(), n, s, ref2.data(), bound);
+        pair.add(0, g[2 % V].data());
+        narrowTo32(ref2.data(), n, narrowed.data());
+        ASSERT_EQ(0, std::memcmp(pair.exact32Buffer(), narrowed.data(), static_cast<size_t>(n) * 4))
+            << V << " VNs, n " << n;
+        ASSERT_EQ(0, std::memcmp(scalar32.data(), narrowed.data(), static_cast<size_t>(n) * 4))
+            << V << " VNs, n " << n;
+      }
+    }
   }
 }
 
@@ -695,7 +767,7 @@ TEST(Exact32, LanesCarryInt64SumsThroughInt32Sums) {
 }
 
 // startSum32's wire over real Gloo groups of 2-4 ranks: each rank's
-// 32-bit accumulator narrowed to int32 plus kept int64 values as lanes; the
+// 32-bit accumulator's int32 values plus kept int64 values as lanes; the
 // int32 sharded sum gives every rank the floats of one accumulator over all
 // VNs and the kept values' int64 sums; so does the int32 all-reduce.
 TEST(ShardedSum, Int32WireReadsTheFloatsOfOneAccumulatorAndKeepsLanes) {
@@ -743,23 +815,23 @@ TEST(ShardedSum, Int32WireReadsTheFloatsOfOneAccumulatorAndKeepsLanes) {
         std::vector<int64_t> k64(static_cast<size_t>(keep));
         for (int64_t i = 0; i < keep; ++i) k64[static_cast<size_t>(i)] = kept(r, i);
         ShardScratch scratch;
-        scratch.wire.resize(static_cast<size_t>(n + 4 * keep));
-        narrowTo32(acc.exactBuffer(), n, scratch.wire.data());
-        splitLanes(k64.data(), keep, scratch.wire.data() + n);
+        std::vector<int32_t> wire(static_cast<size_t>(n + 4 * keep));
+        std::memcpy(wire.data(), acc.exact32Buffer(), static_cast<size_t>(n) * 4);
+        splitLanes(k64.data(), keep, wire.data() + n);
         std::vector<float> floats(static_cast<size_t>(n));
         if (sharded) {
-          auto w = startShardedSum(comm, scratch.wire.data(), n + 4 * keep, 4 * keep, scratch,
+          auto w = startShardedSum(comm, wire.data(), n + 4 * keep, 4 * keep, scratch,
                                    [&](int64_t begin, const int32_t* sums, int64_t len, float* out) {
                                      acc.dequantizeRange(0, 3, divisors, begin, sums, len, out);
                                    });
           w->advance();
           w->wait();
-          std::memcpy(floats.data(), scratch.wire.data(), static_cast<size_t>(n) * 4);
+          std::memcpy(floats.data(), wire.data(), static_cast<size_t>(n) * 4);
         } else {
-          comm.allreduceSumAsync(scratch.wire.data(), n + 4 * keep)->wait();
-          acc.dequantizeRange(0, 3, divisors, 0, scratch.wire.data(), n, floats.data());
+          comm.allreduceSumAsync(wire.data(), n + 4 * keep)->wait();
+          acc.dequantizeRange(0, 3, divisors, 0, wire.data(), n, floats.data());
         }
-        joinLanes(scratch.wire.data() + n, keep, k64.data());
+        joinLanes(wire.data() + n, keep, k64.data());
         got_kept[static_cast<size_t>(r)] = k64;
         for (size_t s = 0; s < 3; ++s) {
           const float* f = floats.data() + acc.segmentOffset(s);

@@ -146,11 +146,11 @@ TEST(Simulator, Exact32SendsFloatBytesAndLanes) {
   plan.vn_shares = {3, 1};
   EXPECT_NEAR(simulate(prof, plan).step_seconds, 18.0 + 0.1 + 1344 * 0.0005 + 0.2 + 0.01, 1e-12);
   EXPECT_DOUBLE_EQ(prof.reduceSeconds(1000, 2), 0.1 + 4000 * 0.0005);
-  // Memory: the int64 buffer, the int32 wire copy and half the scratch.
+  // Memory: the int32 buffer (half the int64 one) and half the scratch.
   const int64_t b32 = stageBytes(prof, 0, 2, 1, false, {});
   prof.fingerprint.reduce_mode = "exact";
   EXPECT_DOUBLE_EQ(prof.reduceSeconds(1000, 2), 0.1 + 8000 * 0.001);
-  EXPECT_EQ(b32 - stageBytes(prof, 0, 2, 1, false, {}), (200 + 2) * (15 - 14));
+  EXPECT_EQ(b32 - stageBytes(prof, 0, 2, 1, false, {}), (200 + 2) * (7 - 14));
 }
 
 TEST(Simulator, RanksShareTheHostsCores) {
