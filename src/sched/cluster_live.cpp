@@ -929,8 +929,13 @@ class LiveCluster {
         resize(j, to);
       }
     }
+    // Typed: polled until every worker step's worker is known, and when a
+    // step ended that no shrink released (a worker that died or that the
+    // job's straggler watch released: its id leaves `types`).
     const bool unlabelled = typedSlurm() && j.types.size() < j.worker_steps.size();
-    if ((j.grow_to > 0 || unlabelled) && j.status_pid < 0 && j.resize_pid < 0 && unixNow() - j.status_polled > 0.5) {
+    const bool vanished = typedSlurm() && j.types.size() > j.worker_steps.size() && j.releasing.empty() &&
+                          j.move_release < 0 && j.resize_pid < 0;
+    if ((j.grow_to > 0 || unlabelled || vanished) && j.status_pid < 0 && j.resize_pid < 0 && unixNow() - j.status_polled > 0.5) {
       j.status_polled = unixNow();
       ::unlink(status_file.c_str());
       j.status_pid = spawnTo({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
@@ -944,6 +949,19 @@ class LiveCluster {
   // on a slow type is slowed to it then (`morph slow`).
   void learnLabels(LiveJob& j, const json& labels) {
     if (!labels.is_object()) return;
+    // A worker listed before and no longer (the status lists live workers)
+    // is gone: its slot is no longer its job's to release.
+    for (auto it = j.types.begin(); it != j.types.end();) {
+      const bool listed = labels.contains(std::to_string(it->first));
+      const bool going = std::find(j.releasing.begin(), j.releasing.end(), it->first) != j.releasing.end();
+      if (j.labelled.count(it->first) && !listed && !going) {
+        std::printf("morph: job %lld: worker %lld (%s) is gone\n", static_cast<long long>(j.id),
+                    static_cast<long long>(it->first), o_.types[size_t(it->second)].name.c_str());
+        it = j.types.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (const auto& [key, label] : labels.items()) {
       int64_t id = -1;
       try {
