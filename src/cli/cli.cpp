@@ -141,10 +141,13 @@ int dispatch(morph::Invocation& inv) {
     case C::kClusterGenerate: return morph::sched::runClusterGenerate(inv.cgen);
     case C::kCluster: {
       auto& live = inv.live;
-      if (live.slurm && live.slots < 1 && std::getenv("SLURM_NTASKS")) live.slots = std::atoi(std::getenv("SLURM_NTASKS"));
       live.types = slotTypesOf(live.resources);
       if (!live.types.empty()) {
-        if (live.slurm) throw morph::InputError("--resources " + live.resources + ": not with --slurm (slot types are local slots)");
+        // Under Slurm each device's host is a node of the allocation
+        // (checked against it by the scheduler: sched::slurmNodes).
+        if (live.slurm)
+          for (const morph::Device& d : morph::readResources(live.resources).devices)
+            live.devices.emplace_back(d.type, d.host);
         int devices = 0;
         for (const auto& t : live.types) devices += t.count;
         if (live.slots == 0) live.slots = devices;
@@ -152,6 +155,7 @@ int dispatch(morph::Invocation& inv) {
           throw morph::InputError("--resources " + live.resources + ": lists " + std::to_string(devices) +
                                   " devices, but --slots is " + std::to_string(live.slots) + " (one slot per device)");
       }
+      if (live.slurm && live.slots < 1 && std::getenv("SLURM_NTASKS")) live.slots = std::atoi(std::getenv("SLURM_NTASKS"));
       if (live.slots < 1) throw morph::InputError("morph cluster needs --slots N (or a subcommand: simulate, generate)");
       live.validate = [&live](const std::string& path, const std::vector<std::string>& ov, const std::string& profile) {
         return validateJob(path, ov, profile, live.resources, live.types);

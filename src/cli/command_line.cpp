@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "cli/cli11_parse.h"
+#include "control/protocol/worker_label.h"
 #include "core/error.h"
 
 int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
@@ -107,6 +108,8 @@ int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
                          "the job's token (OUT/token of `morph run`; default: $MORPH_TOKEN)");
   worker_cmd->add_option("--connect-timeout", worker.connect_timeout_s, "seconds to wait for the manager")
       ->check(CLI::Range(0.1, 3600.0));
+  worker_cmd->add_option("--label", worker.label,
+                         "a label posted with this worker's id and listed by `morph status` (e.g. its node)");
 
   auto* calib_cmd = app.add_subcommand("calibrate", "measure the job's per-layer and communication costs once");
   calib_cmd->add_option("job", calib.job_path, "job file (TOML)")->required();
@@ -265,6 +268,10 @@ void morph::checkArguments(const Invocation& inv) {
     if (run.heartbeat_interval_s >= run.heartbeat_timeout_s)
       throw InputError("--heartbeat-interval " + std::to_string(run.heartbeat_interval_s) +
                        " s must be shorter than --heartbeat-timeout " + std::to_string(run.heartbeat_timeout_s) + " s");
+  }
+  if (inv.command == C::kWorker && !inv.worker.label.empty()) {
+    const std::string why = WorkerLabel::problem(inv.worker.label);
+    if (!why.empty()) throw InputError("--label '" + inv.worker.label + "': " + why);
   }
   if (inv.command == C::kPlan && !inv.plan_workers_given && inv.plan.resources.empty())
     throw InputError("morph plan needs --workers or --resources");

@@ -72,6 +72,7 @@ struct WorkerOptions {
   std::string join;  // HOST:PORT of the manager
   std::string token_file;  // the job token ("" = $MORPH_TOKEN)
   double connect_timeout_s = 10.0;
+  std::string label;  // --label: posted under workers/<id>/label before its pid ("" = none)
 };
 
 // Both return the process exit code (0, 2 or 3); errors are printed.

@@ -24,6 +24,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -219,6 +220,13 @@ struct LiveJob {
   std::vector<pid_t> worker_steps;
   std::string host = "127.0.0.1";
   int to_launch = 0, grow_to = 0;
+  // Slurm with slot types: the node (index) each worker step runs on, by
+  // its srun's pid, those of the steps still to start (instead of
+  // to_launch), and the worker ids whose node is known from their labels
+  // (in `types` while they hold a slot; never typed again once released).
+  std::map<pid_t, int> step_nodes;
+  std::vector<int> launch_nodes;
+  std::set<int64_t> labelled;
   double status_polled = 0;
   // A `morph resize` under way (its target), a `morph status` under way.
   pid_t resize_pid = -1, status_pid = -1;
@@ -475,6 +483,9 @@ class LiveCluster {
       }
     }
     j.worker_steps.clear();
+    j.step_nodes.clear();
+    j.launch_nodes.clear();
+    j.labelled.clear();
     endHelper(j.resize_pid);
     endHelper(j.status_pid);
     j.ended = unixNow();
@@ -548,6 +559,16 @@ class LiveCluster {
   // shrink or a move asked to release.
   std::vector<int> heldTypes(const LiveJob& j, bool kept) const {
     std::vector<int> c(o_.types.size(), 0);
+    if (typedSlurm()) {  // its worker steps' nodes, started or to start
+      for (const auto& [pid, n] : j.step_nodes) ++c[size_t(nodes_[size_t(n)].type)];
+      for (int n : j.launch_nodes) ++c[size_t(nodes_[size_t(n)].type)];
+      if (!kept) return c;
+      for (const auto& [id, t] : j.types) {
+        const bool going = id == j.move_release || std::find(j.releasing.begin(), j.releasing.end(), id) != j.releasing.end();
+        if (going && c[size_t(t)] > 0) --c[size_t(t)];
+      }
+      return c;
+    }
     for (const auto& [id, t] : j.types) {
       const bool going = id == j.move_release || std::find(j.releasing.begin(), j.releasing.end(), id) != j.releasing.end();
       if (!kept || !going) ++c[size_t(t)];
@@ -655,6 +676,9 @@ class LiveCluster {
       s.held = j.held;
       s.desired = active ? j.desired : j.target;
       s.ready = active && (!s.running || (j.port > 0 && j.resize_pid < 0 && j.grow_to == 0 && j.move_to == 0));
+      // Typed under Slurm: a shrink names its workers by type, so every
+      // worker's label must be known first.
+      if (typedSlurm() && s.running) s.ready = s.ready && j.launch_nodes.empty() && j.types.size() >= j.worker_steps.size();
       s.can_move = j.target < j.virtual_nodes && !o_.slurm;  // one worker more in between
       if (!o_.types.empty()) {
         s.held_types = heldTypes(j, false);
@@ -675,7 +699,12 @@ class LiveCluster {
       } else if (a.kind == SlotAction::kStart) {
         j->types.clear();
         j->next_worker_id = 0;
-        addWorkers(*j, a.types);  // ids 0..K-1, fastest first
+        if (typedSlurm()) {
+          j->labelled.clear();
+          j->launch_nodes = pickNodes(a.types);  // typed once they have registered (labels)
+        } else {
+          addWorkers(*j, a.types);  // ids 0..K-1, fastest first
+        }
         start(*j, a.workers);
         changed = true;
       } else if (a.kind == SlotAction::kMove) {
@@ -699,9 +728,13 @@ class LiveCluster {
           // Worker steps first; the resize once they have registered
           // (asked earlier, the manager would start local workers).
           j->grow_to = j->desired;
-          j->to_launch += j->desired - int(j->worker_steps.size());
+          if (typedSlurm()) {
+            for (int n : pickNodes(a.types)) j->launch_nodes.push_back(n);
+          } else {
+            j->to_launch += j->desired - int(j->worker_steps.size());
+          }
           std::printf("morph: job %lld: starting %d worker step(s) to grow to %d\n", static_cast<long long>(j->id),
-                      j->to_launch, j->desired);
+                      j->to_launch + int(j->launch_nodes.size()), j->desired);
           std::fflush(stdout);
           j->held = j->desired;
           slurmTick(*j);
@@ -726,10 +759,12 @@ class LiveCluster {
       args.insert(args.end(), {"--spawn", "0", "--host", j.host});
       args.insert(args.begin(), {"srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=" + manager_node_,
                                  "--job-name=morph-" + std::to_string(j.id) + "-manager"});
-      j.to_launch = workers;
+      j.to_launch = typedSlurm() ? 0 : workers;  // typed: launch_nodes
     }
     for (const auto& s : j.overrides) args.insert(args.end(), {"--set", s});
-    if (!o_.types.empty()) args.insert(args.end(), {"--resources", writeJobResources(j)});
+    // Under Slurm the workers' ids are known only once they have registered:
+    // each is slowed to its node's type then (`morph slow`), not by a file.
+    if (!o_.types.empty() && !o_.slurm) args.insert(args.end(), {"--resources", writeJobResources(j)});
     j.pid = spawn(args, j.log);
     j.state = "running";
     j.started = unixNow();
@@ -826,6 +861,13 @@ class LiveCluster {
     const auto nodes = capture({"scontrol", "show", "hostnames", std::getenv("SLURM_JOB_NODELIST")});
     if (!nodes || nodes->empty()) throw InputError("--slurm: `scontrol show hostnames $SLURM_JOB_NODELIST` failed");
     manager_node_ = nodes->substr(0, nodes->find('\n'));
+    if (!o_.types.empty()) {
+      std::vector<std::string> allocation;
+      std::istringstream lines(*nodes);
+      for (std::string n; std::getline(lines, n);)
+        if (!n.empty()) allocation.push_back(n);
+      nodes_ = slurmNodes(o_.devices, o_.types, allocation, o_.resources);
+    }
     const auto node = capture({"scontrol", "-o", "show", "node", manager_node_});
     std::smatch m;
     static const std::regex addr_re("NodeAddr=([^ ]+)");
@@ -839,19 +881,34 @@ class LiveCluster {
   void slurmTick(LiveJob& j) {
     for (auto it = j.worker_steps.begin(); it != j.worker_steps.end();) {
       int st = 0;
-      if (::waitpid(*it, &st, WNOHANG) == *it) it = j.worker_steps.erase(it);
-      else ++it;
+      if (::waitpid(*it, &st, WNOHANG) == *it) {
+        j.step_nodes.erase(*it);
+        it = j.worker_steps.erase(it);
+      } else {
+        ++it;
+      }
     }
     if (j.port == 0) return;
-    for (; j.to_launch > 0; --j.to_launch) {
+    auto launch = [&](int node) {
       const std::string log = j.dir + "/worker-" + std::to_string(j.worker_steps.size()) + "-" +
                               std::to_string(int64_t(unixNow() * 1000)) + ".log";
-      j.worker_steps.push_back(spawn({"srun", "--nodes=1", "--ntasks=1", "--exclusive",
-                               "--job-name=morph-" + std::to_string(j.id) + "-worker", o_.self_exe, "worker", "--join",
-                               j.host + ":" + std::to_string(j.port), "--token-file", j.dir + "/token",
-                               "--connect-timeout", "120"},
-                              log));
+      std::vector<std::string> args{"srun", "--nodes=1", "--ntasks=1", "--exclusive",
+                                    "--job-name=morph-" + std::to_string(j.id) + "-worker"};
+      if (node >= 0) args.push_back("--nodelist=" + nodes_[size_t(node)].name);
+      args.insert(args.end(), {o_.self_exe, "worker", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
+                               j.dir + "/token", "--connect-timeout", "120"});
+      if (node >= 0) args.insert(args.end(), {"--label", nodes_[size_t(node)].name});
+      j.worker_steps.push_back(spawn(args, log));
+      if (node >= 0) j.step_nodes[j.worker_steps.back()] = node;
+    };
+    for (; j.to_launch > 0; --j.to_launch) launch(-1);
+    for (int n : j.launch_nodes) {
+      launch(n);
+      std::printf("morph: job %lld: worker step on %s (%s)\n", static_cast<long long>(j.id),
+                  nodes_[size_t(n)].name.c_str(), o_.types[size_t(nodes_[size_t(n)].type)].name.c_str());
     }
+    if (!j.launch_nodes.empty()) std::fflush(stdout);
+    j.launch_nodes.clear();
     // `morph status` runs as a helper too; its answer is read when it ends.
     const std::string status_file = j.dir + "/status.json";
     int st = 0;
@@ -859,7 +916,11 @@ class LiveCluster {
       j.status_pid = -1;
       int alive = 0;
       try {
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) alive = json::parse(readFile(status_file)).value("alive", 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+          const json status = json::parse(readFile(status_file));
+          alive = status.value("alive", 0);
+          if (typedSlurm()) learnLabels(j, status.value("labels", json::object()));
+        }
       } catch (const json::exception&) {
       }
       if (j.grow_to > 0 && alive >= j.grow_to) {
@@ -868,7 +929,13 @@ class LiveCluster {
         resize(j, to);
       }
     }
-    if (j.grow_to > 0 && j.status_pid < 0 && j.resize_pid < 0 && unixNow() - j.status_polled > 0.5) {
+    // Typed: polled until every worker step's worker is known, and when a
+    // step ended that no shrink released (a worker that died or that the
+    // job's straggler watch released: its id leaves `types`).
+    const bool unlabelled = typedSlurm() && j.types.size() < j.worker_steps.size();
+    const bool vanished = typedSlurm() && j.types.size() > j.worker_steps.size() && j.releasing.empty() &&
+                          j.move_release < 0 && j.resize_pid < 0;
+    if ((j.grow_to > 0 || unlabelled || vanished) && j.status_pid < 0 && j.resize_pid < 0 && unixNow() - j.status_polled > 0.5) {
       j.status_polled = unixNow();
       ::unlink(status_file.c_str());
       j.status_pid = spawnTo({o_.self_exe, "status", "--join", j.host + ":" + std::to_string(j.port), "--token-file",
@@ -877,7 +944,66 @@ class LiveCluster {
     }
   }
 
+  // Typed under Slurm: each worker's type is its node's (its label: the
+  // node its step was started on), learned from `morph status`; a worker
+  // on a slow type is slowed to it then (`morph slow`).
+  void learnLabels(LiveJob& j, const json& labels) {
+    if (!labels.is_object()) return;
+    // A worker listed before and no longer (the status lists live workers)
+    // is gone: its slot is no longer its job's to release.
+    for (auto it = j.types.begin(); it != j.types.end();) {
+      const bool listed = labels.contains(std::to_string(it->first));
+      const bool going = std::find(j.releasing.begin(), j.releasing.end(), it->first) != j.releasing.end();
+      if (j.labelled.count(it->first) && !listed && !going) {
+        std::printf("morph: job %lld: worker %lld (%s) is gone\n", static_cast<long long>(j.id),
+                    static_cast<long long>(it->first), o_.types[size_t(it->second)].name.c_str());
+        it = j.types.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [key, label] : labels.items()) {
+      int64_t id = -1;
+      try {
+        id = std::stoll(key);
+      } catch (const std::exception&) {
+        continue;
+      }
+      if (!label.is_string() || j.labelled.count(id)) continue;
+      const auto n = std::find_if(nodes_.begin(), nodes_.end(),
+                                  [&](const SlurmNode& x) { return x.name == label.get<std::string>(); });
+      if (n == nodes_.end()) continue;
+      j.labelled.insert(id);
+      j.types[id] = n->type;
+      j.next_worker_id = std::max(j.next_worker_id, id + 1);
+      std::printf("morph: job %lld: worker %lld on %s (%s)\n", static_cast<long long>(j.id), static_cast<long long>(id),
+                  n->name.c_str(), o_.types[size_t(n->type)].name.c_str());
+      std::fflush(stdout);
+      slowNewWorkers(j, {id});
+    }
+  }
+
+  bool typedSlurm() const { return o_.slurm && !o_.types.empty(); }
+
+  // Nodes for new worker steps on slots of `types`, each where its type has
+  // the most slots free (worker steps of every job, started or to start).
+  std::vector<int> pickNodes(const std::vector<int>& types) const {
+    std::vector<int> used(nodes_.size(), 0), out;
+    for (const LiveJob& j : jobs_) {
+      for (const auto& [pid, n] : j.step_nodes) ++used[size_t(n)];
+      for (int n : j.launch_nodes) ++used[size_t(n)];
+    }
+    for (int t : types) {
+      const int n = pickNode(nodes_, used, t);
+      if (n < 0) throw std::logic_error("pickNodes: slot type without a node");
+      ++used[size_t(n)];
+      out.push_back(n);
+    }
+    return out;
+  }
+
   std::string manager_node_, manager_addr_;
+  std::vector<SlurmNode> nodes_;  // typed under Slurm: the resources file's nodes
   LiveClusterOptions o_;
   std::unique_ptr<Policy> policy_;
   std::string token_;
@@ -1035,6 +1161,44 @@ std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots,
     }
   }
   return out;
+}
+
+std::vector<SlurmNode> slurmNodes(const std::vector<std::pair<std::string, std::string>>& devices,
+                                  const std::vector<SlotType>& types, const std::vector<std::string>& allocation,
+                                  const std::string& file) {
+  std::string listed;
+  for (const std::string& a : allocation) listed += (listed.empty() ? "" : ", ") + a;
+  std::vector<SlurmNode> nodes;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const auto& [type_name, host] = devices[d];
+    const std::string where = file + ": devices[" + std::to_string(d) + "] (host \"" + host + "\")";
+    const auto t = std::find_if(types.begin(), types.end(), [&](const SlotType& x) { return x.name == type_name; });
+    if (t == types.end()) throw InputError(where + ": type \"" + type_name + "\" is not one of the slot types");
+    if (std::find(allocation.begin(), allocation.end(), host) == allocation.end())
+      throw InputError(where + ": with --slurm, host must name a node of the allocation (" + listed + ")");
+    const int type = int(t - types.begin());
+    auto n = std::find_if(nodes.begin(), nodes.end(), [&](const SlurmNode& x) { return x.name == host; });
+    if (n == nodes.end()) {
+      nodes.push_back({host, type, 0});
+      n = std::prev(nodes.end());
+    }
+    if (n->type != type)
+      throw InputError(where + ": node " + host + " already has devices of type \"" + types[size_t(n->type)].name +
+                       "\" (with --slurm a node's slots are all of one type)");
+    ++n->slots;
+  }
+  return nodes;
+}
+
+int pickNode(const std::vector<SlurmNode>& nodes, const std::vector<int>& used, int type) {
+  int best = -1;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (nodes[n].type != type) continue;
+    const int free = nodes[n].slots - (n < used.size() ? used[n] : 0);
+    if (best < 0 || free > nodes[size_t(best)].slots - (size_t(best) < used.size() ? used[size_t(best)] : 0))
+      best = int(n);
+  }
+  return best;
 }
 
 int runCluster(const LiveClusterOptions& o) {

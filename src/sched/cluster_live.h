@@ -61,8 +61,14 @@ struct LiveClusterOptions {
   // node) and each of its workers a step of its own (`srun --nodes=1
   // --ntasks=1 --exclusive morph worker --join`); a grow starts worker
   // steps, a shrink lets the released workers' steps end. Slots default to
-  // the allocation's tasks (SLURM_NTASKS).
+  // the allocation's tasks (SLURM_NTASKS). With `resources`, the slots are
+  // its devices, each on the node its `host` names (slurmNodes), and a
+  // worker step runs on a node of its slot's type (`srun --nodelist=NODE`,
+  // `morph worker --label NODE`).
   bool slurm = false;
+  // The resources file's devices as (type name, host), in its order; read
+  // only with `slurm`.
+  std::vector<std::pair<std::string, std::string>> devices;
 };
 // Serves until SIGINT or SIGTERM; then ends its running jobs (SIGTERM to
 // each job's process group, SIGKILL after 10 s) and returns 0.
@@ -115,6 +121,26 @@ struct SlotAction {
 // type's count.
 std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots,
                                         const std::vector<SlotType>& types = {});
+
+// Slot types under Slurm (docs/cluster.md, "Slot types under Slurm"): a
+// node of the allocation and its worker slots, all of one type (an index
+// into the cluster's types).
+struct SlurmNode {
+  std::string name;
+  int type = 0;
+  int slots = 0;
+};
+// The nodes of the resources file `file`'s devices ((type name, host) each,
+// of the cluster's `types`), in the order they are first listed. InputError
+// naming the file for a device whose host is not one of the allocation's
+// nodes (`scontrol show hostnames`), or a node given devices of two types.
+std::vector<SlurmNode> slurmNodes(const std::vector<std::pair<std::string, std::string>>& devices,
+                                  const std::vector<SlotType>& types, const std::vector<std::string>& allocation,
+                                  const std::string& file);
+// The node a new worker step on a slot of `type` runs on: of that type's
+// nodes, the one with the most slots free (`used`: worker steps on each,
+// by index), the first listed on a tie; -1 when the type has no node.
+int pickNode(const std::vector<SlurmNode>& nodes, const std::vector<int>& used, int type);
 
 struct ClusterClientOptions {
   std::string cluster;     // HOST:PORT

@@ -7,7 +7,9 @@
 # wfs shrinks j0 to 1 worker and starts j1; when j1 ends j0 grows again
 # (new worker steps, then the resize). Checks: both hashes equal the
 # standalone runs', j0 was resized while it ran, its managers and workers
-# ran as Slurm job steps on both nodes. Needs root and Debian's slurmctld,
+# ran as Slurm job steps on both nodes. With a second argument `typed`, the
+# same Slurm set-up runs slot types by node instead (see there). Needs root
+# and Debian's slurmctld,
 # slurmd, slurm-client and munge (installed with apt-get when missing);
 # exits 77 (skipped, said in the output) when they cannot be installed.
 set -euo pipefail
@@ -95,8 +97,138 @@ done
 [[ $(sinfo -h -o %T | sort -u | tr -d '\n') == idle ]] || { echo "FAIL: Slurm nodes not idle"; sinfo; cat "$work"/log/*; exit 1; }
 
 STEPS=20000 mlp_job "$work/j0.toml" j0 1
-STEPS=300 mlp_job "$work/j1.toml" j1 2
+# Typed: j1 runs long enough (3000 steps, a few seconds) for the scheduler
+# to learn its worker's node and slow it.
+STEPS=$([[ ${2:-} == typed ]] && echo 3000 || echo 300) mlp_job "$work/j1.toml" j1 2
+if [[ ${2:-} == typed ]]; then  # the emulated slow workers are not the jobs' stragglers to release
+  for i in 0 1; do printf '[elastic]\nstraggler_replan = false\n' >> "$work/j$i.toml"; done
+fi
 for i in 0 1; do "$MORPH" run "$work/j$i.toml" --out "$work/ref$i" --quiet --status off > /dev/null; done
+
+if [[ ${2:-} == typed ]]; then
+  # Slot types by node (docs/cluster.md, "Slot types under Slurm"): n1 is a
+  # fast slot, n2 a slow one (slowdown 1.5), one task of the allocation on
+  # each. wfs places counts by type order: j0 (demand 2) starts on both;
+  # j1 (priority 5, demand 1) makes it shrink, giving back its slow slot,
+  # so j0 must release the worker that runs on n2 (by id, from the label
+  # its step was given); j1 then runs on n2, slowed 1.5x, and j0 grows
+  # back onto n2 once j1 ends. Checks: both hashes equal the standalone
+  # runs'; the scheduler learned both of j0's workers' nodes, released the
+  # one on n2, and slowed the slow ones; Slurm ran j1's worker steps only on
+  # n2 and, while j1 ran, j0's only on n1.
+  cat > "$work/r.toml" <<TOML
+[types.fast]
+memory_mib = 1024
+[types.slow]
+memory_mib = 1024
+slowdown = 1.5
+[[devices]]
+type = "fast"
+host = "n1"
+[[devices]]
+type = "slow"
+host = "n2"
+TOML
+  # Bad input first: a host that is not a node of the allocation.
+  sed 's/"n2"/"n7"/' "$work/r.toml" > "$work/bad.toml"
+  rc=0
+  salloc -N2 --ntasks-per-node=1 "$MORPH" cluster --slurm --resources "$work/bad.toml" --out "$work/bad" \
+    > "$work/bad.log" 2>&1 || rc=$?
+  grep -q 'host must name a node of the allocation (n1, n2)' "$work/bad.log" && [[ $rc == 2 ]] ||
+    { echo "FAIL: a host outside the allocation was not refused with exit 2 (rc $rc)"; cat "$work/bad.log"; exit 1; }
+
+  salloc -N2 --ntasks-per-node=1 "$MORPH" cluster --slurm --policy wfs --resources "$work/r.toml" --out "$work/c" \
+    > "$work/c.log" 2>&1 &
+  salloc_pid=$!
+  for _ in $(seq 1 300); do [[ -s "$work/c/address" ]] && break; sleep 0.1; done
+  [[ -s "$work/c/address" ]] || { echo "FAIL: morph cluster --slurm --resources did not start"; cat "$work/c.log"; exit 1; }
+  export MORPH_TOKEN=$(cat "$work/c/token")
+  addr=$(cat "$work/c/address")
+  "$MORPH" submit --cluster "$addr" "$work/j0.toml" --demand 2 > /dev/null
+  python3 - "$MORPH" "$addr" "$work" <<'PY'
+import json, os, re, subprocess, sys, time, urllib.request
+morph, addr, work = sys.argv[1:4]
+log = lambda: open(work + "/c.log").read()
+
+def queue():
+    rq = urllib.request.Request(f"http://{addr}/queue", headers={"Authorization": "Bearer " + os.environ["MORPH_TOKEN"]})
+    return json.load(urllib.request.urlopen(rq, timeout=10))
+
+seen = []  # (j1 stepping and j0 on its fast slot only, before and after the squeue call; step name, node)
+def poll_steps(q):
+    on = lambda q: (len(q["jobs"]) > 1 and q["jobs"][1]["state"] == "running" and q["jobs"][1]["step"] > 0 and
+                    q["jobs"][0]["slot_types"] == {"fast": 1})
+    out = subprocess.run(["squeue", "-s", "-h", "-o", "%j %N"], capture_output=True, text=True).stdout
+    j1_on = on(q) and on(queue())  # a grow of j0 back onto n2 once j1 ended may fall within the squeue call
+    for line in out.splitlines():
+        seen.append((j1_on, *line.split()))
+
+def labels(job):
+    return {int(w): n for w, n, t in re.findall(rf"morph: job {job}: worker ([0-9]+) on (n[0-9]) \(([a-z]+)\)", log())}
+
+deadline = time.time() + 90
+while True:  # j0 stepping, both its workers' nodes known
+    q = queue(); poll_steps(q)
+    if q["jobs"][0]["state"] == "running" and q["jobs"][0]["step"] > 0 and len(labels(0)) == 2:
+        break
+    assert time.time() < deadline, ("j0 did not start on both nodes", q, log())
+    time.sleep(0.1)
+assert q["jobs"][0]["slot_types"] == {"fast": 1, "slow": 1}, q
+first = labels(0)
+assert sorted(first.values()) == ["n1", "n2"], ("j0's workers are not labelled with one node each", first, log())
+subprocess.run([morph, "submit", "--cluster", addr, work + "/j1.toml", "--demand", "1", "--priority", "5"],
+               check=True, capture_output=True)
+types = {0: [], 1: []}
+deadline = time.time() + 180
+while True:
+    q = queue(); poll_steps(q)
+    for i, j in enumerate(q["jobs"]):
+        if not types[i] or types[i][-1] != j["slot_types"]:
+            types[i].append(j["slot_types"])
+    for t in ("fast", "slow"):
+        assert sum(j["slot_types"].get(t, 0) for j in q["jobs"]) <= 1, ("a slot type held twice", q)
+    if all(j["state"] in ("done", "failed", "cancelled") for j in q["jobs"]):
+        break
+    assert time.time() < deadline, ("jobs did not finish", q, log())
+    time.sleep(0.2)
+for i, j in enumerate(q["jobs"]):
+    ref = json.load(open(f"{work}/ref{i}/summary.json"))["model_hash"]
+    assert j["state"] == "done", (j, open(os.path.join(j["dir"], "log")).read())
+    assert j["model_hash"] == ref, (i, j["model_hash"], ref)
+log0 = open(os.path.join(q["jobs"][0]["dir"], "log")).read()
+released = re.findall(r"resize requested: 2 -> 1 workers, releasing worker\(s\) ([0-9]+)", log0)
+slow_id = [w for w, n in first.items() if n == "n2"][0]
+assert released and int(released[0]) == slow_id, ("j0 did not release its worker on n2", released, first, log0, log())
+assert types[0][:2] == [{"fast": 1, "slow": 1}, {"fast": 1}], ("j0's slots over time", types)
+assert {"slow": 1} in types[1] and all("fast" not in t for t in types[1]), ("j1's slots over time", types)
+lab1 = labels(1)
+assert list(lab1.values()) == ["n2"], ("j1's worker is not on n2", lab1, log())
+# Every worker on the slow node was slowed to its type (morph slow), no other.
+slowed = open(work + "/c/slow.log").read() if os.path.exists(work + "/c/slow.log") else ""  # none: nobody slowed
+for job, lab in ((0, first), (1, lab1)):
+    port = re.search(r"manager on port ([0-9]+)", open(os.path.join(q["jobs"][job]["dir"], "log")).read())[1]
+    for w, n in lab.items():
+        said = re.search(rf"asked worker {w} of the job at [^ ]+:{port} to run 1.5 times slower", slowed) is not None
+        assert said == (n == "n2"), (job, w, n, slowed)
+nodes = lambda name, during=None: {n for on, s, n in seen if s == name and (during is None or on == during)}
+assert nodes("morph-1-worker") == {"n2"}, ("j1's worker steps", sorted(set(seen)))
+assert nodes("morph-0-worker", True) <= {"n1"}, ("j0's worker steps while j1 ran", sorted(set(seen)))
+assert nodes("morph-0-worker", False) >= {"n1", "n2"}, ("j0's worker steps", sorted(set(seen)))
+margin = q["jobs"][0]["ended"] - q["jobs"][1]["ended"]
+grown = re.findall(r"generation [0-9]+: request, 1 -> 2 workers", log0)
+if margin > 15:
+    assert grown and types[0][:3] == [{"fast": 1, "slow": 1}, {"fast": 1}, {"fast": 1, "slow": 1}], \
+        ("j0 did not grow back onto n2 after j1", types, log0, log())
+print(f"slurm typed: both hashes equal the standalone runs'; j0's workers {first}, released {released[0]}; "
+      f"j1's {lab1}; j0's slots {types[0]}, j1's {types[1]}; grown back {bool(grown)} (outlived j1 by {margin:.1f} s)")
+PY
+  for p in $(pgrep -P "$salloc_pid" || true); do kill -TERM "$p"; done
+  wait "$salloc_pid" || true
+  salloc_pid=""
+  grep -q "cluster stopped" "$work/c.log" || { echo "FAIL: the cluster did not stop cleanly"; cat "$work/c.log"; exit 1; }
+  echo PASS
+  exit 0
+fi
 
 salloc -N2 -n3 "$MORPH" cluster --slurm --policy wfs --out "$work/c" > "$work/c.log" 2>&1 &
 salloc_pid=$!

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
+
 #include <string>
 #include <vector>
 
@@ -41,6 +43,10 @@ TEST(CommandLine, ParsesWhatTheFrontDecidesOn) {
   EXPECT_EQ(inv.resize_release, (std::vector<int64_t>{0, 3}));
   inv = parse({"worker", "--join", "h:1"}, &rc);
   EXPECT_EQ(inv.command, morph::Invocation::Command::kWorker);
+  EXPECT_EQ(inv.worker.label, "");
+  inv = parse({"worker", "--join", "h:1", "--label", "node-2.rack_a"}, &rc);
+  EXPECT_EQ(rc, -1);
+  EXPECT_EQ(inv.worker.label, "node-2.rack_a");
   inv = parse({"cluster", "simulate", "t.json", "--slots", "4"}, &rc);
   EXPECT_EQ(inv.command, morph::Invocation::Command::kClusterSimulate);
   parse({"run", "j.toml", "--workers", "0"}, &rc);
@@ -57,6 +63,10 @@ TEST(CommandLine, ArgumentCombinationsRefusedBeforeAnyWork) {
   EXPECT_THROW(morph::checkArguments(parse({"plan", "j.toml", "--profile", "p.json"})), std::exception);
   EXPECT_NO_THROW(morph::checkArguments(parse({"plan", "j.toml", "--profile", "p.json", "--workers", "2"})));
   EXPECT_NO_THROW(morph::checkArguments(parse({"run", "j.toml", "--workers", "2", "--spawn", "1"})));
+  // A worker's label is refused before it joins (exit 2), not by its manager.
+  EXPECT_NO_THROW(morph::checkArguments(parse({"worker", "--join", "h:1", "--label", "n1"})));
+  for (const std::string& bad : {std::string("n 1"), std::string("n1/fast"), std::string(65, 'n')})
+    EXPECT_THROW(morph::checkArguments(parse({"worker", "--join", "h:1", "--label", bad})), morph::InputError) << bad;
 }
 
 // The engine's malloc runs on transparent huge pages unless the caller set

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A job on 3 workers: one is SIGKILLed mid-step, another joins later, one
+# A job on 3 workers: one is SIGKILLed mid-step, another joins later (with a
+# label, which `morph status` lists under the id it took), one
 # leaves gracefully (SIGTERM). The final model must equal the undisturbed
 # single-process run's, and summary.json must list exactly the three
 # resizes. Then: a live join of a model with batch norm (the CNN); `morph
@@ -43,8 +44,15 @@ mapfile -t pids < <(pgrep -f "^$MORPH worker --join 127.0.0.1:$port")
 
 kill -9 "${pids[1]}"
 wait_for "the failure to be survived" generation 1
-"$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/el/token" > "$work/joiner.log" 2>&1 &
+"$MORPH" worker --join "127.0.0.1:$port" --token-file "$work/el/token" --label joiner-1 > "$work/joiner.log" 2>&1 &
 wait_for "the joiner to be placed" generation 2
+# Its label (the only one) is listed by morph status with the id it took: 3.
+for try in $(seq 1 30); do  # the status record is rewritten every few tenths of a second
+  status=$("$MORPH" status --join "127.0.0.1:$port" --token-file "$work/el/token")
+  python3 -c 'import json, sys; sys.exit(json.loads(sys.argv[1]).get("labels") != {"3": "joiner-1"})' "$status" && break
+  (( try < 30 )) || { echo "FAIL: morph status does not list the joiner's label as worker 3's: $status"; exit 1; }
+  sleep 0.1
+done
 kill -TERM "${pids[2]}"
 wait_for "the leave to be handled" generation 3
 steps_done=$(wc -l < "$work/el/metrics.jsonl")

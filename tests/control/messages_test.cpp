@@ -6,6 +6,7 @@
 #include "control/protocol/generation_plan.h"
 #include "control/protocol/generation_want.h"
 #include "control/protocol/resize_request.h"
+#include "control/protocol/worker_label.h"
 #include "control/protocol/member_report.h"
 #include "control/protocol/reach_report.h"
 #include "control/protocol/message.h"
@@ -231,6 +232,24 @@ TEST(ResizeRequest, RefusesWhatTheClientCouldNotHaveWritten) {
                           R"({"workers": 2, "release": [1, 1]})", R"({"workers": 2, "release": [-1]})",
                           R"({"workers": 2, "release": 1})", R"({"workers": "2", "release": [1]})"})
     EXPECT_THROW(ResizeRequest::decode(bad), MessageError) << bad;
+}
+
+// `morph worker --label`: the text as given, checked on the command line
+// and again by the manager that reads it.
+TEST(WorkerLabel, TheTextAsGiven) {
+  for (const std::string& ok : {std::string("n1"), std::string("node-2.rack_a"), std::string("A"), std::string(64, 'x')}) {
+    EXPECT_EQ(WorkerLabel::problem(ok), "") << ok;
+    EXPECT_EQ(WorkerLabel{ok}.encode(), ok);
+    EXPECT_EQ(WorkerLabel::decode(WorkerLabel{ok}.encode()).text, ok);
+  }
+}
+
+TEST(WorkerLabel, RefusesWhatTheWorkerCouldNotHaveWritten) {
+  for (const std::string& bad : {std::string(), std::string(65, 'x'), std::string("n 1"), std::string("n1/fast"),
+                                std::string("\"n1\""), std::string("n1\n"), std::string("n\0001", 3), std::string("é")}) {
+    EXPECT_NE(WorkerLabel::problem(bad), "") << bad;
+    EXPECT_THROW(WorkerLabel::decode(bad), MessageError) << bad;
+  }
 }
 
 }  // namespace

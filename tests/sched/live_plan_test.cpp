@@ -7,6 +7,8 @@
 
 #include <random>
 
+#include "core/error.h"
+
 namespace morph::sched {
 namespace {
 
@@ -260,6 +262,55 @@ TEST(LivePlan, HeldSlotsOfEachTypeNeverExceedItsCountOnRandomStates) {
       }
     }
   }
+}
+
+// Slot types under Slurm: a node per device's host, of one type, checked
+// against the allocation's nodes (exit 2 naming the file and the device).
+TEST(SlurmNodes, OneTypePerNodeOfTheAllocation) {
+  const std::vector<SlotType> types = {{"fast", 1.0, 2}, {"slow", 1.5, 1}};
+  const std::vector<std::string> allocation = {"n1", "n2", "n3"};
+  const std::vector<SlurmNode> nodes =
+      slurmNodes({{"slow", "n2"}, {"fast", "n1"}, {"fast", "n1"}}, types, allocation, "r.toml");
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].name, "n2");
+  EXPECT_EQ(nodes[0].type, 1);
+  EXPECT_EQ(nodes[0].slots, 1);
+  EXPECT_EQ(nodes[1].name, "n1");
+  EXPECT_EQ(nodes[1].type, 0);
+  EXPECT_EQ(nodes[1].slots, 2);
+  auto message = [&](const std::vector<std::pair<std::string, std::string>>& devices) {
+    try {
+      slurmNodes(devices, types, allocation, "r.toml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{"fast", "local"}}).find("r.toml: devices[0] (host \"local\"): with --slurm, host must name a node "
+                                              "of the allocation (n1, n2, n3)"),
+            std::string::npos)
+      << message({{"fast", "local"}});
+  EXPECT_NE(message({{"fast", "n1"}, {"slow", "n9"}}).find("devices[1] (host \"n9\")"), std::string::npos);
+  EXPECT_NE(message({{"fast", "n1"}, {"slow", "n1"}}).find("node n1 already has devices of type \"fast\""),
+            std::string::npos)
+      << message({{"fast", "n1"}, {"slow", "n1"}});
+  EXPECT_NE(message({{"gpu", "n1"}}).find("type \"gpu\" is not one of the slot types"), std::string::npos);
+}
+
+TEST(SlurmNodes, ANewWorkerStepGoesWhereItsTypeHasTheMostFreeSlots) {
+  const std::vector<SlurmNode> nodes = {{"n1", 0, 2}, {"n2", 1, 1}, {"n3", 0, 2}, {"n4", 1, 3}};
+  EXPECT_EQ(pickNode(nodes, {0, 0, 0, 0}, 0), 0);  // a tie: the first listed
+  EXPECT_EQ(pickNode(nodes, {1, 0, 0, 0}, 0), 2);
+  EXPECT_EQ(pickNode(nodes, {1, 0, 1, 0}, 0), 0);
+  EXPECT_EQ(pickNode(nodes, {0, 0, 0, 0}, 1), 3);
+  EXPECT_EQ(pickNode(nodes, {0, 0, 0, 3}, 1), 1);
+  EXPECT_EQ(pickNode(nodes, {2, 0, 2, 0}, 0), 0);  // none free: still a node of the type (its step waits)
+  EXPECT_EQ(pickNode(nodes, {}, 1), 3);
+  EXPECT_EQ(pickNode(nodes, {0, 0, 0, 0}, 2), -1);
+  // Picked in turn, the steps of each type spread over its nodes' slots.
+  std::vector<int> used(nodes.size(), 0);
+  for (int k = 0; k < 4; ++k) ++used[size_t(pickNode(nodes, used, 1))];
+  EXPECT_EQ(used, (std::vector<int>{0, 1, 0, 3}));
 }
 
 }  // namespace

@@ -87,10 +87,14 @@ void Generations::onCommitted(c10d::Store& store, const Clock& clock, const json
 
 json Generations::status() const {
   int alive = 0;
-  for (auto& [id, w] : m_.workers()) alive += w.alive;
+  json labels = json::object();  // live workers' `morph worker --label`, by id
+  for (auto& [id, w] : m_.workers()) {
+    alive += w.alive;
+    if (w.alive && !w.label.empty()) labels[std::to_string(id)] = w.label;
+  }
   return {{"generation", gen_},   {"members", members_},          {"workers", members_.size()},
           {"alive", alive},       {"target_workers", target_},    {"in_transition", in_transition_},
-          {"resizes", resizes_},  {"vn_shares", vn_shares_}};
+          {"resizes", resizes_},  {"vn_shares", vn_shares_},      {"labels", labels}};
 }
 
 // Generation 0 waits for target_ workers, less those that could not start:

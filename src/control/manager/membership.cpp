@@ -7,6 +7,8 @@
 
 #include "control/fingerprint.h"
 #include "control/protocol/keys.h"
+#include "control/protocol/message.h"
+#include "control/protocol/worker_label.h"
 #include "control/store_access.h"
 #include "core/error.h"
 #include "store/table.h"
@@ -51,6 +53,13 @@ void Membership::pollRegistrations(c10d::Store& store, const Clock& clock) {
     pid_t pid = static_cast<pid_t>(parseStoreInt(k, pid_text));
     if (unregistered_pids_.erase(pid)) w.pid = pid;
     w.hb_time = now;  // watched by heartbeat from now on
+    if (store.check({keys::workerLabel(id)})) {  // posted before the pid
+      try {
+        w.label = WorkerLabel::decode(getString(store, keys::workerLabel(id))).text;
+      } catch (const MessageError& e) {  // only a worker that bypassed `--label`'s check writes one
+        std::fprintf(stderr, "morph: worker %lld: label ignored: %s\n", static_cast<long long>(id), e.what());
+      }
+    }
     workers_[id] = w;
   }
   bool local_alive = !unregistered_pids_.empty();

@@ -42,6 +42,7 @@ struct WorkerInfo {
   bool placeable = false;  // data loaded ("workers/<id>/ready")
   bool announced = true;   // false: took an id but never posted its pid
   double warned = 0;       // when it was last reported slow to answer a generation change
+  std::string label;      // `morph worker --label` (workers/<id>/label), "" when none
   std::string hb;        // last heartbeat value seen
   double hb_time = 0;    // when it last changed
 };

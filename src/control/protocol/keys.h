@@ -40,6 +40,9 @@ inline std::string workerFingerprint(int64_t id) { return worker(id, "fingerprin
 inline std::string workerRefused(int64_t id) { return worker(id, "refused"); }
 inline std::string workerFatal(int64_t id) { return worker(id, "fatal"); }
 inline std::string workerStartError(int64_t id) { return worker(id, "start_error"); }
+// `morph worker --label`: the label it was started with (a WorkerLabel),
+// posted before its pid.
+inline std::string workerLabel(int64_t id) { return worker(id, "label"); }
 // Partitions (docs/distributed.md, "Partitions"): the address a worker's
 // peers probe it on ("ip:port"), and which of them it cannot reach (a
 // ReachReport).

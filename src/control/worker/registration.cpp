@@ -6,6 +6,7 @@
 #include "comm/communicator.h"
 #include "control/fault_seams.h"
 #include "control/protocol/keys.h"
+#include "control/protocol/worker_label.h"
 #include "control/store_access.h"
 #include "core/sys.h"
 
@@ -34,6 +35,8 @@ Registration registerWithManager(const WorkerOptions& o) {
   r.id = r.store->add(keys::kNextWorkerId, 1) - 1;
   r.me = std::to_string(r.id);
   faultPoint("registering", r.id);
+  // Before the pid: a manager that sees the pid finds the label there too.
+  if (!o.label.empty()) setString(*r.store, keys::workerLabel(r.id), WorkerLabel{o.label}.encode());
   setString(*r.store, keys::workerPid(r.id), std::to_string(getpid()));
   setString(*r.store, keys::workerAddr(r.id), r.iface);
   r.probe = std::make_unique<ProbeListener>(r.iface);
