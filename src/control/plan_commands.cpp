@@ -135,7 +135,7 @@ std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& 
   const SimOptions so = simOptionsFor(small, false);
   ColocatedRun run;
   run.plan.stages = stages;
-  run.plan.cuts = evenCuts(p.layers.size(), static_cast<size_t>(stages));
+  run.plan.cuts = evenCuts(p.layers.size(), stages);
   run.plan.vn_shares = {kColocatedVns};
   const double predicted = simulate(p, run.plan, so).step_seconds;
   if (predicted > kColocatedMaxStep) {
@@ -237,6 +237,10 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
       continue;
     }
     line += (line.empty() ? "" : ", ") + what + " " + fmt("%.1f", nowSeconds() - t) + " s";
+    try {  // its own factor, for the reader: how far the runs agree
+      line += " x" + fmt("%.3f", fitHostContention(p, *run, simOptionsFor(small, false)).factor(stages));
+    } catch (const std::exception&) {
+    }
     two = two || stages == 2;
     runs.push_back(std::move(*run));
   }
