@@ -120,8 +120,8 @@ int morph::parseCommandLine(int argc, char** argv, Invocation& inv) {
                         "devices (checked; emulated types share this machine's profile, scaled by their slowdown)");
   calib_cmd->add_flag("--quiet", calib.quiet, "no progress output");
   calib_cmd->add_flag("--no-colocated{false}", calib.colocated,
-                      "skip the short real run of 2 worker processes that fits the co-located contention model "
-                      "(docs/planner.md); the profile keeps the older one");
+                      "skip the short real runs of 2 and 3 worker processes that fit the co-located contention "
+                      "model (docs/planner.md); the profile keeps the older one");
   auto* peer_cmd = app.add_subcommand("calibrate-peer", "");  // started by calibrate; hidden
   peer_cmd->group("");
   peer_cmd->add_option("--join", peer_join)->required();

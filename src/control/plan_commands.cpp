@@ -71,15 +71,20 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// The co-located run (docs/planner.md, "Processes that share a host"): a
-// 2-stage 1F1B pipeline of the job over kColocatedVns VNs, two worker
-// processes beside the manager, traced; its steady steps are the first
-// kColocatedWarmup left out, and the last.
+// The co-located runs (docs/planner.md, "Processes that share a host"):
+// pipelines of the job over kColocatedVns VNs, one worker process per
+// stage beside the manager, 1F1B, traced; the steady steps of each are the
+// first kColocatedWarmup left out, and the last. kColocatedStages in this
+// order: the 2-stage run three times (the median factor: one run in an
+// odd machine state of three moves nothing), with a 3-stage run (3
+// processes on a host of 2 cores) between the first two.
 constexpr int64_t kColocatedVns = 8;
 constexpr int kColocatedWarmup = 4;
+constexpr int kColocatedStages[] = {2, 3, 2, 2};
 // Steps: enough for about kColocatedSeconds of steady steps, within
-// [kColocatedMinSteps, kColocatedMaxSteps]; a job whose predicted step is
-// above kColocatedMaxStep is not measured (the older model stays).
+// [kColocatedMinSteps, kColocatedMaxSteps]; a run whose predicted step is
+// above kColocatedMaxStep is not measured (without a 2-stage run the older
+// model stays).
 constexpr double kColocatedSeconds = 0.6, kColocatedMaxStep = 0.3;
 constexpr int kColocatedMinSteps = 16, kColocatedMaxSteps = 30;
 constexpr int kColocatedTimeoutS = 120;
@@ -118,46 +123,41 @@ double medianOf(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Fits p.host_contention from the co-located run, or says why not and
-// leaves it (the older model, compute_contention).
-void measureColocated(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
-                      const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say) {
-  const size_t L = p.layers.size();
-  if (L < 2) {
-    say("co-located run: skipped (one layer: no 2-stage pipeline); the older contention model stays");
-    return;
-  }
+// One co-located run of `stages` worker processes: what it measured, or
+// nullopt with `why` (skipped or failed).
+std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& job_path,
+                                         const std::vector<std::string>& overrides, const std::string& self_exe,
+                                         const Profile& p, int stages, std::string& why) {
   JobSpec small = job;
   small.virtual_nodes = kColocatedVns;
   small.global_batch = kColocatedVns * job.vnSize();
   small.checkpoint_every = 0;
-  SimOptions so = simOptionsFor(small, false);
+  const SimOptions so = simOptionsFor(small, false);
   ColocatedRun run;
-  run.plan.stages = 2;
-  run.plan.cuts = evenCuts(L, 2);
+  run.plan.stages = stages;
+  run.plan.cuts = evenCuts(p.layers.size(), stages);
   run.plan.vn_shares = {kColocatedVns};
   const double predicted = simulate(p, run.plan, so).step_seconds;
   if (predicted > kColocatedMaxStep) {
-    say("co-located run: skipped (a step of about " + fmt("%.2f", predicted) +
-        " s: too long to measure in a few seconds); the older contention model stays");
-    return;
+    why = "skipped: a step of about " + fmt("%.2f", predicted) + " s, too long to measure in a few seconds";
+    return std::nullopt;
   }
   const int steps = std::clamp(kColocatedWarmup + 1 + static_cast<int>(std::ceil(kColocatedSeconds / predicted)),
                                kColocatedMinSteps, kColocatedMaxSteps);
-  const double t0 = nowSeconds();
   char tmpl[] = "/tmp/morph_colocated_XXXXXX";
   if (!mkdtemp(tmpl)) {
-    say("co-located run: skipped (no temporary folder); the older contention model stays");
-    return;
+    why = "skipped: no temporary folder";
+    return std::nullopt;
   }
   const std::string dir = tmpl;
+  const std::string P = std::to_string(stages);
   std::vector<std::string> argv = {self_exe, "run", job_path};
   for (const std::string& o : overrides) argv.insert(argv.end(), {"--set", o});
   for (const std::string& o : {"batch.virtual_nodes=" + std::to_string(kColocatedVns),
                                "batch.global=" + std::to_string(small.global_batch), std::string("eval.every=0"),
                                std::string("checkpoint.every=0")})
     argv.insert(argv.end(), {"--set", o});
-  argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", "2", "--stages", "2", "--schedule", "1f1b",
+  argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", P, "--stages", P, "--schedule", "1f1b",
                            "--trace", dir + "/trace.json", "--out", dir + "/run", "--status", "off", "--quiet"});
   try {
     const int rc = runLogged(argv, dir + "/log", kColocatedTimeoutS);
@@ -194,22 +194,72 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
       if (step < first || step >= last) continue;
       busy[{e.at("tid").get<int>(), step}] += e.at("dur").get<double>() / 1e6;  // microseconds
     }
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < stages; ++k) {
       std::vector<double> per_step;
       for (int64_t s = first; s < last; ++s) per_step.push_back(busy[{k, s}]);
       run.stage_busy_s.push_back(medianOf(per_step));
     }
-    run.label = "morph run, 2 worker processes: 2-stage 1f1b over " + std::to_string(kColocatedVns) + " VNs, " +
-                std::to_string(last - first) + " steady steps";
-    p.host_contention = fitHostContention(p, run, so);
+    run.label = P + "-stage 1f1b, " + std::to_string(last - first) + " steady steps";
   } catch (const std::exception& e) {
-    say(std::string("co-located run: failed (") + e.what() + "); the older contention model stays");
-    return;
+    why = std::string("failed: ") + e.what();
+    return std::nullopt;
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
-  say("co-located run (" + std::to_string(steps) + " steps, " + fmt("%.1f", nowSeconds() - t0) +
-      " s): each of 2 worker processes computes x" + fmt("%.3f", p.host_contention.factor(2)) +
+  return run;
+}
+
+// Fits p.host_contention from the co-located runs, or says why not and
+// leaves it (the older model, compute_contention).
+void measureColocated(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
+                      const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say) {
+  const size_t L = p.layers.size();
+  if (L < 2) {
+    say("co-located run: skipped (one layer: no 2-stage pipeline); the older contention model stays");
+    return;
+  }
+  JobSpec small = job;
+  small.virtual_nodes = kColocatedVns;
+  small.global_batch = kColocatedVns * job.vnSize();
+  const double t0 = nowSeconds();
+  std::vector<ColocatedRun> runs;
+  bool two = false;
+  std::string line;
+  for (int stages : kColocatedStages) {
+    if (static_cast<size_t>(stages) > L) continue;
+    std::string why;
+    const double t = nowSeconds();
+    std::optional<ColocatedRun> run = runColocated(job, job_path, overrides, self_exe, p, stages, why);
+    const std::string what = std::to_string(stages) + "-stage run";
+    if (!run) {
+      say("co-located " + what + ": " + why);
+      if (runs.empty()) break;  // the first, a 2-stage run: the others would fare alike
+      continue;
+    }
+    line += (line.empty() ? "" : ", ") + what + " " + fmt("%.1f", nowSeconds() - t) + " s";
+    try {  // its own factor, for the reader: how far the runs agree
+      line += " x" + fmt("%.3f", fitHostContention(p, *run, simOptionsFor(small, false)).factor(stages));
+    } catch (const std::exception&) {
+    }
+    two = two || stages == 2;
+    runs.push_back(std::move(*run));
+  }
+  if (!two) {
+    say("co-located runs: no 2-stage run measured; the older contention model stays");
+    return;
+  }
+  try {
+    p.host_contention = fitHostContention(p, runs, simOptionsFor(small, false));
+  } catch (const std::exception& e) {
+    say(std::string("co-located runs: no fit (") + e.what() + "); the older contention model stays");
+    return;
+  }
+  p.host_contention.measured_on = "morph run over " + std::to_string(kColocatedVns) + " VNs, one worker process per stage: " +
+                                  p.host_contention.measured_on;
+  std::string factors;
+  for (const auto& [n, f] : p.host_contention.factors)
+    if (n > 1) factors += (factors.empty() ? "" : ", ") + std::to_string(n) + " processes x" + fmt("%.3f", f);
+  say("co-located runs (" + line + "; " + fmt("%.1f", nowSeconds() - t0) + " s): each process computes " + factors +
       " the single-process figures; a pipeline step " + fmt("%.2f", p.host_contention.pipeline_step_s * 1e3) +
       " ms beyond the simulator's parts");
 }

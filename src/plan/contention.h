@@ -32,4 +32,11 @@ struct ColocatedRun {
 // InputError when the run does not fit the profile or measured nothing.
 HostContention fitHostContention(const Profile& p, const ColocatedRun& run, const SimOptions& opts);
 
+// Several runs (repeats of one plan, runs of other process counts), each
+// measured in its own machine state: per process count n the median of
+// its runs' factors (as above); pipeline_step_s the median over all runs
+// of the step beyond simulate()'s with those factors (>= 0). One noisy
+// run of three moves neither. measured_on: the runs' labels.
+HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRun>& runs, const SimOptions& opts);
+
 }  // namespace morph

@@ -1032,8 +1032,9 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   PlanOutcome out;
   const size_t K = static_cast<size_t>(std::max(1, rq.top_k));
   auto kth = [&] { return out.plans.size() >= K ? out.plans[K - 1].sim.step_seconds : 1e300; };
-  // Simulates the plans whose bound could still make the top K.
-  auto tryPlans = [&](std::vector<std::pair<double, PlanSpec>>& cands) {
+  // Simulates the plans whose bound could still make the top K
+  // (`shape_bound`: their shape's, PlanChoice::bound_s).
+  auto tryPlans = [&](std::vector<std::pair<double, PlanSpec>>& cands, double shape_bound) {
     std::stable_sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     out.candidates += static_cast<int64_t>(cands.size());
     for (auto& [bound, plan] : cands) {
@@ -1044,6 +1045,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
       PlanChoice ch;
       ++out.simulated;
       if (!simulateOnDevices(p, rq, search, ds, plan, ch)) continue;
+      ch.bound_s = std::max(bound, shape_bound);
       auto pos = std::upper_bound(out.plans.begin(), out.plans.end(), ch, [](const PlanChoice& a, const PlanChoice& b) {
         return a.sim.step_seconds < b.sim.step_seconds;
       });
@@ -1057,7 +1059,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
   if (!rq.slot_host.empty()) {
     for (const Grouping& g : allocationPolicies(ds.pool()))
       if (g.why_not.empty()) ds.plans(g, 1, cands);
-    tryPlans(cands);
+    tryPlans(cands, 0.0);
   }
   // The planner's own groupings: D groups of P on the fastest devices,
   // using whole classes (the fastest class, the two fastest, ..., all:
@@ -1147,7 +1149,7 @@ PlanOutcome planDevices(const Profile& p, const PlanRequest& rq, Search& search)
       const Grouping balanced = groupBySpeed(by_speed, P, D, true);
       if (balanced.groups != sorted.groups) ds.plans(balanced, 0, cands, stage_lb, kth());
     }
-    tryPlans(cands);
+    tryPlans(cands, bound);
   }
   if (out.plans.empty()) {
     // Name the tightest device and what the model needs at best on all N.
@@ -1226,6 +1228,7 @@ PlanOutcome planJob(const Profile& p, const PlanRequest& rq) {
     ch.plan.recompute = c.rc;
     ch.plan.vn_shares = evenShares(rq.virtual_nodes, c.D);
     ch.bottleneck_s = c.cut.bottleneck_s;
+    ch.bound_s = c.lower_bound;
     SimOptions so = rq.sim;
     so.schedules = &search.schedules_;
     ch.sim = simulate(p, ch.plan, so);

@@ -59,6 +59,12 @@ struct PlanChoice {
   PlanSpec plan;
   SimResult sim;
   double bottleneck_s = 0;  // the cut's slowest stage, per VN
+  // The lower bound the search ordered and pruned it by (its per-VN
+  // bottleneck, fill, the host's cores, the pipeline terms; with a
+  // resources file also its shape's bound): never above sim.step_seconds,
+  // or the pruned search could drop the best plan. 0: none (a policy's row
+  // in compareAllocations()).
+  double bound_s = 0;
 };
 
 // A cut per group against one shared cut, on the same groups, schedule

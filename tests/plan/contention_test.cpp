@@ -145,6 +145,50 @@ TEST(HostContention, FitIsRelativeToTheProfilesOwnFigures) {
   EXPECT_THROW(fitHostContention(prof, run, {}), InputError);
 }
 
+// Several runs: per process count the median of its runs' factors, and
+// the median step beyond the simulator's with those factors.
+TEST(HostContention, SeveralRunsTakeTheMedianPerProcessCount) {
+  const Profile prof = uniform(3);  // a host of 64 cores: no cores bound
+  // 2 stages of 1 and 2 layers, M = 2, at factor f: rank 0 F0 [0,f] F1
+  // [f,2f]; rank 1 F0 [f,3f] B0 [3f,7f] F1 [7f,9f] B1 [9f,13f]; rank 0 B0
+  // [7f,9f] B1 [13f,15f]: a step of 15f; busy 6 + 12 = 18 at f = 1.
+  auto two = [](double busy0, double busy1, double step) {
+    ColocatedRun r;
+    r.plan.stages = 2;
+    r.plan.cuts = {0, 1, 3};
+    r.plan.vn_shares = {2};
+    r.stage_busy_s = {busy0, busy1};
+    r.step_seconds = step;
+    r.label = "2-stage";
+    return r;
+  };
+  // 2-stage runs of factors 1.5, 2.5 (an odd machine state) and 1.25:
+  // the median 1.5 (a step of 22.5).
+  ColocatedRun three;
+  three.plan = pipeline(3, 2);  // 6 s a stage at factor 1, 18 together
+  three.stage_busy_s = {7.0, 7.0, 8.0};  // 22 / 18
+  three.step_seconds = 20.0;
+  three.label = "3-stage";
+  const std::vector<ColocatedRun> runs{two(9, 18, 23.0), three, two(15, 30, 29.0), two(7.5, 15, 22.7)};
+  const HostContention h = fitHostContention(prof, runs, {});
+  ASSERT_EQ(h.factors.size(), 3u);
+  EXPECT_DOUBLE_EQ(h.factors.at(1), 1.0);
+  EXPECT_DOUBLE_EQ(h.factors.at(2), 1.5);
+  EXPECT_DOUBLE_EQ(h.factors.at(3), 22.0 / 18.0);
+  // The 3-stage step at 22/18: (M + P - 1) x 3 x 22/18 = 14.667. Beyond
+  // the simulator: 23 - 22.5 = 0.5, 20 - 14.667 = 5.333, 29 - 22.5 = 6.5,
+  // 22.7 - 22.5 = 0.2: the median of four, (0.5 + 5.333) / 2.
+  const double three_step = 4 * 3 * 22.0 / 18.0;
+  EXPECT_NEAR(h.pipeline_step_s, (0.5 + (20.0 - three_step)) / 2, 1e-12);
+  EXPECT_EQ(h.measured_on, "2-stage; 3-stage; 2-stage; 2-stage");
+  // One run: as fitted alone.
+  const HostContention one = fitHostContention(prof, two(9, 18, 23.0), {});
+  EXPECT_DOUBLE_EQ(one.factors.at(2), 1.5);
+  EXPECT_NEAR(one.pipeline_step_s, 0.5, 1e-12);
+  EXPECT_EQ(one.factors.count(3), 0u);
+  EXPECT_THROW(fitHostContention(prof, std::vector<ColocatedRun>{}, {}), InputError);
+}
+
 TEST(HostContention, RoundTripsThroughTheProfileAndRefusesBadFactors) {
   Profile p = uniform(2);
   p.host_contention = model({{1, 1.0}, {2, 1.25}}, 0.004);

@@ -160,6 +160,62 @@ TEST(Planner, HostBoundPruningKeepsTheBestPlan) {
   EXPECT_GE(pruned_some, 8);
 }
 
+// The bounds the search prunes by (PlanChoice::bound_s) are lower bounds:
+// no candidate's bound lies above its own simulated step, on one host
+// (oneHostBound()) and on pools of hosts (hostBound(), shapeHostBound()),
+// with the co-located model's pipeline term as large as a VN's compute.
+// A bound above a plan's step prunes it even when it is the best; the
+// pruning tests above only see that where the inflated plan would have
+// won, which a pipeline rarely does. Hosts with fewer cores than ranks
+// make the host bounds nearly the step, so an inflated term shows.
+TEST(Planner, BoundsNeverExceedTheSimulatedStep) {
+  std::mt19937 rng(91);
+  int pipelines = 0, tight = 0;
+  auto check = [&](const PlanOutcome& all, const Profile& p, int trial) {
+    EXPECT_EQ(static_cast<int64_t>(all.plans.size()), all.simulated) << "trial " << trial;  // each with its bound
+    for (const PlanChoice& c : all.plans) {
+      EXPECT_LE(c.bound_s, c.sim.step_seconds * (1 + 1e-12))
+          << "trial " << trial << ": P " << c.plan.stages << " D " << c.plan.replicas << " "
+          << scheduleLabel(c.plan) << (c.plan.recompute ? " recompute" : "");
+      if (c.plan.stages > 1) {
+        ++pipelines;
+        // The pipeline term is part of the bound: within it of the step.
+        tight += c.sim.step_seconds - c.bound_s < p.host_contention.pipeline_step_s;
+      }
+    }
+  };
+  for (int trial = 0; trial < 12; ++trial) {
+    Profile p = randomProfile(rng, 3 + static_cast<size_t>(trial % 4));
+    p.host_cores = 1 + trial % 2;
+    p.step_overhead_s = 0.001;
+    double vn = 0;  // one VN through the whole model
+    for (const LayerCost& c : p.layers) vn += c.forward_s + c.backward_s;
+    p.host_contention.factors = {{1, 1.0}, {2, 1.2}, {4, 1.4}};
+    p.host_contention.pipeline_step_s = vn * (0.5 + 0.5 * (trial % 3));
+    PlanRequest rq;
+    rq.workers = 4 + 2 * (trial % 4);
+    rq.virtual_nodes = 8 + trial % 5;
+    rq.sim.clipping = trial % 2 == 0;
+    rq.top_k = 1 << 20;  // every candidate simulated, each with its bound
+    check(planJob(p, rq), p, trial);
+
+    // Pools: hosts of 4 devices of two speeds.
+    PlanRequest dev;
+    dev.virtual_nodes = rq.virtual_nodes;
+    dev.sim = rq.sim;
+    dev.workers = 8 + 4 * (trial % 2);
+    for (int s = 0; s < dev.workers; ++s) {
+      dev.slot_slowdown.push_back(s % 2 ? 1.5 : 1.0);
+      dev.slot_host.push_back(s / 4);
+    }
+    dev.top_k = 1 << 20;
+    check(planJob(p, dev), p, trial);
+  }
+  EXPECT_GT(pipelines, 100);
+  EXPECT_GT(tight, 10);
+  std::printf("%d pipeline plans, %d with the bound within the pipeline term of the step\n", pipelines, tight);
+}
+
 // Issue 30, speed on large pools: the shapes (P, D) of a resources file's
 // pool are ordered and cut off by the hosts' cores too (shapeHostBound()).
 // Pools like the issue's, scaled down: 3 types (slowdown 1, 1.5, 2) cycling
