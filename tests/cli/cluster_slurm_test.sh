@@ -41,6 +41,14 @@ cleanup() {
   [[ -n "${MORPH_KEEP_WORK:-}" ]] && echo "kept $work" || rm -rf "$work"
 }
 trap cleanup EXIT
+# stop_cluster: ends the allocation's cluster (started in the background as
+# $salloc_pid) and checks it stopped cleanly.
+stop_cluster() {
+  for p in $(pgrep -P "$salloc_pid" || true); do kill -TERM "$p"; done
+  wait "$salloc_pid" || true
+  salloc_pid=""
+  grep -q "cluster stopped" "$work/c.log" || { echo "FAIL: the cluster did not stop cleanly"; cat "$work/c.log"; exit 1; }
+}
 
 # munge with a key of its own, on a socket in the work folder.
 mkdir -p "$work/m" "$work/state" "$work/spool/n1" "$work/spool/n2" "$work/log"
@@ -222,10 +230,7 @@ if margin > 15:
 print(f"slurm typed: both hashes equal the standalone runs'; j0's workers {first}, released {released[0]}; "
       f"j1's {lab1}; j0's slots {types[0]}, j1's {types[1]}; grown back {bool(grown)} (outlived j1 by {margin:.1f} s)")
 PY
-  for p in $(pgrep -P "$salloc_pid" || true); do kill -TERM "$p"; done
-  wait "$salloc_pid" || true
-  salloc_pid=""
-  grep -q "cluster stopped" "$work/c.log" || { echo "FAIL: the cluster did not stop cleanly"; cat "$work/c.log"; exit 1; }
+  stop_cluster
   echo PASS
   exit 0
 fi
@@ -296,8 +301,5 @@ assert nodes >= {"n1", "n2"}, ("worker steps not on both nodes", steps)
 print(f"slurm: both hashes equal the standalone runs'; j0 resized {gens} ({len(workers0)} worker steps, "
       f"outlived j1 by {margin:.1f} s); steps seen {sorted(steps)}")
 PY
-for p in $(pgrep -P "$salloc_pid" || true); do kill -TERM "$p"; done
-wait "$salloc_pid" || true
-salloc_pid=""
-grep -q "cluster stopped" "$work/c.log" || { echo "FAIL: the cluster did not stop cleanly"; cat "$work/c.log"; exit 1; }
+stop_cluster
 echo PASS

@@ -47,6 +47,20 @@ Profile randomProfile(std::mt19937& rng, size_t layers) {
   return p;
 }
 
+// `workers` devices of two speeds (every other one 1.5x slower) on hosts of
+// 4, with rq's VNs and simulator options.
+PlanRequest twoSpeedPool(const PlanRequest& rq, int workers) {
+  PlanRequest dev;
+  dev.virtual_nodes = rq.virtual_nodes;
+  dev.sim = rq.sim;
+  dev.workers = workers;
+  for (int s = 0; s < dev.workers; ++s) {
+    dev.slot_slowdown.push_back(s % 2 ? 1.5 : 1.0);
+    dev.slot_host.push_back(s / 4);
+  }
+  return dev;
+}
+
 TEST(Planner, NeverReturnsAPlanOverTheMemoryCap) {
   std::mt19937 rng(7);
   int capped = 0, refused = 0;
@@ -134,14 +148,7 @@ TEST(Planner, HostBoundPruningKeepsTheBestPlan) {
     EXPECT_DOUBLE_EQ(pruned.plans.front().sim.step_seconds, all.plans.front().sim.step_seconds) << "trial " << trial;
 
     // Devices of two speeds on hosts of 4 (each host 1-3 cores).
-    PlanRequest dev;
-    dev.virtual_nodes = rq.virtual_nodes;
-    dev.sim = rq.sim;
-    dev.workers = 8 + 4 * (trial % 3);
-    for (int s = 0; s < dev.workers; ++s) {
-      dev.slot_slowdown.push_back(s % 2 ? 1.5 : 1.0);
-      dev.slot_host.push_back(s / 4);
-    }
+    PlanRequest dev = twoSpeedPool(rq, 8 + 4 * (trial % 3));
     dev.top_k = 1;
     const PlanOutcome dev_pruned = planJob(p, dev);
     dev.top_k = 1 << 20;
@@ -200,14 +207,7 @@ TEST(Planner, BoundsNeverExceedTheSimulatedStep) {
     check(planJob(p, rq), p, trial);
 
     // Pools: hosts of 4 devices of two speeds.
-    PlanRequest dev;
-    dev.virtual_nodes = rq.virtual_nodes;
-    dev.sim = rq.sim;
-    dev.workers = 8 + 4 * (trial % 2);
-    for (int s = 0; s < dev.workers; ++s) {
-      dev.slot_slowdown.push_back(s % 2 ? 1.5 : 1.0);
-      dev.slot_host.push_back(s / 4);
-    }
+    PlanRequest dev = twoSpeedPool(rq, 8 + 4 * (trial % 2));
     dev.top_k = 1 << 20;
     check(planJob(p, dev), p, trial);
   }
