@@ -866,7 +866,9 @@ class LiveCluster {
       std::istringstream lines(*nodes);
       for (std::string n; std::getline(lines, n);)
         if (!n.empty()) allocation.push_back(n);
-      nodes_ = slurmNodes(o_.devices, o_.types, allocation, o_.resources);
+      const char* tasks = std::getenv("SLURM_TASKS_PER_NODE");
+      nodes_ = slurmNodes(o_.devices, o_.types, allocation, o_.resources,
+                          tasks ? slurmTasksPerNode(tasks, allocation.size()) : std::vector<int>{});
     }
     const auto node = capture({"scontrol", "-o", "show", "node", manager_node_});
     std::smatch m;
@@ -1165,7 +1167,7 @@ std::vector<SlotAction> planSlotActions(std::vector<SlotState>& jobs, int slots,
 
 std::vector<SlurmNode> slurmNodes(const std::vector<std::pair<std::string, std::string>>& devices,
                                   const std::vector<SlotType>& types, const std::vector<std::string>& allocation,
-                                  const std::string& file) {
+                                  const std::string& file, const std::vector<int>& tasks) {
   std::string listed;
   for (const std::string& a : allocation) listed += (listed.empty() ? "" : ", ") + a;
   std::vector<SlurmNode> nodes;
@@ -1187,7 +1189,36 @@ std::vector<SlurmNode> slurmNodes(const std::vector<std::pair<std::string, std::
                        "\" (with --slurm a node's slots are all of one type)");
     ++n->slots;
   }
+  for (const SlurmNode& n : nodes) {
+    const size_t i = size_t(std::find(allocation.begin(), allocation.end(), n.name) - allocation.begin());
+    if (i < tasks.size() && n.slots > tasks[i])
+      throw InputError(file + ": node " + n.name + " has " + std::to_string(n.slots) + " devices, but the allocation " +
+                       "gives it " + std::to_string(tasks[i]) + " task(s) (SLURM_TASKS_PER_NODE): one worker step " +
+                       "runs per device");
+  }
   return nodes;
+}
+
+std::vector<int> slurmTasksPerNode(const std::string& spec, size_t nodes) {
+  static const std::regex part_re("([0-9]{1,6})(\\(x([0-9]{1,6})\\))?");
+  std::vector<int> out;
+  std::istringstream parts(spec);
+  for (std::string part; std::getline(parts, part, ',');) {
+    std::smatch m;
+    if (!std::regex_match(part, m, part_re))
+      throw InputError("SLURM_TASKS_PER_NODE \"" + spec + "\": expected counts like 2(x3),1");
+    const int count = std::stoi(m[1]);
+    const int repeat = m[3].matched ? std::stoi(m[3]) : 1;
+    if (out.size() + size_t(repeat) > nodes) {
+      out.clear();  // more counts than nodes
+      break;
+    }
+    out.insert(out.end(), size_t(repeat), count);
+  }
+  if (out.size() != nodes)
+    throw InputError("SLURM_TASKS_PER_NODE \"" + spec + "\": expected a count for each of the allocation's " +
+                     std::to_string(nodes) + " nodes");
+  return out;
 }
 
 int pickNode(const std::vector<SlurmNode>& nodes, const std::vector<int>& used, int type) {

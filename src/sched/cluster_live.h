@@ -133,10 +133,17 @@ struct SlurmNode {
 // The nodes of the resources file `file`'s devices ((type name, host) each,
 // of the cluster's `types`), in the order they are first listed. InputError
 // naming the file for a device whose host is not one of the allocation's
-// nodes (`scontrol show hostnames`), or a node given devices of two types.
+// nodes (`scontrol show hostnames`), a node given devices of two types, or
+// (with `tasks`, the allocation's tasks per node in its order) a node given
+// more devices than it has tasks: its worker steps would wait for a task
+// instead of running.
 std::vector<SlurmNode> slurmNodes(const std::vector<std::pair<std::string, std::string>>& devices,
                                   const std::vector<SlotType>& types, const std::vector<std::string>& allocation,
-                                  const std::string& file);
+                                  const std::string& file, const std::vector<int>& tasks = {});
+// SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of the first 3 nodes, 1
+// on the next) as one count per node; InputError unless it gives exactly
+// `nodes` counts.
+std::vector<int> slurmTasksPerNode(const std::string& spec, size_t nodes);
 // The node a new worker step on a slot of `type` runs on: of that type's
 // nodes, the one with the most slots free (`used`: worker steps on each,
 // by index), the first listed on a tie; -1 when the type has no node.

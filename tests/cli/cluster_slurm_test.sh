@@ -144,6 +144,13 @@ TOML
     > "$work/bad.log" 2>&1 || rc=$?
   grep -q 'host must name a node of the allocation (n1, n2)' "$work/bad.log" && [[ $rc == 2 ]] ||
     { echo "FAIL: a host outside the allocation was not refused with exit 2 (rc $rc)"; cat "$work/bad.log"; exit 1; }
+  # And a node given more devices than the allocation's tasks there (1 each).
+  printf '[[devices]]\ntype = "slow"\nhost = "n2"\n' | cat "$work/r.toml" - > "$work/bad2.toml"
+  rc=0
+  salloc -N2 --ntasks-per-node=1 "$MORPH" cluster --slurm --resources "$work/bad2.toml" --out "$work/bad2" \
+    > "$work/bad2.log" 2>&1 || rc=$?
+  grep -q 'node n2 has 2 devices, but the allocation gives it 1 task(s)' "$work/bad2.log" && [[ $rc == 2 ]] ||
+    { echo "FAIL: more devices than tasks on a node was not refused with exit 2 (rc $rc)"; cat "$work/bad2.log"; exit 1; }
 
   salloc -N2 --ntasks-per-node=1 "$MORPH" cluster --slurm --policy wfs --resources "$work/r.toml" --out "$work/c" \
     > "$work/c.log" 2>&1 &

@@ -295,6 +295,25 @@ TEST(SlurmNodes, OneTypePerNodeOfTheAllocation) {
             std::string::npos)
       << message({{"fast", "n1"}, {"slow", "n1"}});
   EXPECT_NE(message({{"gpu", "n1"}}).find("type \"gpu\" is not one of the slot types"), std::string::npos);
+  // More devices on a node than the allocation's tasks there.
+  EXPECT_EQ(slurmNodes({{"fast", "n1"}, {"fast", "n1"}}, types, allocation, "r.toml", {2, 1, 1})[0].slots, 2);
+  std::string over = "no error";
+  try {
+    slurmNodes({{"fast", "n1"}, {"slow", "n2"}, {"slow", "n2"}}, types, allocation, "r.toml", {2, 1, 1});
+  } catch (const InputError& e) {
+    over = e.what();
+  }
+  EXPECT_NE(over.find("r.toml: node n2 has 2 devices, but the allocation gives it 1 task(s)"), std::string::npos)
+      << over;
+}
+
+TEST(SlurmNodes, TasksPerNodeAsSlurmWritesThem) {
+  EXPECT_EQ(slurmTasksPerNode("1(x2)", 2), (std::vector<int>{1, 1}));
+  EXPECT_EQ(slurmTasksPerNode("2(x3),1", 4), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(slurmTasksPerNode("2,1", 2), (std::vector<int>{2, 1}));
+  EXPECT_THROW(slurmTasksPerNode("2(x3)", 2), InputError);
+  EXPECT_THROW(slurmTasksPerNode("1", 2), InputError);
+  EXPECT_THROW(slurmTasksPerNode("two", 1), InputError);
 }
 
 TEST(SlurmNodes, ANewWorkerStepGoesWhereItsTypeHasTheMostFreeSlots) {
