@@ -16,9 +16,16 @@ namespace morph {
 
 // What the run measured, over its steady steps.
 struct ColocatedRun {
-  PlanSpec plan;                     // what ran: stages, cuts, schedule, VN shares (one replica each)
-  std::vector<double> stage_busy_s;  // per stage: compute (forward, backward, recompute) per step
+  PlanSpec plan;                     // what ran: a pipeline (stages, cuts, schedule, one replica of
+                                     // its VNs), or data parallelism (1 stage, n replicas, their shares)
+  std::vector<double> stage_busy_s;  // a pipeline's, per stage: compute (forward, backward, recompute)
+                                     // per step; data parallelism: none (its step says it)
   double step_seconds = 0;           // median wall time between two step commits
+  // One VN through the whole model in the calibrating process alone, timed
+  // right before the run, over the profile's figure for it: the machine's
+  // state during the run (1: as when the profile was measured). The run's
+  // factors are relative to that state, not to the profile's moment.
+  double alone_ratio = 1.0;
   std::string label;                 // "2-stage 1f1b, 8 VNs, 2 worker processes" (the profile says it)
 };
 
@@ -37,6 +44,25 @@ HostContention fitHostContention(const Profile& p, const ColocatedRun& run, cons
 // its runs' factors (as above); pipeline_step_s the median over all runs
 // of the step beyond simulate()'s with those factors (>= 0). One noisy
 // run of three moves neither. measured_on: the runs' labels.
+//
+// A pipeline run's factor is measured / (the profile's figure x its
+// alone_ratio). A data-parallel run of n workers (all busy at once) gives
+// busy_factors[n]: the factor x at which simulate() gives its measured
+// step (found by bisection; the cores bound included), over its
+// alone_ratio, >= 1 (the median of a count's runs). pipeline_step_s comes
+// from the pipeline runs only, each simulated at its own alone_ratio.
+// InputError when no pipeline run is given.
 HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRun>& runs, const SimOptions& opts);
+
+// Calibration times one VN through the whole model several times, spaced
+// over the calibration (the layers' rounds, after the communication, before
+// and after each co-located run): the median of those times.
+double wholeModelSeconds(std::vector<double> samples);
+
+// Scales `p`'s per-layer compute (forward, forward without autograd,
+// recompute, and the timed part of backward, not its quantisation, which
+// is per value) by `ratio`: the layers, scaled to one whole-model time
+// when measured, moved to another (wholeModelSeconds()).
+void rescaleLayerCompute(Profile& p, double ratio);
 
 }  // namespace morph
