@@ -257,7 +257,9 @@ double settle(Profile& p, WholeModelTimes& w, const std::function<void(const std
 // Fits p.host_contention from the co-located runs, or says why not and
 // leaves it (the older model, compute_contention). Times the whole model
 // alone after each run (`timer`, into `whole`) and settles the layer
-// profile before the fit.
+// profile before the fit. (Each run's factor was once taken relative to
+// the time right before it: over two calibrations that spread the factors
+// x1.22-1.66 where the plain ones were x1.37-1.39, docs/performance.md.)
 void measureColocated(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
                       const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say,
                       WholeModelTimer& timer, WholeModelTimes& whole) {
@@ -272,14 +274,12 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
   const SimOptions so = simOptionsFor(small, false);
   const double t0 = nowSeconds();
   std::vector<ColocatedRun> runs;
-  std::vector<double> before;  // per run: the whole model's time alone right before it
   bool two = false;
   std::string line;
   for (const ColocatedShape shape : kColocatedRuns) {
     if (static_cast<size_t>(shape.stages) > L) continue;
     std::string why;
     const double t = nowSeconds();
-    const double alone = whole.samples.back();
     std::optional<ColocatedRun> run = runColocated(job, job_path, overrides, self_exe, p, shape, why);
     const std::string what = shape.stages > 1 ? std::to_string(shape.stages) + "-stage run"
                                               : std::to_string(shape.workers) + "-worker data-parallel run";
@@ -291,16 +291,14 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
     line += (line.empty() ? "" : ", ") + what + " " + fmt("%.1f", nowSeconds() - t) + " s";
     whole.samples.push_back(timer.time(kWholeModelBudgetS));
     two = two || shape.stages == 2;
-    before.push_back(alone);
     runs.push_back(std::move(*run));
   }
   if (!two) {
     say("co-located runs: no 2-stage run measured; the older contention model stays");
     return;
   }
-  const double median = settle(p, whole, say);
+  settle(p, whole, say);
   for (size_t i = 0; i < runs.size(); ++i) {
-    runs[i].alone_ratio = before[i] / median;
     try {  // its own factor, for the reader: how far the runs agree
       const int n = runs[i].plan.stages * runs[i].plan.replicas;
       const bool dp = runs[i].plan.stages == 1;
@@ -308,8 +306,7 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
       if (dp) one.insert(one.begin(), runs[0]);  // a fit needs a pipeline run
       const HostContention h = fitHostContention(p, one, so);
       line += (i ? "; run " : "; runs: ") + std::to_string(i + 1) + " x" +
-              fmt("%.3f", dp ? h.busy_factors.at(n) : h.factor(n)) + " (alone x" + fmt("%.3f", runs[i].alone_ratio) +
-              ")";
+              fmt("%.3f", dp ? h.busy_factors.at(n) : h.factor(n));
     } catch (const std::exception&) {
     }
   }

@@ -36,9 +36,9 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
 
 // One VN of the job's whole model, forward and backward, timed in this
 // process as measureCompute() times it, again and again over a
-// calibration: the layer profile is scaled to the median of these
-// (plan/contention.h, wholeModelSeconds()), and each co-located run is set
-// beside the time taken right before it (ColocatedRun::alone_ratio).
+// calibration (after the communication, after each co-located run): the
+// layer profile is scaled to the median of these (plan/contention.h,
+// wholeModelSeconds()).
 class WholeModelTimer {
  public:
   WholeModelTimer(const JobSpec& job, const Dataset& train);

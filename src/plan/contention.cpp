@@ -37,13 +37,12 @@ double colocatedFactor(const Profile& p, const ColocatedRun& run, const SimOptio
     predicted += alone.stages[static_cast<size_t>(k)].busy_s;
   }
   if (!(measured > 0) || !(predicted > 0)) throw InputError("the co-located run measured no compute");
-  return measured / (predicted * run.alone_ratio);
+  return measured / predicted;
 }
 
 // A data-parallel run of n workers: the factor x on each worker's compute
-// (all n busy at once) at which simulate() gives the measured step, over
-// the run's alone_ratio. The step grows with x (compute, the cores bound):
-// bisection.
+// (all n busy at once) at which simulate() gives the measured step. The
+// step grows with x (compute, the cores bound): bisection.
 double busyFactorOf(const Profile& p, const ColocatedRun& run, const SimOptions& opts) {
   const int n = runProcesses(run);
   if (n < 2) throw InputError("a co-located data-parallel run needs at least 2 worker processes");
@@ -65,13 +64,9 @@ double busyFactorOf(const Profile& p, const ColocatedRun& run, const SimOptions&
     const double mid = 0.5 * (lo + hi);
     (stepAt(mid) < run.step_seconds ? lo : hi) = mid;
   }
-  return 0.5 * (lo + hi) / run.alone_ratio;
+  return 0.5 * (lo + hi);
 }
 
-void checkRatio(const ColocatedRun& run) {
-  if (!(run.alone_ratio > 0) || !std::isfinite(run.alone_ratio))
-    throw InputError("the co-located run has no whole-model time beside it");
-}
 
 }  // namespace
 
@@ -83,7 +78,6 @@ HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRu
   if (runs.empty()) throw InputError("no co-located run to fit");
   std::map<int, std::vector<double>> by_count, busy_by_count;  // process count -> each run's factor
   for (const ColocatedRun& run : runs) {
-    checkRatio(run);
     if (run.plan.stages == 1)
       busy_by_count[runProcesses(run)].push_back(busyFactorOf(p, run, opts));
     else
@@ -95,18 +89,11 @@ HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRu
   for (const auto& [n, fs] : by_count) h.factors[n] = std::max(1.0, colocatedMedian(fs));
   for (const auto& [n, fs] : busy_by_count) h.busy_factors[n] = std::max(1.0, colocatedMedian(fs));
   for (const ColocatedRun& run : runs) h.measured_on += (h.measured_on.empty() ? "" : "; ") + run.label;
+  Profile fitted = p;
+  fitted.host_contention = h;  // pipeline_step_s 0: the residuals
   std::vector<double> beyond;
-  for (const ColocatedRun& run : runs) {
-    if (run.plan.stages == 1) continue;
-    // The run's machine state: every factor times its alone_ratio
-    // (pipeline_step_s 0: the residuals).
-    Profile fitted = p;
-    fitted.host_contention = h;
-    fitted.host_contention.busy_factors.clear();
-    for (auto& [n, f] : fitted.host_contention.factors)
-      if (n > 1) f *= run.alone_ratio;
-    beyond.push_back(run.step_seconds - simulate(fitted, run.plan, opts).step_seconds);
-  }
+  for (const ColocatedRun& run : runs)
+    if (run.plan.stages > 1) beyond.push_back(run.step_seconds - simulate(fitted, run.plan, opts).step_seconds);
   h.pipeline_step_s = std::max(0.0, colocatedMedian(beyond));
   return h;
 }

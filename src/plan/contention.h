@@ -21,11 +21,6 @@ struct ColocatedRun {
   std::vector<double> stage_busy_s;  // a pipeline's, per stage: compute (forward, backward, recompute)
                                      // per step; data parallelism: none (its step says it)
   double step_seconds = 0;           // median wall time between two step commits
-  // One VN through the whole model in the calibrating process alone, timed
-  // right before the run, over the profile's figure for it: the machine's
-  // state during the run (1: as when the profile was measured). The run's
-  // factors are relative to that state, not to the profile's moment.
-  double alone_ratio = 1.0;
   std::string label;                 // "2-stage 1f1b, 8 VNs, 2 worker processes" (the profile says it)
 };
 
@@ -45,12 +40,10 @@ HostContention fitHostContention(const Profile& p, const ColocatedRun& run, cons
 // of the step beyond simulate()'s with those factors (>= 0). One noisy
 // run of three moves neither. measured_on: the runs' labels.
 //
-// A pipeline run's factor is measured / (the profile's figure x its
-// alone_ratio). A data-parallel run of n workers (all busy at once) gives
-// busy_factors[n]: the factor x at which simulate() gives its measured
-// step (found by bisection; the cores bound included), over its
-// alone_ratio, >= 1 (the median of a count's runs). pipeline_step_s comes
-// from the pipeline runs only, each simulated at its own alone_ratio.
+// A data-parallel run of n workers (all busy at once) gives
+// busy_factors[n]: the factor x >= 1 at which simulate() gives its
+// measured step (found by bisection; the cores bound included; the median
+// of a count's runs). pipeline_step_s comes from the pipeline runs only.
 // InputError when no pipeline run is given.
 HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRun>& runs, const SimOptions& opts);
 

@@ -237,53 +237,51 @@ TEST(HostContention, DataParallelWorkersAllBusyTakeTheBusyFactor) {
   EXPECT_NEAR(simulate(three, pipeline(3, 2)).step_seconds, 13.45, 1e-12);
 }
 
-// The fit: a data-parallel run's step gives its busy factor; each run's
-// factor is relative to the machine's state right before it (the whole
-// model alone, over the profile's figure).
-TEST(HostContention, FitsTheBusyFactorAndEachRunsMachineState) {
+// The fit: a data-parallel run's step gives its busy factor; the
+// pipeline runs give the per-count factors and the step beyond.
+TEST(HostContention, FitsTheBusyFactorFromADataParallelRun) {
   Profile prof = uniform(2);  // 6 s a VN through both layers
   prof.host_cores = 2;
   // 3 data-parallel workers, shares 3 + 3 + 2, at factor x: 8 x 6 x x / 2
-  // = 24x (a worker alone 18x). A measured 36 s: x = 1.5; the whole model
-  // alone took 1.2x the profile's right before it: 1.5 / 1.2 = 1.25.
+  // = 24x (a worker alone 18x). A measured 36 s: x = 1.5.
   ColocatedRun dp;
   dp.plan.replicas = 3;
   dp.plan.cuts = {0, 2};
   dp.plan.vn_shares = {3, 3, 2};
   dp.step_seconds = 36.0;
-  dp.alone_ratio = 1.2;
   dp.label = "3 data-parallel workers";
   // The 2-stage run of FitIsRelativeToTheProfilesOwnFigures (18 s of
-  // compute where the profile gives 12: 1.5), with the machine 1.25x
-  // slower alone: 1.2. At its own state (1.2 x 1.25 = 1.5) the simulator
-  // says 13.5 (its 12 s over 2 cores is less), the step took 14: 0.5.
+  // compute where the profile gives 12: 1.5; the simulator then says 13.5,
+  // its 12 s over 2 cores being less; the step took 14: 0.5 beyond).
   ColocatedRun pipe;
   pipe.plan = pipeline(2, 2);
   pipe.stage_busy_s = {8.0, 10.0};
   pipe.step_seconds = 14.0;
-  pipe.alone_ratio = 1.25;
   pipe.label = "2-stage";
-  const HostContention h = fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {});
+  HostContention h = fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {});
   ASSERT_EQ(h.factors.size(), 2u);
-  EXPECT_NEAR(h.factors.at(2), 1.2, 1e-12);
+  EXPECT_NEAR(h.factors.at(2), 1.5, 1e-12);
   ASSERT_EQ(h.busy_factors.size(), 1u);
-  EXPECT_NEAR(h.busy_factors.at(3), 1.25, 1e-9);
-  EXPECT_NEAR(h.pipeline_step_s, 0.5, 1e-12);  // the pipeline run's alone
+  EXPECT_NEAR(h.busy_factors.at(3), 1.5, 1e-9);
+  EXPECT_NEAR(h.pipeline_step_s, 0.5, 1e-12);  // from the pipeline run only
   EXPECT_EQ(h.measured_on, "2-stage; 3 data-parallel workers");
-  // The fitted model predicts the data-parallel plan at the profile's
-  // state: 24 x 1.25 = 30.
+  // The fitted model predicts the run it was fitted to.
   Profile fitted = prof;
   fitted.host_contention = h;
-  EXPECT_NEAR(simulate(fitted, dp.plan).step_seconds, 30.0, 1e-9);
+  EXPECT_NEAR(simulate(fitted, dp.plan).step_seconds, 36.0, 1e-8);
+  // Runs of 48, 36 and 72 s (x = 2, 1.5 and 3): the median 2 (not the
+  // mean, 2.17).
+  dp.step_seconds = 48.0;
+  ColocatedRun dp2 = dp, dp3 = dp;
+  dp2.step_seconds = 36.0;
+  dp3.step_seconds = 72.0;
+  h = fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp, dp2, dp3}, {});
+  EXPECT_NEAR(h.busy_factors.at(3), 2.0, 1e-9);
   // Faster than the simulator at factor 1: 1.
   dp.step_seconds = 20.0;
-  dp.alone_ratio = 1.0;
   EXPECT_DOUBLE_EQ(fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {}).busy_factors.at(3), 1.0);
-  // A data-parallel run alone fits nothing; a run without its whole-model
-  // time is refused.
+  // A data-parallel run alone fits nothing.
   EXPECT_THROW(fitHostContention(prof, std::vector<ColocatedRun>{dp}, {}), InputError);
-  pipe.alone_ratio = 0;
-  EXPECT_THROW(fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {}), InputError);
 }
 
 // The layers move to the median of the whole-model times taken over the
