@@ -72,16 +72,24 @@ std::string fmt(const char* f, double v) {
 }
 
 // The co-located runs (docs/planner.md, "Processes that share a host"):
-// pipelines of the job over kColocatedVns VNs, one worker process per
-// stage beside the manager, 1F1B, traced; the steady steps of each are the
-// first kColocatedWarmup left out, and the last. kColocatedStages in this
-// order: a 2-stage run, then a 3-stage run (3 processes on a host of 2
-// cores). fitHostContention takes the median per process count, so more
-// runs may be listed; three 2-stage runs did not narrow the factor across
-// calibrations (docs/planner.md) and cost about 7 s more each, so one.
+// runs of the job over kColocatedVns VNs beside the manager; the steady
+// steps of each are the first kColocatedWarmup left out, and the last.
+// kColocatedRuns in this order: a 2-stage pipeline, a 3-stage one (3
+// processes on a host of 2 cores), one worker process per stage, 1F1B,
+// traced; then 3 data-parallel workers (all busy at once:
+// HostContention::busy_factors). fitHostContention takes the median per
+// process count, so more runs may be listed; three 2-stage runs did not
+// narrow the factor across calibrations (docs/planner.md) and cost about
+// 7 s more each, so one.
 constexpr int64_t kColocatedVns = 8;
 constexpr int kColocatedWarmup = 4;
-constexpr int kColocatedStages[] = {2, 3};
+struct ColocatedShape {
+  int stages, workers;  // stages == 1: data parallelism
+};
+constexpr ColocatedShape kColocatedRuns[] = {{2, 2}, {3, 3}, {1, 3}};
+// Each whole-model time beside the runs (WholeModelTimer): at most this
+// long, at least 7 VNs.
+constexpr double kWholeModelBudgetS = 0.25;
 // Steps: enough for about kColocatedSeconds of steady steps, within
 // [kColocatedMinSteps, kColocatedMaxSteps]; a run whose predicted step is
 // above kColocatedMaxStep is not measured (without a 2-stage run the older
@@ -124,20 +132,23 @@ double medianOf(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One co-located run of `stages` worker processes: what it measured, or
-// nullopt with `why` (skipped or failed).
+// One co-located run (`shape`): what it measured, or nullopt with `why`
+// (skipped or failed).
 std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& job_path,
                                          const std::vector<std::string>& overrides, const std::string& self_exe,
-                                         const Profile& p, int stages, std::string& why) {
+                                         const Profile& p, ColocatedShape shape, std::string& why) {
   JobSpec small = job;
   small.virtual_nodes = kColocatedVns;
   small.global_batch = kColocatedVns * job.vnSize();
   small.checkpoint_every = 0;
   const SimOptions so = simOptionsFor(small, false);
+  const int stages = shape.stages;
+  const bool dp = stages == 1;
   ColocatedRun run;
   run.plan.stages = stages;
   run.plan.cuts = evenCuts(p.layers.size(), stages);
-  run.plan.vn_shares = {kColocatedVns};
+  run.plan.replicas = dp ? shape.workers : 1;
+  run.plan.vn_shares = dp ? evenShares(kColocatedVns, shape.workers) : std::vector<int64_t>{kColocatedVns};
   const double predicted = simulate(p, run.plan, so).step_seconds;
   if (predicted > kColocatedMaxStep) {
     why = "skipped: a step of about " + fmt("%.2f", predicted) + " s, too long to measure in a few seconds";
@@ -158,8 +169,12 @@ std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& 
                                "batch.global=" + std::to_string(small.global_batch), std::string("eval.every=0"),
                                std::string("checkpoint.every=0")})
     argv.insert(argv.end(), {"--set", o});
-  argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", P, "--stages", P, "--schedule", "1f1b",
-                           "--trace", dir + "/trace.json", "--out", dir + "/run", "--status", "off", "--quiet"});
+  if (dp)
+    argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", std::to_string(shape.workers), "--out",
+                             dir + "/run", "--status", "off", "--quiet"});
+  else
+    argv.insert(argv.end(), {"--steps", std::to_string(steps), "--workers", P, "--stages", P, "--schedule", "1f1b",
+                             "--trace", dir + "/trace.json", "--out", dir + "/run", "--status", "off", "--quiet"});
   try {
     const int rc = runLogged(argv, dir + "/log", kColocatedTimeoutS);
     if (rc != 0) throw JobError("morph run exited " + std::to_string(rc) + " (" + dir + "/log)");
@@ -177,6 +192,13 @@ std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& 
     std::vector<double> gaps;
     for (size_t i = kColocatedWarmup; i + 2 < commits.size(); ++i) gaps.push_back(commits[i + 1] - commits[i]);
     run.step_seconds = medianOf(gaps);
+    if (dp) {
+      run.label = std::to_string(shape.workers) + " data-parallel workers, " + std::to_string(gaps.size()) +
+                  " steady steps";
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      return run;
+    }
     // The cut it ran, and per stage its compute per step (median over the
     // steady steps).
     std::ifstream summary_in(dir + "/run/summary.json");
@@ -210,10 +232,37 @@ std::optional<ColocatedRun> runColocated(const JobSpec& job, const std::string& 
   return run;
 }
 
+// The whole model's single-process time, taken again and again over a
+// calibration (WholeModelTimer): the layers were scaled to `profiled`; once
+// the samples are in, settle() scales them to the samples' median.
+struct WholeModelTimes {
+  std::vector<double> samples;
+  double profiled = 0;
+  bool settled = false;
+};
+
+double settle(Profile& p, WholeModelTimes& w, const std::function<void(const std::string&)>& say) {
+  if (w.settled) return w.profiled;
+  const double median = wholeModelSeconds(w.samples);
+  const auto [lo, hi] = std::minmax_element(w.samples.begin(), w.samples.end());
+  if (w.profiled > 0 && median > 0) rescaleLayerCompute(p, median / w.profiled);
+  say("whole model alone: " + std::to_string(w.samples.size()) + " timings over the calibration, " +
+      fmt("%.3f", *lo * 1e3) + "-" + fmt("%.3f", *hi * 1e3) + " ms per VN, the layers scaled to their median " +
+      fmt("%.3f", median * 1e3) + " ms (x" + fmt("%.3f", w.profiled > 0 ? median / w.profiled : 1.0) + ")");
+  w.profiled = median;
+  w.settled = true;
+  return median;
+}
+
 // Fits p.host_contention from the co-located runs, or says why not and
-// leaves it (the older model, compute_contention).
+// leaves it (the older model, compute_contention). Times the whole model
+// alone after each run (`timer`, into `whole`) and settles the layer
+// profile before the fit. (Each run's factor was once taken relative to
+// the time right before it: over two calibrations that spread the factors
+// x1.22-1.66 where the plain ones were x1.37-1.39, docs/performance.md.)
 void measureColocated(const JobSpec& job, const std::string& job_path, const std::vector<std::string>& overrides,
-                      const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say) {
+                      const std::string& self_exe, Profile& p, const std::function<void(const std::string&)>& say,
+                      WholeModelTimer& timer, WholeModelTimes& whole) {
   const size_t L = p.layers.size();
   if (L < 2) {
     say("co-located run: skipped (one layer: no 2-stage pipeline); the older contention model stays");
@@ -222,44 +271,58 @@ void measureColocated(const JobSpec& job, const std::string& job_path, const std
   JobSpec small = job;
   small.virtual_nodes = kColocatedVns;
   small.global_batch = kColocatedVns * job.vnSize();
+  const SimOptions so = simOptionsFor(small, false);
   const double t0 = nowSeconds();
   std::vector<ColocatedRun> runs;
   bool two = false;
   std::string line;
-  for (int stages : kColocatedStages) {
-    if (static_cast<size_t>(stages) > L) continue;
+  for (const ColocatedShape shape : kColocatedRuns) {
+    if (static_cast<size_t>(shape.stages) > L) continue;
     std::string why;
     const double t = nowSeconds();
-    std::optional<ColocatedRun> run = runColocated(job, job_path, overrides, self_exe, p, stages, why);
-    const std::string what = std::to_string(stages) + "-stage run";
+    std::optional<ColocatedRun> run = runColocated(job, job_path, overrides, self_exe, p, shape, why);
+    const std::string what = shape.stages > 1 ? std::to_string(shape.stages) + "-stage run"
+                                              : std::to_string(shape.workers) + "-worker data-parallel run";
     if (!run) {
       say("co-located " + what + ": " + why);
       if (runs.empty()) break;  // the first, a 2-stage run: the others would fare alike
       continue;
     }
     line += (line.empty() ? "" : ", ") + what + " " + fmt("%.1f", nowSeconds() - t) + " s";
-    try {  // its own factor, for the reader: how far the runs agree
-      line += " x" + fmt("%.3f", fitHostContention(p, *run, simOptionsFor(small, false)).factor(stages));
-    } catch (const std::exception&) {
-    }
-    two = two || stages == 2;
+    whole.samples.push_back(timer.time(kWholeModelBudgetS));
+    two = two || shape.stages == 2;
     runs.push_back(std::move(*run));
   }
   if (!two) {
     say("co-located runs: no 2-stage run measured; the older contention model stays");
     return;
   }
+  settle(p, whole, say);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    try {  // its own factor, for the reader: how far the runs agree
+      const int n = runs[i].plan.stages * runs[i].plan.replicas;
+      const bool dp = runs[i].plan.stages == 1;
+      std::vector<ColocatedRun> one{runs[i]};
+      if (dp) one.insert(one.begin(), runs[0]);  // a fit needs a pipeline run
+      const HostContention h = fitHostContention(p, one, so);
+      line += (i ? "; run " : "; runs: ") + std::to_string(i + 1) + " x" +
+              fmt("%.3f", dp ? h.busy_factors.at(n) : h.factor(n));
+    } catch (const std::exception&) {
+    }
+  }
   try {
-    p.host_contention = fitHostContention(p, runs, simOptionsFor(small, false));
+    p.host_contention = fitHostContention(p, runs, so);
   } catch (const std::exception& e) {
     say(std::string("co-located runs: no fit (") + e.what() + "); the older contention model stays");
     return;
   }
-  p.host_contention.measured_on = "morph run over " + std::to_string(kColocatedVns) + " VNs, one worker process per stage: " +
+  p.host_contention.measured_on = "morph run over " + std::to_string(kColocatedVns) + " VNs: " +
                                   p.host_contention.measured_on;
   std::string factors;
   for (const auto& [n, f] : p.host_contention.factors)
     if (n > 1) factors += (factors.empty() ? "" : ", ") + std::to_string(n) + " processes x" + fmt("%.3f", f);
+  for (const auto& [n, f] : p.host_contention.busy_factors)
+    factors += ", " + std::to_string(n) + " busy at once x" + fmt("%.3f", f);
   say("co-located runs (" + line + "; " + fmt("%.1f", nowSeconds() - t0) + " s): each process computes " + factors +
       " the single-process figures; a pipeline step " + fmt("%.2f", p.host_contention.pipeline_step_s * 1e3) +
       " ms beyond the simulator's parts");
@@ -275,7 +338,10 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   };
   pinThreads(job.threads);
   DataPair data = loadData(job, say);
-  Profile p = measureCompute(job, *data.train, budget_s, say);
+  WholeModelTimes whole;
+  Profile p = measureCompute(job, *data.train, budget_s, say, &whole.profiled);
+  whole.samples.push_back(whole.profiled);
+  WholeModelTimer timer(job, *data.train);
 
   // A store of its own on loopback; the peer proves the token it inherits.
   store::ServerOptions so;
@@ -325,7 +391,9 @@ Profile calibrateJob(const JobSpec& job, const std::string& job_path, const std:
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  if (colocated) measureColocated(job, job_path, overrides, self_exe, p, say);
+  whole.samples.push_back(timer.time(kWholeModelBudgetS));  // the peer is gone: alone again
+  if (colocated) measureColocated(job, job_path, overrides, self_exe, p, say, timer, whole);
+  settle(p, whole, say);
   p.created_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   p.calibration_seconds = nowSeconds() - t0;
   say("done in " + fmt("%.1f", p.calibration_seconds) + " s");

@@ -64,7 +64,8 @@ std::string ms(double s) {
 
 }  // namespace
 
-Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s, const ProgressFn& progress) {
+Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s, const ProgressFn& progress,
+                       double* whole_out) {
   Profile p;
   p.runtime_bytes = currentRssBytes();
   auto model = buildModel(job.model, job.seed);
@@ -194,6 +195,7 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
   // not (and miss what runs between them): scale them so that they add up
   // to one VN's measured forward and backward through the whole model.
   const double whole_s = robustMedian(whole);
+  if (whole_out) *whole_out = whole_s;
   double parts = 0;
   for (const LayerCost& c : p.layers) parts += c.forward_s + c.backward_s;
   const double scale = parts > 0 ? whole_s / parts : 1.0;
@@ -226,6 +228,38 @@ Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s
     p.optimizer_s_per_param = n > 0 ? step / static_cast<double>(n) : 0.0;
   }
   return p;
+}
+
+struct WholeModelState {
+  std::shared_ptr<LayerList> model;
+  Batch batch;
+  std::vector<torch::Tensor> params;
+};
+
+WholeModelTimer::WholeModelTimer(const JobSpec& job, const Dataset& train)
+    : job_(job), state_(std::make_shared<WholeModelState>()) {
+  state_->model = buildModel(job.model, job.seed);
+  state_->model->train();
+  state_->batch = train.range(0, job.vnSize());
+  state_->params = state_->model->parameters();
+}
+
+double WholeModelTimer::time(double budget_s) {
+  WholeModelState& s = *state_;
+  auto vn = [&] {
+    const double t0 = nowSeconds();
+    lossOf(job_.model, s.model->forwardRange(s.batch.x, 0, s.model->size(), 0x5eed), s.batch.y).backward();
+    const double t = nowSeconds() - t0;
+    for (const auto& q : s.params) q.mutable_grad() = torch::Tensor();
+    return t;
+  };
+  vn();  // warm-up
+  std::vector<double> runs;
+  const double t0 = nowSeconds();
+  while (runs.size() < static_cast<size_t>(kMinRounds) ||
+         (runs.size() < static_cast<size_t>(kMaxRounds) && nowSeconds() - t0 < budget_s))
+    runs.push_back(vn());
+  return robustMedian(runs);
 }
 
 double measureContention(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,27 @@ using ProgressFn = std::function<void(const std::string&)>;
 
 // Fills everything but the communication fits. `budget_s` bounds the time
 // spent in rounds over every layer (at least 7 rounds are kept).
-Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s, const ProgressFn& progress);
+// `whole_s` (optional) gets the whole model's time the layers were scaled
+// to (one VN's forward and backward, the robust median over the rounds).
+Profile measureCompute(const JobSpec& job, const Dataset& train, double budget_s, const ProgressFn& progress,
+                       double* whole_s = nullptr);
+
+// One VN of the job's whole model, forward and backward, timed in this
+// process as measureCompute() times it, again and again over a
+// calibration (after the communication, after each co-located run): the
+// layer profile is scaled to the median of these (plan/contention.h,
+// wholeModelSeconds()).
+class WholeModelTimer {
+ public:
+  WholeModelTimer(const JobSpec& job, const Dataset& train);
+  // The robust median of at least 7 VNs after a warm-up, more while within
+  // `budget_s` (at most 60).
+  double time(double budget_s);
+
+ private:
+  JobSpec job_;
+  std::shared_ptr<struct WholeModelState> state_;
+};
 
 // Message sizes worth measuring for `profile`: its cut sizes and powers of 4
 // around them (bytes, sorted, unique).

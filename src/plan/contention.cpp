@@ -1,6 +1,7 @@
 #include "plan/contention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -39,6 +40,34 @@ double colocatedFactor(const Profile& p, const ColocatedRun& run, const SimOptio
   return measured / predicted;
 }
 
+// A data-parallel run of n workers: the factor x on each worker's compute
+// (all n busy at once) at which simulate() gives the measured step. The
+// step grows with x (compute, the cores bound): bisection.
+double busyFactorOf(const Profile& p, const ColocatedRun& run, const SimOptions& opts) {
+  const int n = runProcesses(run);
+  if (n < 2) throw InputError("a co-located data-parallel run needs at least 2 worker processes");
+  if (!(run.step_seconds > 0)) throw InputError("the co-located run measured no step time");
+  auto stepAt = [&](double x) {
+    Profile q = p;
+    q.host_contention = HostContention{};
+    q.host_contention.factors = {{1, 1.0}};
+    q.host_contention.busy_factors = {{n, x}};
+    return simulate(q, run.plan, opts).step_seconds;
+  };
+  double lo = 1.0, hi = 2.0;
+  if (stepAt(lo) >= run.step_seconds) return 1.0;
+  while (stepAt(hi) < run.step_seconds) {
+    lo = hi, hi *= 2;
+    if (hi > 1e6) throw InputError("the co-located data-parallel run is slower than any factor explains");
+  }
+  for (int i = 0; i < 100 && hi - lo > 1e-12 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (stepAt(mid) < run.step_seconds ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+
 }  // namespace
 
 HostContention fitHostContention(const Profile& p, const ColocatedRun& run, const SimOptions& opts) {
@@ -47,18 +76,41 @@ HostContention fitHostContention(const Profile& p, const ColocatedRun& run, cons
 
 HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRun>& runs, const SimOptions& opts) {
   if (runs.empty()) throw InputError("no co-located run to fit");
-  std::map<int, std::vector<double>> by_count;  // process count -> each run's factor
-  for (const ColocatedRun& run : runs) by_count[runProcesses(run)].push_back(colocatedFactor(p, run, opts));
+  std::map<int, std::vector<double>> by_count, busy_by_count;  // process count -> each run's factor
+  for (const ColocatedRun& run : runs) {
+    if (run.plan.stages == 1)
+      busy_by_count[runProcesses(run)].push_back(busyFactorOf(p, run, opts));
+    else
+      by_count[runProcesses(run)].push_back(colocatedFactor(p, run, opts));
+  }
+  if (by_count.empty()) throw InputError("no co-located pipeline run to fit");
   HostContention h;
   h.factors[1] = 1.0;
   for (const auto& [n, fs] : by_count) h.factors[n] = std::max(1.0, colocatedMedian(fs));
+  for (const auto& [n, fs] : busy_by_count) h.busy_factors[n] = std::max(1.0, colocatedMedian(fs));
   for (const ColocatedRun& run : runs) h.measured_on += (h.measured_on.empty() ? "" : "; ") + run.label;
   Profile fitted = p;
   fitted.host_contention = h;  // pipeline_step_s 0: the residuals
   std::vector<double> beyond;
-  for (const ColocatedRun& run : runs) beyond.push_back(run.step_seconds - simulate(fitted, run.plan, opts).step_seconds);
+  for (const ColocatedRun& run : runs)
+    if (run.plan.stages > 1) beyond.push_back(run.step_seconds - simulate(fitted, run.plan, opts).step_seconds);
   h.pipeline_step_s = std::max(0.0, colocatedMedian(beyond));
   return h;
+}
+
+double wholeModelSeconds(std::vector<double> samples) {
+  if (samples.empty()) throw InputError("no whole-model time");
+  return colocatedMedian(std::move(samples));
+}
+
+void rescaleLayerCompute(Profile& p, double ratio) {
+  if (!(ratio > 0) || !std::isfinite(ratio)) throw InputError("rescaleLayerCompute: a ratio > 0 expected");
+  for (LayerCost& c : p.layers) {
+    const double quantize = p.quantize_s_per_value * static_cast<double>(c.params + c.tied_params);
+    const double timed = std::max(0.0, c.backward_s - quantize);
+    c.forward_s *= ratio, c.forward_nograd_s *= ratio, c.recompute_s *= ratio;
+    c.backward_s = timed * ratio + quantize;
+  }
 }
 
 }  // namespace morph

@@ -16,8 +16,10 @@ namespace morph {
 
 // What the run measured, over its steady steps.
 struct ColocatedRun {
-  PlanSpec plan;                     // what ran: stages, cuts, schedule, VN shares (one replica each)
-  std::vector<double> stage_busy_s;  // per stage: compute (forward, backward, recompute) per step
+  PlanSpec plan;                     // what ran: a pipeline (stages, cuts, schedule, one replica of
+                                     // its VNs), or data parallelism (1 stage, n replicas, their shares)
+  std::vector<double> stage_busy_s;  // a pipeline's, per stage: compute (forward, backward, recompute)
+                                     // per step; data parallelism: none (its step says it)
   double step_seconds = 0;           // median wall time between two step commits
   std::string label;                 // "2-stage 1f1b, 8 VNs, 2 worker processes" (the profile says it)
 };
@@ -37,6 +39,23 @@ HostContention fitHostContention(const Profile& p, const ColocatedRun& run, cons
 // its runs' factors (as above); pipeline_step_s the median over all runs
 // of the step beyond simulate()'s with those factors (>= 0). One noisy
 // run of three moves neither. measured_on: the runs' labels.
+//
+// A data-parallel run of n workers (all busy at once) gives
+// busy_factors[n]: the factor x >= 1 at which simulate() gives its
+// measured step (found by bisection; the cores bound included; the median
+// of a count's runs). pipeline_step_s comes from the pipeline runs only.
+// InputError when no pipeline run is given.
 HostContention fitHostContention(const Profile& p, const std::vector<ColocatedRun>& runs, const SimOptions& opts);
+
+// Calibration times one VN through the whole model several times, spaced
+// over the calibration (the layers' rounds, after the communication, before
+// and after each co-located run): the median of those times.
+double wholeModelSeconds(std::vector<double> samples);
+
+// Scales `p`'s per-layer compute (forward, forward without autograd,
+// recompute, and the timed part of backward, not its quantisation, which
+// is per value) by `ratio`: the layers, scaled to one whole-model time
+// when measured, moved to another (wholeModelSeconds()).
+void rescaleLayerCompute(Profile& p, double ratio);
 
 }  // namespace morph

@@ -133,7 +133,8 @@ class Search {
   double oneHostBound(const std::vector<size_t>& cuts, int D, bool rc) const {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int P = static_cast<int>(cuts.size()) - 1, n = P * D;
-    const double contention = p_.computeFactor(n, n);
+    // Data parallelism: every worker busy at once (the simulator's factor).
+    const double contention = P == 1 ? p_.dataParallelFactor(n, n) : p_.computeFactor(n, n);
     double per_vn = 0;
     for (int k = 0; k < P; ++k) per_vn += compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1], rc && P > 1);
     double t = static_cast<double>(rq_.virtual_nodes) * per_vn * contention /
@@ -683,7 +684,8 @@ class DeviceSearch {
         const auto& cuts = plan.group_cuts.empty() ? plan.cuts : plan.group_cuts[static_cast<size_t>(d)];
         const int slot = plan.workers[static_cast<size_t>(d * P + k)];
         const int host = hostOfRank(d * P + k);
-        const double f = p_.computeFactor(on_host[static_cast<size_t>(host)], n);
+        const int m = on_host[static_cast<size_t>(host)];
+        const double f = P == 1 ? p_.dataParallelFactor(m, n) : p_.computeFactor(m, n);
         host_busy[static_cast<size_t>(host)] +=
             static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]) * f *
             search_.compute(cuts[static_cast<size_t>(k)], cuts[static_cast<size_t>(k) + 1],
@@ -698,7 +700,7 @@ class DeviceSearch {
       for (int r = 0; r < n; ++r) {
         const int s = plan.workers[static_cast<size_t>(r)];
         opt = std::max(opt, search_.optimizerPerParam(tableOfSlot(s)) * rq_.slot_slowdown[static_cast<size_t>(s)] *
-                                p_.computeFactor(on_host[static_cast<size_t>(hostOfRank(r))], n));
+                                p_.dataParallelFactor(on_host[static_cast<size_t>(hostOfRank(r))], n));
       }
       t += opt * static_cast<double>(p_.totalParams());
     }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,19 @@ double HostContention::factor(int processes) const {
   auto it = factors.upper_bound(processes);  // the first count above
   if (it == factors.begin()) return 1.0;
   return std::prev(it)->second;
+}
+
+double HostContention::busyFactor(int processes) const {
+  const double f = factor(processes);
+  if (processes <= 1 || busy_factors.empty()) return f;
+  auto it = busy_factors.upper_bound(processes);
+  if (it == busy_factors.begin()) return f;
+  return std::max(f, std::prev(it)->second);
+}
+
+double Profile::dataParallelFactor(int on_host, int in_plan) const {
+  if (host_contention.measured()) return host_contention.busyFactor(on_host);
+  return computeFactor(on_host, in_plan);
 }
 
 double Profile::computeFactor(int on_host, int in_plan) const {
@@ -291,6 +305,11 @@ std::string profileToJson(const Profile& p) {
     j["host_contention"] = {{"factors", factors},
                             {"pipeline_step_s", p.host_contention.pipeline_step_s},
                             {"measured_on", p.host_contention.measured_on}};
+    if (!p.host_contention.busy_factors.empty()) {
+      json busy = json::object();
+      for (const auto& [n, f] : p.host_contention.busy_factors) busy[std::to_string(n)] = f;
+      j["host_contention"]["busy_factors"] = busy;
+    }
   }
   return j.dump(2) + "\n";
 }
@@ -391,6 +410,18 @@ Profile profileFromJson(const std::string& text, const std::string& origin) {
       if (f < 1.0) r.fail(key, "expected a factor >= 1");
       if (*n == 1 && f != 1.0) r.fail(key, "one process is the reference: expected 1");
       p.host_contention.factors[static_cast<int>(*n)] = f;
+    }
+    if (h.contains("busy_factors")) {  // optional: profiles written before it have none
+      const json& busy = h.at("busy_factors");
+      if (!busy.is_object()) r.fail("host_contention.busy_factors", "expected an object of worker processes -> factor");
+      for (auto it = busy.begin(); it != busy.end(); ++it) {
+        const std::string key = "host_contention.busy_factors." + it.key();
+        const auto n = parseInt64(it.key());
+        if (!n || *n < 2 || *n > (1 << 20)) r.fail(key, "expected a count of processes in [2, 1048576]");
+        const double f = r.num(busy, it.key(), "host_contention.busy_factors.");
+        if (f < 1.0) r.fail(key, "expected a factor >= 1");
+        p.host_contention.busy_factors[static_cast<int>(*n)] = f;
+      }
     }
     p.host_contention.pipeline_step_s = r.num(h, "pipeline_step_s", "host_contention.");
     p.host_contention.measured_on = r.str(h, "measured_on", "host_contention.");

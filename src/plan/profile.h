@@ -39,6 +39,16 @@ struct HostContention {
   // A count above the largest measured takes its factor (the cores bound
   // of the simulator covers more processes than cores). Empty: not measured.
   std::map<int, double> factors;
+  // Worker processes on the host that all compute at once (data
+  // parallelism: every worker busy from the step's start to its end) ->
+  // the factor on each one's compute, beyond sharing the cores (the
+  // simulator's cores bound: k busy processes on c < k cores each run at
+  // c/k): time slicing, caches warmed by another process. Fitted from a
+  // co-located data-parallel run (3 workers on a host of 2 cores pay more
+  // than a 3-stage pipeline whose stages are rarely busy together). A count
+  // without an entry at or below it, or an entry below factors', takes
+  // factors' (busyFactor()). Empty: as factors.
+  std::map<int, double> busy_factors;
   // Seconds per pipeline step that the measured run took beyond the
   // simulator's prediction with `factors` (>= 0): wake-ups of blocked
   // stages, the collectives and the manager's and store's per-step work
@@ -48,6 +58,9 @@ struct HostContention {
   std::string measured_on;
   bool measured() const { return !factors.empty(); }
   double factor(int processes) const;
+  // The factor of `processes` all busy at once: busy_factors' entry (the
+  // lower listed count's; above the largest, its), never below factor().
+  double busyFactor(int processes) const;
 };
 
 struct LayerCost {
@@ -104,6 +117,9 @@ struct Profile {
   // that count (1 for one process); without, compute_contention for every
   // process of a plan of two or more.
   double computeFactor(int on_host, int in_plan) const;
+  // The same for data parallelism, where every worker of the host computes
+  // at once: host_contention's busyFactor() (>= computeFactor()).
+  double dataParallelFactor(int on_host, int in_plan) const;
   // Per step of a pipeline (P >= 2) of worker processes, on top of what
   // the simulator charges: host_contention's, else 0.
   double pipelineStepSeconds() const { return host_contention.measured() ? host_contention.pipeline_step_s : 0.0; }

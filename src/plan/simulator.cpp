@@ -346,11 +346,15 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // Worker processes of one host slow each other down when they compute at
   // the same time (all of a `morph run`'s workers are on one host): each
   // rank's compute takes the factor of its host's process count
-  // (Profile::computeFactor).
+  // (Profile::computeFactor); data-parallel workers all compute at once,
+  // so theirs is the factor of that many busy processes
+  // (Profile::dataParallelFactor), on top of sharing the cores (below).
   std::map<int, int> on_host;
   for (int r = 0; r < P * D; ++r) ++on_host[hostOf(r)];
   auto contentionOf = [&](int rank) {
-    return opts.in_process ? 1.0 : prof.computeFactor(on_host[hostOf(rank)], P * D);
+    if (opts.in_process) return 1.0;
+    const int n = on_host[hostOf(rank)];
+    return P == 1 ? prof.dataParallelFactor(n, P * D) : prof.computeFactor(n, P * D);
   };
   auto slow = [&](int d, int k) {
     return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(d * P + k)]) * contentionOf(d * P + k);

@@ -189,6 +189,127 @@ TEST(HostContention, SeveralRunsTakeTheMedianPerProcessCount) {
   EXPECT_THROW(fitHostContention(prof, std::vector<ColocatedRun>{}, {}), InputError);
 }
 
+// Data-parallel workers all compute at once: on a host of 2 cores, 3 of
+// them share the cores (c/k each: the cores bound) and pay their busy
+// factor; a 3-stage pipeline on the same host, its stages rarely busy
+// together, keeps the per-process-count factor.
+TEST(HostContention, DataParallelWorkersAllBusyTakeTheBusyFactor) {
+  HostContention h = model({{1, 1.0}, {2, 1.2}, {3, 1.1}}, 0.25);
+  h.busy_factors = {{3, 1.5}};
+  EXPECT_DOUBLE_EQ(h.busyFactor(1), 1.0);
+  EXPECT_DOUBLE_EQ(h.busyFactor(2), 1.2);  // no entry at or below 2: factors'
+  EXPECT_DOUBLE_EQ(h.busyFactor(3), 1.5);
+  EXPECT_DOUBLE_EQ(h.busyFactor(8), 1.5);  // above the largest: its
+  Profile one = uniform(1);  // 3 s a VN
+  one.host_cores = 2;
+  one.host_contention = h;
+  // 3 workers, shares 3 + 3 + 2: 8 VNs x 3 s x 1.5 over 2 cores = 18 s
+  // (a worker alone would take 3 x 3 x 1.5 = 13.5); free collectives, no
+  // optimiser, no pipeline term.
+  PlanSpec dp;
+  dp.replicas = 3;
+  dp.vn_shares = {3, 3, 2};
+  EXPECT_DOUBLE_EQ(simulate(one, dp).step_seconds, 18.0);
+  // With the per-process-count factor 1.1: 8 x 3 x 1.1 / 2 = 13.2.
+  Profile counts = one;
+  counts.host_contention.busy_factors.clear();
+  EXPECT_NEAR(simulate(counts, dp).step_seconds, 13.2, 1e-12);
+  // A busy factor below the pipelines' is taken as theirs.
+  Profile below = one;
+  below.host_contention.busy_factors = {{3, 1.05}};
+  EXPECT_NEAR(simulate(below, dp).step_seconds, 13.2, 1e-12);
+  // 2 workers of a VN each: factor(2) = 1.2, 3.6 s; 4 workers of 2 VNs
+  // each: 1.5 (above the largest), 8 x 3 x 1.5 / 2 = 18.
+  dp.replicas = 2;
+  dp.vn_shares = {1, 1};
+  EXPECT_NEAR(simulate(one, dp).step_seconds, 3.6, 1e-12);
+  dp.replicas = 4;
+  dp.vn_shares = {2, 2, 2, 2};
+  EXPECT_DOUBLE_EQ(simulate(one, dp).step_seconds, 18.0);
+  // A 3-stage pipeline, M = 2, on the same host: each stage 3 x 1.1 = 3.3
+  // a VN, (M + P - 1) x 3.3 = 13.2 (its 19.8 s of compute over 2 cores is
+  // less), plus 0.25: the busy factor plays no part.
+  Profile three = uniform(3);
+  three.host_cores = 2;
+  three.host_contention = h;
+  EXPECT_NEAR(simulate(three, pipeline(3, 2)).step_seconds, 13.45, 1e-12);
+  three.host_contention.busy_factors.clear();
+  EXPECT_NEAR(simulate(three, pipeline(3, 2)).step_seconds, 13.45, 1e-12);
+}
+
+// The fit: a data-parallel run's step gives its busy factor; the
+// pipeline runs give the per-count factors and the step beyond.
+TEST(HostContention, FitsTheBusyFactorFromADataParallelRun) {
+  Profile prof = uniform(2);  // 6 s a VN through both layers
+  prof.host_cores = 2;
+  // 3 data-parallel workers, shares 3 + 3 + 2, at factor x: 8 x 6 x x / 2
+  // = 24x (a worker alone 18x). A measured 36 s: x = 1.5.
+  ColocatedRun dp;
+  dp.plan.replicas = 3;
+  dp.plan.cuts = {0, 2};
+  dp.plan.vn_shares = {3, 3, 2};
+  dp.step_seconds = 36.0;
+  dp.label = "3 data-parallel workers";
+  // The 2-stage run of FitIsRelativeToTheProfilesOwnFigures (18 s of
+  // compute where the profile gives 12: 1.5; the simulator then says 13.5,
+  // its 12 s over 2 cores being less; the step took 14: 0.5 beyond).
+  ColocatedRun pipe;
+  pipe.plan = pipeline(2, 2);
+  pipe.stage_busy_s = {8.0, 10.0};
+  pipe.step_seconds = 14.0;
+  pipe.label = "2-stage";
+  HostContention h = fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {});
+  ASSERT_EQ(h.factors.size(), 2u);
+  EXPECT_NEAR(h.factors.at(2), 1.5, 1e-12);
+  ASSERT_EQ(h.busy_factors.size(), 1u);
+  EXPECT_NEAR(h.busy_factors.at(3), 1.5, 1e-9);
+  EXPECT_NEAR(h.pipeline_step_s, 0.5, 1e-12);  // from the pipeline run only
+  EXPECT_EQ(h.measured_on, "2-stage; 3 data-parallel workers");
+  // The fitted model predicts the run it was fitted to.
+  Profile fitted = prof;
+  fitted.host_contention = h;
+  EXPECT_NEAR(simulate(fitted, dp.plan).step_seconds, 36.0, 1e-8);
+  // Runs of 48, 36 and 72 s (x = 2, 1.5 and 3): the median 2 (not the
+  // mean, 2.17).
+  dp.step_seconds = 48.0;
+  ColocatedRun dp2 = dp, dp3 = dp;
+  dp2.step_seconds = 36.0;
+  dp3.step_seconds = 72.0;
+  h = fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp, dp2, dp3}, {});
+  EXPECT_NEAR(h.busy_factors.at(3), 2.0, 1e-9);
+  // Faster than the simulator at factor 1: 1.
+  dp.step_seconds = 20.0;
+  EXPECT_DOUBLE_EQ(fitHostContention(prof, std::vector<ColocatedRun>{pipe, dp}, {}).busy_factors.at(3), 1.0);
+  // A data-parallel run alone fits nothing.
+  EXPECT_THROW(fitHostContention(prof, std::vector<ColocatedRun>{dp}, {}), InputError);
+}
+
+// The layers move to the median of the whole-model times taken over the
+// calibration; the quantisation inside each backward is per value and
+// stays.
+TEST(HostContention, WholeModelMedianRescalesTheLayersButNotTheQuantisation) {
+  EXPECT_DOUBLE_EQ(wholeModelSeconds({7.0, 6.0, 9.0, 6.5, 100.0}), 7.0);  // one odd timing moves nothing
+  EXPECT_DOUBLE_EQ(wholeModelSeconds({4.0, 1.0, 3.0, 2.0}), 2.5);
+  EXPECT_THROW(wholeModelSeconds({}), InputError);
+  Profile p = handProfile(2, [](size_t l, LayerCost& c) {
+    c.forward_s = 1.0 + static_cast<double>(l);
+    c.forward_nograd_s = 0.8;
+    c.recompute_s = 1.1;
+    c.tied_params = l == 1 ? 5 : 0;
+  });
+  p.quantize_s_per_value = 0.01;
+  p.layers[0].backward_s = 2.0 + 0.01 * 10;  // 10 parameters
+  p.layers[1].backward_s = 3.0 + 0.01 * 15;  // 10 + 5 tied
+  rescaleLayerCompute(p, 1.5);
+  EXPECT_DOUBLE_EQ(p.layers[0].forward_s, 1.5);
+  EXPECT_DOUBLE_EQ(p.layers[1].forward_s, 3.0);
+  EXPECT_DOUBLE_EQ(p.layers[0].forward_nograd_s, 1.2);
+  EXPECT_NEAR(p.layers[1].recompute_s, 1.65, 1e-12);
+  EXPECT_NEAR(p.layers[0].backward_s, 3.0 + 0.1, 1e-12);
+  EXPECT_NEAR(p.layers[1].backward_s, 4.5 + 0.15, 1e-12);
+  EXPECT_THROW(rescaleLayerCompute(p, 0.0), InputError);
+}
+
 TEST(HostContention, RoundTripsThroughTheProfileAndRefusesBadFactors) {
   Profile p = uniform(2);
   p.host_contention = model({{1, 1.0}, {2, 1.25}}, 0.004);
@@ -198,6 +319,26 @@ TEST(HostContention, RoundTripsThroughTheProfileAndRefusesBadFactors) {
   EXPECT_DOUBLE_EQ(q.host_contention.pipeline_step_s, 0.004);
   EXPECT_EQ(q.host_contention.measured_on, "by hand");
   EXPECT_EQ(profileToJson(q), text);
+  EXPECT_TRUE(q.host_contention.busy_factors.empty());  // not written when not measured
+  Profile b = p;
+  b.host_contention.busy_factors = {{3, 1.4}};
+  const std::string busy_text = profileToJson(b);
+  EXPECT_DOUBLE_EQ(profileFromJson(busy_text, "p.json").host_contention.busyFactor(3), 1.4);
+  EXPECT_EQ(profileToJson(profileFromJson(busy_text, "p.json")), busy_text);
+  {
+    std::string bad = busy_text;
+    const std::string from = "\"3\": 1.4";
+    const size_t at = bad.find(from);
+    ASSERT_NE(at, std::string::npos);
+    try {
+      profileFromJson(bad.replace(at, from.size(), "\"3\": 0.5"), "p.json");
+      ADD_FAILURE() << "a busy factor below 1 was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'host_contention.busy_factors.3': expected a factor >= 1"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // Without the key: the older model.
   EXPECT_FALSE(profileFromJson(profileToJson(uniform(2)), "p.json").host_contention.measured());
   auto refusal = [&](const std::string& from, const std::string& to) {
