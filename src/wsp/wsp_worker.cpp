@@ -1,11 +1,14 @@
 // WspWorker (wsp_worker.h).
 #include "wsp/wsp_worker.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
 
 #include "core/error.h"
+#include "core/sys.h"
 #include "exec/fixed_point.h"
 #include "wsp/own_pushes.h"
 #include "wsp/wsp_recovery.h"
@@ -20,6 +23,14 @@ constexpr int64_t kHeader = 4;
 // A snapshot's reply starts with: version, optimiser steps, state floats,
 // optimiser floats; then the shard's scales.
 constexpr int64_t kSnapshotHeader = 4;
+
+// CPU seconds of the calling thread (a VW computes on its main thread:
+// job.threads intra-op threads, 1 by default).
+double threadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 }  // namespace
 
 WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world,
@@ -114,6 +125,7 @@ void WspWorker::serve(int peer) {
 
 void WspWorker::push(int64_t clock, int64_t minibatches) {
   MORPH_CHECK_EQ(wave_.terms, minibatches);
+  const double t0 = nowSeconds();
   std::vector<std::unique_ptr<PendingWork>> sends;
   std::vector<torch::Tensor> keep;
   for (int r = 0; r < vws_; ++r) {
@@ -131,6 +143,7 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
     keep.push_back(body);
   }
   for (auto& s : sends) s->wait();
+  seconds_.push += nowSeconds() - t0;
   ++pushes_;
   if (job_.staleness > 0 && job_.optim.name == "sgd") {
     // Kept until every shard's version passes the wave (pullAll).
@@ -180,6 +193,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     exact = mine[static_cast<size_t>(pull)];
   }
   const int64_t at_least = final ? clock : std::max<int64_t>(0, clock - job_.staleness);
+  const double t0 = nowSeconds();
   // Every remote request first, so that the shards answer in parallel.
   std::vector<std::unique_ptr<PendingWork>> sends;
   std::vector<torch::Tensor> keep;
@@ -216,6 +230,8 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     std::vector<int64_t> scl(got.scales.begin(), got.scales.end());
     install(me_, got.version, scl.data(), got.state.data(), static_cast<int64_t>(got.state.size()));
   }
+  const double t1 = nowSeconds();
+  seconds_.gate += t1 - t0;
   for (int r = 0; r < vws_; ++r) {
     if (r == me_) continue;
     int64_t nseg = static_cast<int64_t>(map_.end(r) - map_.begin(r)), floats = 0;
@@ -230,6 +246,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     install(r, meta.data_ptr<int64_t>()[0], meta.data_ptr<int64_t>() + 1, state.data_ptr<float>(), floats);
   }
   for (auto& s : sends) s->wait();
+  seconds_.pull += nowSeconds() - t1;
   if (!own_.empty()) {
     for (int r = 0; r < vws_; ++r) addOwnPushes(r, rec.versions[static_cast<size_t>(r)], clock);
     const int64_t applied = *std::min_element(rec.versions.begin(), rec.versions.end());
@@ -260,12 +277,19 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
     const int64_t first = c * job_.wave, end = std::min(steps_, first + job_.wave);
     for (int64_t t = first; t < end; ++t) {
       MORPH_CHECK_EQ(core.nextStep(), t);
+      const double w0 = nowSeconds(), c0 = threadCpuSeconds();
       last = ex_.localStep();
+      seconds_.compute += nowSeconds() - w0;
+      seconds_.compute_cpu += threadCpuSeconds() - c0;
       std::vector<double> fm = buf.flagsAndMax();
       wave_.add(buf.exactBuffer(), buf.usedScales().data(), fm.data() + 2);
       // The pulled scales stay until a local redo replaces them (docs/wsp.md).
       if (last.attempts == 1) buf.setScales(buf.usedScales());
-      if (t + 1 < steps_) minibatch(last);
+      if (t + 1 < steps_) {
+        const double m0 = nowSeconds();
+        minibatch(last);
+        seconds_.minibatch += nowSeconds() - m0;
+      }
     }
     push(c, end - first);
     clock_ = c + 1;
@@ -275,6 +299,7 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
     }
     pullAll(c + 1, c + 1 == waves);
     if (checkpoint_) {
+      const double k0 = nowSeconds();
       // Every version the pull found on every shard: each shard kept its
       // snapshot of those due (docs/wsp.md), so the gathering waits for none.
       const std::vector<int64_t>& v = records_.back().versions;
@@ -282,6 +307,7 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
       for (int64_t k = checkpointed_ + 1; k <= reached; ++k)
         if (wspCheckpointDue(k, job_.wave, job_.checkpoint_every, steps_)) gatherCheckpoint(k);
       checkpointed_ = std::max(checkpointed_, reached);
+      seconds_.checkpoint += nowSeconds() - k0;
     }
   }
   bye();
@@ -393,10 +419,16 @@ int64_t WspWorker::maxGap() const {
   return g;
 }
 
+nlohmann::json WspWorker::Seconds::toJson(int vw) const {
+  return {{"vw", vw},           {"compute", compute}, {"compute_cpu", compute_cpu}, {"minibatch", minibatch},
+          {"push", push},       {"gate", gate},       {"pull", pull},               {"checkpoint", checkpoint}};
+}
+
 nlohmann::json WspWorker::result() const {
   nlohmann::json recs = nlohmann::json::array();
   for (const PullRecord& r : records_) recs.push_back(r.toJson());
-  return {{"pushes", pushes_}, {"pulls", records_.size()}, {"max_clock_gap", maxGap()}, {"records", recs}};
+  return {{"vw", me_},           {"pushes", pushes_},           {"pulls", records_.size()},
+          {"max_clock_gap", maxGap()}, {"seconds", seconds_.toJson(me_)}, {"records", recs}};
 }
 
 }  // namespace morph

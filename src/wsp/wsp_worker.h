@@ -61,7 +61,19 @@ class WspWorker {
   const std::vector<PullRecord>& pulls() const { return records_; }
   int64_t pushes() const { return pushes_; }
   int64_t maxGap() const;
-  // {"pushes", "pulls", "max_clock_gap", "records": [...]} for the result.
+  // Where this VW's wall clock went (docs/wsp.md, "Where a clock's time
+  // goes"): its minibatches (forward, backward, local update, an emulated
+  // device's sleep), of which the main thread's CPU time; the callback
+  // after each (metrics line, evaluations); waiting for its pushes' sends;
+  // its own shard's pull (the gate: until that shard reached the version);
+  // the other shards' replies after it; gathering checkpoints.
+  struct Seconds {
+    double compute = 0, compute_cpu = 0, minibatch = 0, push = 0, gate = 0, pull = 0, checkpoint = 0;
+    nlohmann::json toJson(int vw) const;
+  };
+  const Seconds& seconds() const { return seconds_; }
+  // {"vw", "pushes", "pulls", "max_clock_gap", "seconds", "records": [...]}
+  // for the result.
   nlohmann::json result() const;
 
  private:
@@ -95,6 +107,7 @@ class WspWorker {
   std::exception_ptr server_error_;
   std::vector<PullRecord> records_;
   int64_t pushes_ = 0;
+  Seconds seconds_;
   // Its own pushes a shard may not have applied yet: per wave, the wave's
   // mean-gradient part G / B of every parameter segment (floats, the
   // buffer's layout; empty for the other segments). A pull adds what they
