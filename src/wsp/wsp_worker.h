@@ -72,8 +72,8 @@ class WspWorker {
     nlohmann::json toJson(int vw) const;
   };
   const Seconds& seconds() const { return seconds_; }
-  // {"vw", "pushes", "pulls", "max_clock_gap", "seconds", "records": [...]}
-  // for the result.
+  // {"vw", "pushes", "pulls", "max_clock_gap", "seconds", "shard_values",
+  // "records": [...]} for the result.
   nlohmann::json result() const;
 
  private:
@@ -97,10 +97,17 @@ class WspWorker {
   const CheckpointSink checkpoint_;
   const int me_, vws_;
   int64_t clock_ = 0, checkpointed_ = 0;  // waves pushed; the newest version gathered
+  // The buffer's segments (orig_) cut into pieces between the shards
+  // (ShardPieces): segs_ and sizes_ are per piece, a piece's state a view
+  // of its part of the segment's tensor; map_ gives each shard's pieces.
+  ShardPieces pieces_;
   ShardMap map_;
   std::unique_ptr<ParamShard> shard_;  // the one this process hosts
-  std::vector<StepCore::Segment> segs_;
+  std::vector<StepCore::Segment> orig_, segs_;
   std::vector<int64_t> sizes_;
+  // A per-segment array of the buffer, per piece.
+  template <typename T>
+  std::vector<T> perPiece(const T* per_segment) const;
   ScaledValues wave_;
   std::vector<std::thread> servers_;
   std::mutex err_mu_;
