@@ -63,7 +63,7 @@ TEST(WspShardPieces, OneLargeTensorIsSplitAtAlignedCuts) {
   EXPECT_EQ(p.offset, (std::vector<int64_t>{0, 0, 0, 86016, 192512, 299008, 0}));
   EXPECT_EQ(p.size, (std::vector<int64_t>{352, 18560, 86016, 106496, 106496, 102400, 1290}));
   EXPECT_EQ(p.map.first, (std::vector<size_t>{0, 3, 4, 5, 7}));
-  // Shard values: 104928, 106496, 106496, 103690 (before: 18912, 401408, 1290 and 0).
+  // Shard values: 104928, 106496, 106496, 103690 (runs of whole tensors: 420320, 0, 0, 1290).
   // A cut rounds to the nearest multiple from its tensor's start: goal 60
   // of {10, 10, 100} is at 40 in segment 2, which 4096 rounds to 0 (the
   // tensor's start: no piece) and 8 keeps (a cut at 40).
