@@ -43,7 +43,13 @@ probe, not training). Prints, per worker count:
      the fairer one: while worker 0 evaluates, a WSP job's other workers
      go on (up to D waves), a sync job's wait, so subtracting the
      evaluations favours WSP;
-  4. time per clock, measured (mean train seconds per step of worker 0's
+  4. after each WSP run that finished (--full, or the target not reached), where
+     each VW's wall clock went, per clock (summary.json's wsp.vw_seconds):
+     its minibatches (compute; compute_cpu: its main thread's CPU time in
+     them, which a slower emulated device's sleep is not), the callback after
+     each (metrics, evaluations), its pushes, the gate (its own shard's pull)
+     and the other shards' pull replies;
+  5. time per clock, measured (mean train seconds per step of worker 0's
      lines from 10% of the steps to the last line, evaluations subtracted,
      times WAVE for WSP) beside the prediction. Worker 0 may lead the
      slowest worker by up to D waves, so for WSP its rate is a lower bound
@@ -199,6 +205,26 @@ def measured_step(lines, steps, lead_steps=0):
     return t / n, (t / (n - lead_steps) if n > lead_steps else None)
 
 
+def vw_seconds(out):
+    """summary.json's wsp.vw_seconds of a WSP run that finished (docs/wsp.md,
+    "Where a clock's time goes"), else None."""
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f).get("wsp", {}).get("vw_seconds") or None
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def print_vw_seconds(rows, clocks):
+    """Each VW's wall clock per clock, by part (a finished WSP run)."""
+    parts = ("compute", "compute_cpu", "minibatch", "push", "gate", "pull", "checkpoint")
+    print(f"    ms per clock ({clocks} clocks), by VW: " + ", ".join(parts) + ", sum (compute_cpu is part of compute)")
+    for x in rows:
+        total = sum(x[p] for p in parts if p != "compute_cpu")
+        print(f"    | VW {x['vw']} | " + " | ".join(f"{1e3 * x[p] / clocks:.1f}" for p in parts)
+              + f" | {1e3 * total / clocks:.1f} |", flush=True)
+
+
 def job_steps(a):
     if a.steps:
         return a.steps
@@ -300,7 +326,7 @@ def main():
                     per, bound = measured_step(lines, steps, int(s[3:]) * a.wave if s.startswith("wsp") else 0)
                     r = dict(workers=workers, seed=seed, system=s, how=how, curve=pts, hit=hit,
                              step_seconds=per, clock_seconds=None if per is None else per * k,
-                             clock_bound=None if bound is None else bound * k)
+                             clock_bound=None if bound is None else bound * k, vw_seconds=vw_seconds(out))
                     results[s].append(r)
                     report["runs"].append(r)
                     print(f"  ran {name(s)} seed {seed}: {how}, {len(lines)} lines, target "
@@ -308,6 +334,8 @@ def main():
                           + f" (load {os.getloadavg()[0]:.2f})", flush=True)
                     if how.startswith("exit"):
                         print(f"    manager log: {out}.log", flush=True)
+                    if r["vw_seconds"]:
+                        print_vw_seconds(r["vw_seconds"], -(-steps // a.wave))
             for seed_i, seed in enumerate(seeds):
                 print(f"\naccuracy @ train seconds, {workers} VWs, seed {seed}\n")
                 print("| step | " + " | ".join(name(s) for s in systems) + " |")

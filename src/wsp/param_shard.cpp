@@ -11,29 +11,41 @@
 
 namespace morph {
 
-ShardMap ShardMap::balance(const std::vector<int64_t>& sizes, int shards) {
-  MORPH_CHECK(shards >= 1, "no shards");
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  ShardMap m;
-  m.first.push_back(0);
-  int64_t acc = 0;
-  size_t seg = 0;
+ShardPieces ShardPieces::cut(const std::vector<int64_t>& sizes, int shards, int64_t align) {
+  MORPH_CHECK(shards >= 1 && align >= 1, "no shards");
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t s = 0; s < sizes.size(); ++s) start[s + 1] = start[s] + sizes[s];
+  const int64_t total = start.back();
+  // The cut points, as positions in the concatenated values (non-decreasing).
+  std::vector<int64_t> points;
   for (int r = 1; r < shards; ++r) {
-    // Shard r - 1 ends at the first boundary at or past r / W of the values.
     const int64_t goal = total * r / shards;
-    while (seg < sizes.size() && acc < goal) acc += sizes[seg++];
-    m.first.push_back(seg);
+    size_t s = 0;
+    while (s + 1 < sizes.size() && start[s + 1] <= goal) ++s;
+    const int64_t in = goal - start[s];
+    int64_t at = (in + align / 2) / align * align;  // the nearest multiple of align
+    if (sizes.empty() || at <= 0) at = 0;
+    else if (at >= sizes[s]) at = sizes[s];
+    points.push_back(sizes.empty() ? 0 : start[s] + at);  // goals grow, so points do
   }
-  m.first.push_back(sizes.size());
-  return m;
-}
-
-int ShardMap::shardOf(size_t segment) const {
-  for (int r = 0; r < shards(); ++r)
-    if (segment >= begin(r) && segment < end(r)) return r;
-  MORPH_CHECK(false, "a segment past the shard map");
-  return -1;
+  ShardPieces p;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    int64_t from = 0;
+    for (int64_t q : points)
+      if (q > start[s] + from && q < start[s + 1]) {
+        p.segment.push_back(s), p.offset.push_back(from), p.size.push_back(q - start[s] - from);
+        from = q - start[s];
+      }
+    p.segment.push_back(s), p.offset.push_back(from), p.size.push_back(sizes[s] - from);
+  }
+  p.map.first.push_back(0);
+  for (int64_t q : points) {
+    size_t i = 0;
+    while (i < p.segment.size() && start[p.segment[i]] + p.offset[i] < q) ++i;
+    p.map.first.push_back(i);
+  }
+  p.map.first.push_back(p.segment.size());
+  return p;
 }
 
 ParamShard::ParamShard(const JobSpec& job, int64_t steps, int vws, const std::vector<StepCore::Segment>& segs,

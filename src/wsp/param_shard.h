@@ -24,16 +24,32 @@
 
 namespace morph {
 
-// Which segments each shard holds: W runs of whole segments, contiguous,
-// balanced by values (a shard may be empty when there are fewer segments
-// than workers). first[r] .. first[r + 1].
+// Which pieces (ShardPieces) each shard holds: W contiguous runs,
+// first[r] .. first[r + 1] (a shard may be empty when a model has fewer
+// values than workers times ShardPieces::kAlign).
 struct ShardMap {
   std::vector<size_t> first;
-  static ShardMap balance(const std::vector<int64_t>& segment_sizes, int shards);
-  int shardOf(size_t segment) const;
   int shards() const { return static_cast<int>(first.size()) - 1; }
   size_t begin(int r) const { return first[static_cast<size_t>(r)]; }
   size_t end(int r) const { return first[static_cast<size_t>(r) + 1]; }
+};
+
+// The shards of a WSP job (docs/wsp.md): the buffer's values in segment
+// order cut into `shards` contiguous ranges of about equal values, a tensor
+// split between shards where a cut falls inside it. Each cut is at the
+// value r / W of the total, moved to the nearest multiple of `align` values
+// from its tensor's start (or to the tensor's start or end when nearer), so
+// that every piece but a tensor's last is a multiple of `align` long: the
+// elementwise optimiser then runs the same vector loop over each element as
+// on the whole tensor (the same bits). One large tensor (the CNN's fc
+// weight, 95% of its values) would otherwise put nearly every push and
+// pull on one VW's link.
+struct ShardPieces {
+  static constexpr int64_t kAlign = 4096;
+  std::vector<size_t> segment;         // per piece: the segment it is part of
+  std::vector<int64_t> offset, size;   // per piece: its first value in the segment, its values
+  ShardMap map;                        // shards as runs of pieces
+  static ShardPieces cut(const std::vector<int64_t>& segment_sizes, int shards, int64_t align = kAlign);
 };
 
 class ParamShard {
@@ -52,6 +68,8 @@ class ParamShard {
   int64_t pushValues() const { return 2 * static_cast<int64_t>(sizes_.size()) + values_ + 2; }
   // Floats of a pull's state (parameters and running statistics).
   int64_t stateFloats() const { return state_floats_; }
+  // Values of its segments (pieces): what each push to it carries.
+  int64_t values() const { return values_; }
   size_t segments() const { return sizes_.size(); }
 
   // VW `vw`'s push of wave `clock`; applies every clock that is complete.

@@ -1,11 +1,15 @@
 // WspWorker (wsp_worker.h).
 #include "wsp/wsp_worker.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "core/error.h"
+#include "core/sys.h"
 #include "exec/fixed_point.h"
 #include "wsp/own_pushes.h"
 #include "wsp/wsp_recovery.h"
@@ -20,6 +24,14 @@ constexpr int64_t kHeader = 4;
 // A snapshot's reply starts with: version, optimiser steps, state floats,
 // optimiser floats; then the shard's scales.
 constexpr int64_t kSnapshotHeader = 4;
+
+// CPU seconds of the calling thread (a VW computes on its main thread:
+// job.threads intra-op threads, 1 by default).
+double threadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 }  // namespace
 
 WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communicator& world,
@@ -32,15 +44,25 @@ WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communic
               "a WSP run starts at step " + std::to_string(start) + ", not at a clock");
   clock_ = checkpointed_ = (start + job_.wave - 1) / job_.wave;
   base_.assign(static_cast<size_t>(vws_), clock_);
-  segs_ = core.segments();
-  sizes_ = core.buffer().segmentSizes();
-  map_ = ShardMap::balance(sizes_, vws_);
+  orig_ = core.segments();
+  pieces_ = ShardPieces::cut(core.buffer().segmentSizes(), vws_);
+  map_ = pieces_.map;
+  for (size_t p = 0; p < pieces_.segment.size(); ++p) {
+    StepCore::Segment g = orig_[pieces_.segment[p]];
+    if (g.state.defined() && pieces_.size[p] != g.state.numel()) {
+      MORPH_CHECK(g.state.is_contiguous(), "a WSP shard splits a tensor that is not contiguous");
+      g.state = g.state.view({-1}).narrow(0, pieces_.offset[p], pieces_.size[p]);
+    }
+    segs_.push_back(g);
+    sizes_.push_back(pieces_.size[p]);
+  }
   shard_ = std::make_unique<ParamShard>(job_, steps_, vws_, segs_, sizes_, map_.begin(me_), map_.end(me_),
-                                        core.buffer().scales());
+                                        perPiece(core.buffer().scales().data()));
   if (clock_ > 0) {
-    // A restored checkpoint: its optimiser state, in the shard's layout.
+    // A restored checkpoint: its optimiser state, in the shard's layout
+    // (per piece of a parameter, each of its optimiser tensors' part).
     CheckpointData d = ex_.exportState();
-    std::vector<std::vector<float>> per_seg(segs_.size());
+    std::vector<std::vector<float>> per_seg(orig_.size());
     std::set<std::pair<size_t, int>> seen;  // a tied parameter is listed by each layer using it
     eachSegmentTensor(d, [&](size_t s, int i, torch::Tensor& t) {
       if (i < 0 || !seen.insert({s, i}).second) return;
@@ -48,7 +70,15 @@ WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communic
       per_seg[s].insert(per_seg[s].end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
     });
     std::vector<float> optim;
-    for (size_t s = map_.begin(me_); s < map_.end(me_); ++s) optim.insert(optim.end(), per_seg[s].begin(), per_seg[s].end());
+    for (size_t p = map_.begin(me_); p < map_.end(me_); ++p) {
+      const size_t s = pieces_.segment[p];
+      if (per_seg[s].empty()) continue;
+      const int64_t n = orig_[s].state.numel(), k = static_cast<int64_t>(per_seg[s].size()) / n;
+      for (int64_t i = 0; i < k; ++i) {
+        auto from = per_seg[s].begin() + i * n + pieces_.offset[p];
+        optim.insert(optim.end(), from, from + pieces_.size[p]);
+      }
+    }
     shard_->restore(clock_, optim, d.meta.at("optim_steps").get<int64_t>());
   }
   if (job_.checkpoint_every > 0) {
@@ -59,6 +89,13 @@ WspWorker::WspWorker(const JobSpec& job, int64_t steps, VnExecutor& ex, Communic
   wave_ = ScaledValues(sizes_);
   for (int p = 0; p < vws_; ++p)
     if (p != me_) servers_.emplace_back([this, p] { serve(p); });
+}
+
+template <typename T>
+std::vector<T> WspWorker::perPiece(const T* per_segment) const {
+  std::vector<T> out(pieces_.segment.size());
+  for (size_t p = 0; p < out.size(); ++p) out[p] = per_segment[pieces_.segment[p]];
+  return out;
 }
 
 WspWorker::~WspWorker() {
@@ -114,6 +151,7 @@ void WspWorker::serve(int peer) {
 
 void WspWorker::push(int64_t clock, int64_t minibatches) {
   MORPH_CHECK_EQ(wave_.terms, minibatches);
+  const double t0 = nowSeconds();
   std::vector<std::unique_ptr<PendingWork>> sends;
   std::vector<torch::Tensor> keep;
   for (int r = 0; r < vws_; ++r) {
@@ -131,6 +169,7 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
     keep.push_back(body);
   }
   for (auto& s : sends) s->wait();
+  seconds_.push += nowSeconds() - t0;
   ++pushes_;
   if (job_.staleness > 0 && job_.optim.name == "sgd") {
     // Kept until every shard's version passes the wave (pullAll).
@@ -180,6 +219,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     exact = mine[static_cast<size_t>(pull)];
   }
   const int64_t at_least = final ? clock : std::max<int64_t>(0, clock - job_.staleness);
+  const double t0 = nowSeconds();
   // Every remote request first, so that the shards answer in parallel.
   std::vector<std::unique_ptr<PendingWork>> sends;
   std::vector<torch::Tensor> keep;
@@ -196,13 +236,17 @@ void WspWorker::pullAll(int64_t clock, bool final) {
   rec.clock = clock;
   rec.versions.assign(static_cast<size_t>(vws_), 0);
   StepCore& core = ex_.core();
-  std::vector<int> scales = core.buffer().scales();
+  // Per segment, the coarsest scale of its pieces' shards (a tensor split
+  // between shards at different versions may get two; with D = 0 they are
+  // always equal).
+  std::vector<int> scales(orig_.size(), std::numeric_limits<int>::max());
   torch::NoGradGuard no_grad;
   auto install = [&](int r, int64_t version, const int64_t* scl, const float* state, int64_t floats) {
     rec.versions[static_cast<size_t>(r)] = version;
     int64_t off = 0;
     for (size_t s = map_.begin(r); s < map_.end(r); ++s) {
-      scales[s] = static_cast<int>(scl[s - map_.begin(r)]);
+      int& to = scales[pieces_.segment[s]];
+      to = std::min(to, static_cast<int>(scl[s - map_.begin(r)]));
       const torch::Tensor& t = segs_[s].state;
       if (!t.defined()) continue;
       MORPH_CHECK(off + t.numel() <= floats, "a pulled shard is shorter than its tensors");
@@ -216,6 +260,8 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     std::vector<int64_t> scl(got.scales.begin(), got.scales.end());
     install(me_, got.version, scl.data(), got.state.data(), static_cast<int64_t>(got.state.size()));
   }
+  const double t1 = nowSeconds();
+  seconds_.gate += t1 - t0;
   for (int r = 0; r < vws_; ++r) {
     if (r == me_) continue;
     int64_t nseg = static_cast<int64_t>(map_.end(r) - map_.begin(r)), floats = 0;
@@ -230,6 +276,7 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     install(r, meta.data_ptr<int64_t>()[0], meta.data_ptr<int64_t>() + 1, state.data_ptr<float>(), floats);
   }
   for (auto& s : sends) s->wait();
+  seconds_.pull += nowSeconds() - t1;
   if (!own_.empty()) {
     for (int r = 0; r < vws_; ++r) addOwnPushes(r, rec.versions[static_cast<size_t>(r)], clock);
     const int64_t applied = *std::min_element(rec.versions.begin(), rec.versions.end());
@@ -260,12 +307,21 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
     const int64_t first = c * job_.wave, end = std::min(steps_, first + job_.wave);
     for (int64_t t = first; t < end; ++t) {
       MORPH_CHECK_EQ(core.nextStep(), t);
+      const double w0 = nowSeconds(), c0 = threadCpuSeconds();
       last = ex_.localStep();
+      seconds_.compute += nowSeconds() - w0;
+      seconds_.compute_cpu += threadCpuSeconds() - c0;
       std::vector<double> fm = buf.flagsAndMax();
-      wave_.add(buf.exactBuffer(), buf.usedScales().data(), fm.data() + 2);
+      // Every piece of a tensor at its scale, with its maximum: the shards
+      // of a split tensor choose the same next scale.
+      wave_.add(buf.exactBuffer(), perPiece(buf.usedScales().data()).data(), perPiece(fm.data() + 2).data());
       // The pulled scales stay until a local redo replaces them (docs/wsp.md).
       if (last.attempts == 1) buf.setScales(buf.usedScales());
-      if (t + 1 < steps_) minibatch(last);
+      if (t + 1 < steps_) {
+        const double m0 = nowSeconds();
+        minibatch(last);
+        seconds_.minibatch += nowSeconds() - m0;
+      }
     }
     push(c, end - first);
     clock_ = c + 1;
@@ -275,6 +331,7 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
     }
     pullAll(c + 1, c + 1 == waves);
     if (checkpoint_) {
+      const double k0 = nowSeconds();
       // Every version the pull found on every shard: each shard kept its
       // snapshot of those due (docs/wsp.md), so the gathering waits for none.
       const std::vector<int64_t>& v = records_.back().versions;
@@ -282,6 +339,7 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
       for (int64_t k = checkpointed_ + 1; k <= reached; ++k)
         if (wspCheckpointDue(k, job_.wave, job_.checkpoint_every, steps_)) gatherCheckpoint(k);
       checkpointed_ = std::max(checkpointed_, reached);
+      seconds_.checkpoint += nowSeconds() - k0;
     }
   }
   bye();
@@ -292,8 +350,8 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
 
 void WspWorker::eachSegmentTensor(CheckpointData& d, const std::function<void(size_t, int, torch::Tensor&)>& f) const {
   std::map<const void*, size_t> seg_of;
-  for (size_t s = 0; s < segs_.size(); ++s)
-    if (segs_[s].state.defined()) seg_of[segs_[s].state.unsafeGetTensorImpl()] = s;
+  for (size_t s = 0; s < orig_.size(); ++s)
+    if (orig_[s].state.defined()) seg_of[orig_[s].state.unsafeGetTensorImpl()] = s;
   std::set<size_t> found;
   for (auto& [lname, tensors] : d.layers) {
     int64_t param = -1;  // the segment of the parameter whose optimiser state follows
@@ -308,7 +366,7 @@ void WspWorker::eachSegmentTensor(CheckpointData& d, const std::function<void(si
       if (it == seg_of.end()) continue;
       found.insert(it->second);
       f(it->second, -1, t);
-      if (segs_[it->second].kind == StepCore::Segment::kParam) param = static_cast<int64_t>(it->second), k = 0;
+      if (orig_[it->second].kind == StepCore::Segment::kParam) param = static_cast<int64_t>(it->second), k = 0;
     }
   }
   MORPH_CHECK_EQ(found.size(), seg_of.size());
@@ -344,38 +402,46 @@ void WspWorker::gatherCheckpoint(int64_t k) {
   }
   for (auto& s : sends) s->wait();
   // The executor's own state gives the layout (layers, names, shapes); every
-  // segment's tensors are replaced by its shard's snapshot.
+  // segment's tensors are replaced by its pieces' snapshots, put together.
   CheckpointData d = ex_.exportState();
   std::vector<int> scales = ex_.core().buffer().scales();
-  std::vector<int64_t> state_off(segs_.size(), 0), optim_off(segs_.size(), 0);
-  for (int r = 0; r < vws_; ++r) {
-    const ParamShard::Snapshot& s = snaps[static_cast<size_t>(r)];
-    MORPH_CHECK_EQ(s.version, k);
-    MORPH_CHECK_EQ(s.optim_steps, snaps[0].optim_steps);
-    int64_t off = 0;
-    for (size_t seg = map_.begin(r); seg < map_.end(r); ++seg) {
-      scales[seg] = s.scales.at(seg - map_.begin(r));
-      state_off[seg] = off;
-      if (segs_[seg].state.defined()) off += segs_[seg].state.numel();
-    }
-    MORPH_CHECK_EQ(off, static_cast<int64_t>(s.state.size()));
-  }
-  // Optimiser state: each parameter's tensors in turn, parameters in
-  // segment order within the shard (ParamShard::Snapshot's layout).
-  std::vector<int64_t> optim_floats(segs_.size(), 0);
+  // Optimiser state floats per segment: each of its tensors has the
+  // parameter's shape.
+  std::vector<int64_t> optim_floats(orig_.size(), 0);
   std::set<std::pair<size_t, int>> seen;  // a tied parameter is listed by each layer using it
   eachSegmentTensor(d, [&](size_t seg, int i, torch::Tensor& t) {
     if (i >= 0 && seen.insert({seg, i}).second) optim_floats[seg] += t.numel();
   });
+  std::vector<std::vector<float>> state(orig_.size()), optim(orig_.size());
+  for (size_t seg = 0; seg < orig_.size(); ++seg) {
+    if (orig_[seg].state.defined()) state[seg].resize(static_cast<size_t>(orig_[seg].state.numel()));
+    optim[seg].resize(static_cast<size_t>(optim_floats[seg]));
+  }
   for (int r = 0; r < vws_; ++r) {
-    int64_t off = 0;
-    for (size_t seg = map_.begin(r); seg < map_.end(r); ++seg) optim_off[seg] = off, off += optim_floats[seg];
-    MORPH_CHECK_EQ(off, static_cast<int64_t>(snaps[static_cast<size_t>(r)].optim.size()));
+    const ParamShard::Snapshot& s = snaps[static_cast<size_t>(r)];
+    MORPH_CHECK_EQ(s.version, k);
+    MORPH_CHECK_EQ(s.optim_steps, snaps[0].optim_steps);
+    // ParamShard::Snapshot's layout: the pieces' state in turn; then per
+    // parameter piece, each of its optimiser tensors.
+    int64_t state_off = 0, optim_off = 0;
+    for (size_t p = map_.begin(r); p < map_.end(r); ++p) {
+      const size_t seg = pieces_.segment[p];
+      const int64_t at = pieces_.offset[p], len = pieces_.size[p];
+      scales[seg] = s.scales.at(p - map_.begin(r));  // every piece's is the same (the same maxima)
+      if (!orig_[seg].state.defined()) continue;
+      std::copy(s.state.begin() + state_off, s.state.begin() + state_off + len, state[seg].begin() + at);
+      state_off += len;
+      const int64_t n = orig_[seg].state.numel();
+      for (int64_t i = 0; i < optim_floats[seg] / n; ++i) {
+        std::copy(s.optim.begin() + optim_off, s.optim.begin() + optim_off + len, optim[seg].begin() + i * n + at);
+        optim_off += len;
+      }
+    }
+    MORPH_CHECK_EQ(state_off, static_cast<int64_t>(s.state.size()));
+    MORPH_CHECK_EQ(optim_off, static_cast<int64_t>(s.optim.size()));
   }
   eachSegmentTensor(d, [&](size_t seg, int i, torch::Tensor& t) {
-    ParamShard::Snapshot& s = snaps[static_cast<size_t>(map_.shardOf(seg))];
-    // Every optimiser state tensor has its parameter's shape.
-    float* src = i < 0 ? s.state.data() + state_off[seg] : s.optim.data() + optim_off[seg] + i * t.numel();
+    float* src = i < 0 ? state[seg].data() : optim[seg].data() + i * t.numel();
     t = torch::from_blob(src, t.sizes(), torch::kFloat32);
   });
   d.step = std::min(k * job_.wave, steps_);
@@ -393,10 +459,17 @@ int64_t WspWorker::maxGap() const {
   return g;
 }
 
+nlohmann::json WspWorker::Seconds::toJson(int vw) const {
+  return {{"vw", vw},           {"compute", compute}, {"compute_cpu", compute_cpu}, {"minibatch", minibatch},
+          {"push", push},       {"gate", gate},       {"pull", pull},               {"checkpoint", checkpoint}};
+}
+
 nlohmann::json WspWorker::result() const {
   nlohmann::json recs = nlohmann::json::array();
   for (const PullRecord& r : records_) recs.push_back(r.toJson());
-  return {{"pushes", pushes_}, {"pulls", records_.size()}, {"max_clock_gap", maxGap()}, {"records", recs}};
+  return {{"vw", me_},           {"pushes", pushes_},           {"pulls", records_.size()},
+          {"max_clock_gap", maxGap()}, {"seconds", seconds_.toJson(me_)}, {"shard_values", shard_->values()},
+          {"records", recs}};
 }
 
 }  // namespace morph

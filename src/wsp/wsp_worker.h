@@ -61,7 +61,19 @@ class WspWorker {
   const std::vector<PullRecord>& pulls() const { return records_; }
   int64_t pushes() const { return pushes_; }
   int64_t maxGap() const;
-  // {"pushes", "pulls", "max_clock_gap", "records": [...]} for the result.
+  // Where this VW's wall clock went (docs/wsp.md, "Where a clock's time
+  // goes"): its minibatches (forward, backward, local update, an emulated
+  // device's sleep), of which the main thread's CPU time; the callback
+  // after each (metrics line, evaluations); waiting for its pushes' sends;
+  // its own shard's pull (the gate: until that shard reached the version);
+  // the other shards' replies after it; gathering checkpoints.
+  struct Seconds {
+    double compute = 0, compute_cpu = 0, minibatch = 0, push = 0, gate = 0, pull = 0, checkpoint = 0;
+    nlohmann::json toJson(int vw) const;
+  };
+  const Seconds& seconds() const { return seconds_; }
+  // {"vw", "pushes", "pulls", "max_clock_gap", "seconds", "shard_values",
+  // "records": [...]} for the result.
   nlohmann::json result() const;
 
  private:
@@ -85,16 +97,24 @@ class WspWorker {
   const CheckpointSink checkpoint_;
   const int me_, vws_;
   int64_t clock_ = 0, checkpointed_ = 0;  // waves pushed; the newest version gathered
+  // The buffer's segments (orig_) cut into pieces between the shards
+  // (ShardPieces): segs_ and sizes_ are per piece, a piece's state a view
+  // of its part of the segment's tensor; map_ gives each shard's pieces.
+  ShardPieces pieces_;
   ShardMap map_;
   std::unique_ptr<ParamShard> shard_;  // the one this process hosts
-  std::vector<StepCore::Segment> segs_;
+  std::vector<StepCore::Segment> orig_, segs_;
   std::vector<int64_t> sizes_;
+  // A per-segment array of the buffer, per piece.
+  template <typename T>
+  std::vector<T> perPiece(const T* per_segment) const;
   ScaledValues wave_;
   std::vector<std::thread> servers_;
   std::mutex err_mu_;
   std::exception_ptr server_error_;
   std::vector<PullRecord> records_;
   int64_t pushes_ = 0;
+  Seconds seconds_;
   // Its own pushes a shard may not have applied yet: per wave, the wave's
   // mean-gradient part G / B of every parameter segment (floats, the
   // buffer's layout; empty for the other segments). A pull adds what they

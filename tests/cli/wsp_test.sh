@@ -112,6 +112,20 @@ for workers in 2 3; do
   (( gap == 0 && pushes == 24 * workers && pulls == 24 * workers )) \
     || { echo "FAIL: summary wsp = $gap $pushes $pulls on $workers workers"; exit 1; }
   [[ $(wc -l < "$work/mw$workers/wsp_log.jsonl") == $(( 24 * workers + 1 )) ]] || { echo "FAIL: log lines"; exit 1; }  # + the shares
+  # Each VW's timing by part, and shards of about equal values: the MLP's
+  # first weight (most of its values) is split between the shards, each
+  # within 4096 values (ShardPieces::kAlign) of total / W.
+  python3 - "$work/mw$workers/summary.json" "$workers" <<'PY' || { echo "FAIL: wsp.vw_seconds or shard_values"; exit 1; }
+import json, sys
+w, n = json.load(open(sys.argv[1]))["wsp"], int(sys.argv[2])
+t, v = w["vw_seconds"], w["shard_values"]
+print("shard values", v, "VW 0 seconds", t[0])
+assert [x["vw"] for x in t] == list(range(n)), t
+for x in t:
+    assert x["compute"] > 0 and 0 < x["compute_cpu"] <= x["compute"] * 1.01 + 0.01, x
+    assert all(x[k] >= 0 for k in ("minibatch", "push", "gate", "pull", "checkpoint")), x
+assert len(v) == n and all(abs(x - sum(v) / n) <= 4096 for x in v), v
+PY
 done
 
 # Speed-sized shares: a device 3x slower gets 3 of the 12 VNs; D = 0,

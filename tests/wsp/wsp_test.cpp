@@ -52,12 +52,41 @@ TEST(WspScaledSum, SumOfPartsIsOrderFreeAtTheCoarsestScale) {
   EXPECT_EQ(x.terms, 3);
 }
 
-TEST(WspShardMap, ContiguousRunsBalancedByValues) {
-  const ShardMap m = ShardMap::balance({100, 10, 10, 100, 2}, 2);
-  EXPECT_EQ(m.first, (std::vector<size_t>{0, 3, 5}));
-  const ShardMap one = ShardMap::balance({4, 4}, 3);  // fewer segments than shards: some empty
-  EXPECT_EQ(one.shards(), 3);
-  EXPECT_EQ(one.end(2), 2u);
+TEST(WspShardPieces, OneLargeTensorIsSplitAtAlignedCuts) {
+  // The CNN's shape: a small tensor, one of 95% of the values, two small.
+  // Sizes 352, 18560, 401408, 1290: 421610 values.
+  // 4 shards: goals 105402, 210805, 316207, all inside segment 2 (it starts
+  // at 18912): offsets 86490, 191893, 297295 -> nearest multiples of 4096:
+  // 86016 (21 x 4096), 192512 (47 x), 299008 (73 x).
+  const ShardPieces p = ShardPieces::cut({352, 18560, 401408, 1290}, 4, 4096);
+  EXPECT_EQ(p.segment, (std::vector<size_t>{0, 1, 2, 2, 2, 2, 3}));
+  EXPECT_EQ(p.offset, (std::vector<int64_t>{0, 0, 0, 86016, 192512, 299008, 0}));
+  EXPECT_EQ(p.size, (std::vector<int64_t>{352, 18560, 86016, 106496, 106496, 102400, 1290}));
+  EXPECT_EQ(p.map.first, (std::vector<size_t>{0, 3, 4, 5, 7}));
+  // Shard values: 104928, 106496, 106496, 103690 (runs of whole tensors: 420320, 0, 0, 1290).
+  // A cut rounds to the nearest multiple from its tensor's start: goal 60
+  // of {10, 10, 100} is at 40 in segment 2, which 4096 rounds to 0 (the
+  // tensor's start: no piece) and 8 keeps (a cut at 40).
+  const ShardPieces q = ShardPieces::cut({10, 10, 100}, 2, 4096);
+  EXPECT_EQ(q.size, (std::vector<int64_t>{10, 10, 100}));
+  EXPECT_EQ(q.map.first, (std::vector<size_t>{0, 2, 3}));
+  const ShardPieces r = ShardPieces::cut({10, 10, 100}, 2, 8);
+  EXPECT_EQ(r.offset, (std::vector<int64_t>{0, 0, 0, 40}));
+  EXPECT_EQ(r.size, (std::vector<int64_t>{10, 10, 40, 60}));
+  EXPECT_EQ(r.map.first, (std::vector<size_t>{0, 3, 4}));
+  // ... or to its end when the multiple is past it: goal 60 of {62, 58}
+  // at 60, 64 > 62.
+  const ShardPieces e = ShardPieces::cut({62, 58}, 2, 64);
+  EXPECT_EQ(e.size, (std::vector<int64_t>{62, 58}));
+  EXPECT_EQ(e.map.first, (std::vector<size_t>{0, 1, 2}));
+  // One tensor cut in three (goals 200 and 400 of 600; align 64: 192, 384).
+  const ShardPieces t = ShardPieces::cut({600}, 3, 64);
+  EXPECT_EQ(t.offset, (std::vector<int64_t>{0, 192, 384}));
+  EXPECT_EQ(t.size, (std::vector<int64_t>{192, 192, 216}));
+  EXPECT_EQ(t.map.first, (std::vector<size_t>{0, 1, 2, 3}));
+  // Fewer values than shards x align: goals 2 and 5 round to 0 and 4, shard 0 is empty.
+  const ShardPieces one = ShardPieces::cut({4, 4}, 3, 4096);
+  EXPECT_EQ(one.map.first, (std::vector<size_t>{0, 0, 1, 2}));
 }
 
 TEST(WspLog, RecordsRoundTripAndBadLogsNameTheFile) {

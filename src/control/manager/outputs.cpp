@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 
 #include "control/manager/generations.h"
 #include "control/manager/membership.h"
@@ -22,10 +23,12 @@ namespace {
 // A WSP job's log, OUT/wsp_log.jsonl (docs/wsp.md): every member's pull
 // records, by virtual worker then pull, after the restore record of a run
 // that lost a worker (null: none) and the shares of the generation they
-// are from; returns summary.json's "wsp".
+// are from; returns summary.json's "wsp" (with, by virtual worker, where
+// its wall clock went and the values its shard holds).
 json writeWspLog(const std::string& dir, const std::vector<json>& results, const json& restored,
                  const std::vector<int64_t>& shares) {
   std::vector<json> recs;
+  std::map<int, json> seconds, shard_values;
   int64_t pushes = 0, pulls = 0, gap = 0;
   for (const json& r : results) {
     if (!r.contains("wsp")) continue;
@@ -34,6 +37,8 @@ json writeWspLog(const std::string& dir, const std::vector<json>& results, const
     pulls += w.at("pulls").get<int64_t>();
     gap = std::max(gap, w.at("max_clock_gap").get<int64_t>());
     for (const json& rec : w.at("records")) recs.push_back(rec);
+    if (w.contains("seconds")) seconds[w.at("vw").get<int>()] = w.at("seconds");
+    if (w.contains("shard_values")) shard_values[w.at("vw").get<int>()] = w.at("shard_values");
   }
   std::sort(recs.begin(), recs.end(), [](const json& a, const json& b) {
     return std::make_pair(a.at("vw").get<int>(), a.at("pull").get<int64_t>()) <
@@ -44,7 +49,11 @@ json writeWspLog(const std::string& dir, const std::vector<json>& results, const
   out << SharesRecord{shares}.toJson().dump() << "\n";
   for (const json& rec : recs) out << rec.dump() << "\n";
   if (!out) throw JobError("cannot write " + dir + "/wsp_log.jsonl");
-  return {{"max_clock_gap", gap}, {"pushes", pushes}, {"pulls", pulls}};
+  json vw_seconds = json::array(), values = json::array();
+  for (auto& [vw, x] : seconds) vw_seconds.push_back(x);
+  for (auto& [vw, x] : shard_values) values.push_back(x);
+  return {{"max_clock_gap", gap},       {"pushes", pushes},           {"pulls", pulls},
+          {"vw_seconds", vw_seconds}, {"shard_values", values}};
 }
 
 // The status record (`morph status`, the status page) is rewritten at most
