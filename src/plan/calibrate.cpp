@@ -33,13 +33,15 @@ double robustMedian(std::vector<double> v) {
 }
 
 // Runs `fn` (which returns the seconds of the part it times) at least
-// kMinRuns times after one warm-up, and more while within `budget_s`.
-double timeRuns(double budget_s, const std::function<double()>& fn) {
+// `min_runs` times after one warm-up, and more (up to `max_runs`) while
+// within `budget_s`; the robust median of the runs.
+double timeRuns(double budget_s, const std::function<double()>& fn, int min_runs = kMinRuns,
+                int max_runs = kMaxRuns) {
   fn();
   std::vector<double> runs;
   const double t0 = nowSeconds();
-  while (runs.size() < static_cast<size_t>(kMinRuns) ||
-         (runs.size() < static_cast<size_t>(kMaxRuns) && nowSeconds() - t0 < budget_s))
+  while (runs.size() < static_cast<size_t>(min_runs) ||
+         (runs.size() < static_cast<size_t>(max_runs) && nowSeconds() - t0 < budget_s))
     runs.push_back(fn());
   return robustMedian(runs);
 }
@@ -253,13 +255,7 @@ double WholeModelTimer::time(double budget_s) {
     for (const auto& q : s.params) q.mutable_grad() = torch::Tensor();
     return t;
   };
-  vn();  // warm-up
-  std::vector<double> runs;
-  const double t0 = nowSeconds();
-  while (runs.size() < static_cast<size_t>(kMinRounds) ||
-         (runs.size() < static_cast<size_t>(kMaxRounds) && nowSeconds() - t0 < budget_s))
-    runs.push_back(vn());
-  return robustMedian(runs);
+  return timeRuns(budget_s, vn, kMinRounds, kMaxRounds);  // after one warm-up VN
 }
 
 double measureContention(const JobSpec& job, const Dataset& train, Communicator& comm, int rounds) {
