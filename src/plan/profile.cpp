@@ -399,30 +399,29 @@ Profile profileFromJson(const std::string& text, const std::string& origin) {
   // Optional (profiles written before it keep the older model).
   if (j.contains("host_contention")) {
     const json& h = j.at("host_contention");
-    const json& factors = r.at(h, "factors", "host_contention.");
-    if (!factors.is_object() || factors.empty())
-      r.fail("host_contention.factors", "expected an object of worker processes -> factor");
-    for (auto it = factors.begin(); it != factors.end(); ++it) {
-      const std::string key = "host_contention.factors." + it.key();
-      const auto n = parseInt64(it.key());
-      if (!n || *n < 1 || *n > (1 << 20)) r.fail(key, "expected a count of processes in [1, 1048576]");
-      const double f = r.num(factors, it.key(), "host_contention.factors.");
-      if (f < 1.0) r.fail(key, "expected a factor >= 1");
-      if (*n == 1 && f != 1.0) r.fail(key, "one process is the reference: expected 1");
-      p.host_contention.factors[static_cast<int>(*n)] = f;
-    }
-    if (h.contains("busy_factors")) {  // optional: profiles written before it have none
-      const json& busy = h.at("busy_factors");
-      if (!busy.is_object()) r.fail("host_contention.busy_factors", "expected an object of worker processes -> factor");
-      for (auto it = busy.begin(); it != busy.end(); ++it) {
-        const std::string key = "host_contention.busy_factors." + it.key();
+    // host_contention.NAME: worker processes (at least `min_count`) -> factor >= 1.
+    auto factorsOf = [&](const json& table, const std::string& name, int64_t min_count) {
+      const std::string where = "host_contention." + name;
+      if (!table.is_object()) r.fail(where, "expected an object of worker processes -> factor");
+      std::map<int, double> out;
+      for (auto it = table.begin(); it != table.end(); ++it) {
+        const std::string key = where + "." + it.key();
         const auto n = parseInt64(it.key());
-        if (!n || *n < 2 || *n > (1 << 20)) r.fail(key, "expected a count of processes in [2, 1048576]");
-        const double f = r.num(busy, it.key(), "host_contention.busy_factors.");
+        if (!n || *n < min_count || *n > (1 << 20))
+          r.fail(key, "expected a count of processes in [" + std::to_string(min_count) + ", 1048576]");
+        const double f = r.num(table, it.key(), where + ".");
         if (f < 1.0) r.fail(key, "expected a factor >= 1");
-        p.host_contention.busy_factors[static_cast<int>(*n)] = f;
+        if (*n == 1 && f != 1.0) r.fail(key, "one process is the reference: expected 1");
+        out[static_cast<int>(*n)] = f;
       }
-    }
+      return out;
+    };
+    const json& factors = r.at(h, "factors", "host_contention.");
+    if (factors.is_object() && factors.empty())
+      r.fail("host_contention.factors", "expected an object of worker processes -> factor");
+    p.host_contention.factors = factorsOf(factors, "factors", 1);
+    if (h.contains("busy_factors"))  // optional: profiles written before it have none
+      p.host_contention.busy_factors = factorsOf(h.at("busy_factors"), "busy_factors", 2);
     p.host_contention.pipeline_step_s = r.num(h, "pipeline_step_s", "host_contention.");
     p.host_contention.measured_on = r.str(h, "measured_on", "host_contention.");
   }
