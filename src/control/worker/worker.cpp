@@ -5,6 +5,7 @@
 // WorkerJob (phases 2-5), generation_entry (the state a member receives),
 // liveness (heartbeat, the manager watchdog, peers' heartbeats).
 #include <exception>
+#include <optional>
 
 #include "control/protocol/keys.h"
 #include "control/store_access.h"
@@ -21,11 +22,17 @@ int runWorker(const WorkerOptions& o) {
   installManagerDeathHandler();
   Registration reg = registerWithManager(o);
   bool ready = false;  // posted workers/<id>/ready: past start-up
+  // Outside the try: the job (executors, data, prefetch and checkpoint
+  // threads, buffers an abandoned collective may still write) stays as it
+  // was while the watchdog decides whether the manager is gone; that exit
+  // runs no destructor. Unwinding it first, a CI run (2026-12-05) aborted
+  // with a corrupted heap between the manager's death and the watchdog.
+  std::optional<WorkerJob> w;
   try {
-    WorkerJob w(reg);
-    w.startUp();
+    w.emplace(reg);
+    w->startUp();
     ready = true;
-    return w.run();
+    return w->run();
   } catch (const std::exception& e) {
     if (!ready) {
       // It cannot start: the manager prints why (and goes on without it).
