@@ -418,7 +418,7 @@ json planJson(const PlanChoice& c, int workers) {
           {"step_seconds", c.sim.step_seconds}, {"peak_bytes", peak},
           {"bubble", bubble},                {"busy_seconds", busy},
           {"idle_workers", workers - c.plan.stages * c.plan.replicas},
-          {"workers", c.plan.workers}};
+          {"workers", c.plan.workers},       {"bound_seconds", c.bound_s}};
 }
 
 // A cut per group against one shared cut (docs/planner.md, "A cut per

@@ -88,12 +88,18 @@ class Search {
     for (size_t k = 0; k < P; ++k) {
       const int t = tableOf(k);
       const DeviceCosts* d = t < 0 ? nullptr : &(*rq_.sim.device_costs)[static_cast<size_t>(t)];
+      // The forward the schedule runs (the simulator's): without autograd's
+      // records where the stage recomputes (never the last). Not the
+      // cheaper of the two: the forwards a stage runs while it waits for
+      // its first gradient are subtracted from that wait, so a cheaper
+      // one there overstates the idle time (Planner tests).
+      const bool no_grad = rc && cuts[k + 1] < L_;
       for (size_t l = cuts[k]; l < cuts[k + 1]; ++l) {
         if (d) {
-          f[k] += std::min(d->layers[l].forward_s, d->layers[l].forward_nograd_s);
+          f[k] += no_grad ? d->layers[l].forward_nograd_s : d->layers[l].forward_s;
           b[k] += d->layers[l].backward_s;
         } else {
-          f[k] += std::min(p_.layers[l].forward_s, p_.layers[l].forward_nograd_s);
+          f[k] += no_grad ? p_.layers[l].forward_nograd_s : p_.layers[l].forward_s;
           b[k] += p_.layers[l].backward_s;
         }
         values[k] += static_cast<double>(p_.layers[l].params + p_.layers[l].bn_values);
