@@ -275,6 +275,24 @@ TEST(Simulator, PipelineReplicasSumBetweenHostsPayTheLink) {
   EXPECT_EQ(simulate(prof, plan, betweenHosts({0, 0, 0, 0})).step_seconds, simulate(prof, plan).step_seconds);
 }
 
+TEST(Simulator, TiedWeightBetweenHostsPaysTheLink) {
+  // P = 2, D = 1, one VN, stage k on host k: layer 1 uses layer 0's weight
+  // of 100,000 values (>= 65,536: the sharded sum, 1/2 x 100,000 x 12 =
+  // 600,000 bytes, 0.6 s at 1 MB/s, 2 ring steps of 1 ms). Each message
+  // 2 ms: rank 0 F [0,1], rank 1 F [1.002,2.002] B [2.002,4.002], rank 0 B
+  // [4.004,6.004]. The tied sum: 6.004 + 0.1 + 0.602 = 6.706, after the
+  // MAX (0.05 + 96 bytes + 2 ms) and the loss sums (0.1 + 16 bytes + 2 ms),
+  // done at 6.158112. No optimiser time, no overhead.
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.layers[0].params = 100000, prof.layers[0].param_bytes = 400000;
+  prof.layers[1].tied_params = 100000, prof.layers[1].tied_owner = 0;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.0, {}};
+  prof.allreduce_max[2] = LinearFit{0.05, 0.0, {}};
+  const PlanSpec plan = pipeline(2, 1, ScheduleKind::k1F1B);
+  EXPECT_NEAR(simulate(prof, plan).step_seconds, 6.0 + 0.1 + 0.05, 1e-12);  // the loss sums after the MAX
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1})).step_seconds, 6.706, 1e-12);
+}
+
 TEST(Simulator, RejectsPlansThatDoNotFitTheProfile) {
   const Profile prof = uniform(3, 1, 1, 0);
   PlanSpec bad = pipeline(2, 2, ScheduleKind::k1F1B);
