@@ -32,8 +32,8 @@ probe, not training). Prints, per worker count:
   1. the predicted time per clock: `morph plan --json` (WSP and sync with the
      same shares) and `morph simulate --json` (sync, even shares) on this
      machine's profile (`morph calibrate`, run first); the planner adds LINK
-     to WSP's pushes and pulls between hosts, but predicts collectives with
-     the one-host calibration (docs/resources.md);
+     to WSP's pushes and pulls between hosts and to sync's gradient sums
+     whose ranks span hosts, for the bytes each rank sends (docs/resources.md);
   2. per seed, accuracy against time: one row per evaluated step, each
      system's `accuracy @ train seconds`;
   3. time to the target: per system the wall and train seconds and steps

@@ -248,6 +248,23 @@ ReplicaRun runReplica(const Profile& prof, const PlanSpec& plan, const std::vect
   return run;
 }
 
+// What the between-hosts link adds to a ring collective whose ranks are on
+// `hosts` (in ring order) and of which each rank sends `bytes`: 0 when they
+// are all on one host; else every ring step pays the link's latency (2 (g -
+// 1) steps: a reduce-scatter and an all-gather) and each host's link
+// carries `bytes` once per ring hop that leaves it (one when the host's
+// ranks are neighbours in the ring).
+double ringLinkSeconds(const SimOptions& o, const std::vector<int>& hosts, double bytes) {
+  const size_t g = hosts.size();
+  std::map<int, int> leaving;
+  int most = 0;
+  for (size_t i = 0; i < g; ++i)
+    if (hosts[i] != hosts[(i + 1) % g]) most = std::max(most, ++leaving[hosts[i]]);
+  if (most == 0) return 0.0;
+  return most * (o.cross_host_bytes_per_s > 0 ? bytes / o.cross_host_bytes_per_s : 0.0) +
+         2.0 * static_cast<double>(g - 1) * o.cross_host_latency_s;
+}
+
 void checkPlan(const Profile& prof, const PlanSpec& plan) {
   const size_t L = prof.layers.size();
   if (L == 0) throw InputError("the profile has no layers");
@@ -269,6 +286,13 @@ void checkPlan(const Profile& prof, const PlanSpec& plan) {
 }
 
 }  // namespace
+
+double sumWireBytes(const Profile& p, double values, int group) {
+  if (group <= 1) return 0.0;
+  const double g = group, sent = (g - 1.0) / g * values;
+  if (p.fingerprint.reduce_mode != "exact") return 8.0 * sent;
+  return (values >= static_cast<double>(kPlanShardedMinValues) && values >= g ? 12.0 : 16.0) * sent;
+}
 
 const Schedule& ScheduleCache::get(const ScheduleOptions& so) {
   auto key = std::make_tuple(static_cast<int>(so.kind), so.stages, so.micro_batches, so.recompute);
@@ -366,6 +390,34 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   const double overhead = opts.in_process ? 0.0 : prof.step_overhead_s;
   const double max_bytes = 8.0 * (4.0 * static_cast<double>(L) + 4.0);  // flags and maxima of every segment
   auto maxReduce = [&](int n) { return opts.in_process ? 0.0 : prof.allreduceSeconds(prof.allreduce_max, max_bytes, n); };
+  // Collectives whose ranks span hosts (SimOptions::rank_host, with a
+  // link): the one-host fit plus what the link adds (ringLinkSeconds()),
+  // for the bytes each rank sends. `ranks`: world ranks, ascending (the
+  // ring's order). Without a link or on one host exactly group() and
+  // maxReduce().
+  const bool links = !opts.in_process && !opts.rank_host.empty() &&
+                     (opts.cross_host_bytes_per_s > 0 || opts.cross_host_latency_s > 0);
+  auto hostsOf = [&](const std::vector<int>& ranks) {
+    std::vector<int> h;
+    h.reserve(ranks.size());
+    for (int r : ranks) h.push_back(hostOf(r));
+    return h;
+  };
+  auto sumAmong = [&](const std::vector<int>& ranks, double values) {
+    const int n = static_cast<int>(ranks.size());
+    const double t = group(n, values);
+    return links ? t + ringLinkSeconds(opts, hostsOf(ranks), sumWireBytes(prof, values, n)) : t;
+  };
+  auto maxAmong = [&](const std::vector<int>& ranks) {  // Gloo's ring all-reduce of the doubles
+    const int n = static_cast<int>(ranks.size());
+    const double t = maxReduce(n);
+    return links ? t + ringLinkSeconds(opts, hostsOf(ranks), 2.0 * (n - 1.0) / n * max_bytes) : t;
+  };
+  auto rangeOf = [](int first, int count, int stride) {
+    std::vector<int> r;
+    for (int i = 0; i < count; ++i) r.push_back(first + i * stride);
+    return r;
+  };
   SimResult out;
   out.stages.assign(static_cast<size_t>(P), StageSim{});
 
@@ -441,8 +493,9 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       compute_end = cores_bound;
     }
     double prev = 0;
+    const std::vector<int> all = rangeOf(0, D, 1);
     for (size_t b = 0; b < buckets.size(); ++b)
-      prev = std::max(prev, bucket_ready[b]) + group(D, buckets[b].second / elem);
+      prev = std::max(prev, bucket_ready[b]) + sumAmong(all, buckets[b].second / elem);
     const double reduced = prev;
     double step = 0;
     for (int d = 0; d < D; ++d)
@@ -525,8 +578,9 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
   const double stretch = compute_end > 0 && cores_bound > compute_end ? cores_bound / compute_end : 1.0;
   compute_end *= stretch, all_ready *= stretch;
-  const double world_max = all_ready + maxReduce(P * D) + (opts.clipping ? maxReduce(P * D) : 0.0);
-  const double stats = world_max + group(P * D, 2);
+  const std::vector<int> world = rangeOf(0, P * D, 1);
+  const double world_max = all_ready + maxAmong(world) + (opts.clipping ? maxAmong(world) : 0.0);
+  const double stats = world_max + sumAmong(world, 2);
   int64_t M_max = 0;  // the largest share stashes the most
   for (int64_t s : plan.vn_shares) M_max = std::max(M_max, s);
   double step = 0;
@@ -566,14 +620,24 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       double values = 0, start = 0;
       for (size_t l = blk.first; l < blk.end; ++l)
         values += static_cast<double>(prof.layers[l].params + prof.layers[l].bn_values) - owner_less[l];
+      std::vector<int> holders;
       for (int d = 0; d < D; ++d) {
         const int k = blk.stage[static_cast<size_t>(d)];
+        holders.push_back(static_cast<int>(rankOf(d, k)));
         start = std::max({start, runs[static_cast<size_t>(d)].end[static_cast<size_t>(k)] * stretch, chain[rankOf(d, k)]});
       }
-      const double end = start + group(D, std::max(values, 0.0));
+      const double end = start + sumAmong(holders, std::max(values, 0.0));
       for (int d = 0; d < D; ++d) chain[rankOf(d, blk.stage[static_cast<size_t>(d)])] = end;
     }
-    const double tied_done = tied > 0 ? all_ready + group(2 * D, tied) : 0.0;
+    std::vector<int> tied_ranks;
+    for (int r = 0; r < P * D; ++r)
+      if (tied_rank[static_cast<size_t>(r)]) tied_ranks.push_back(r);
+    // The fit is of 2D ranks (one weight, its owner's and its user's stage
+    // in each group); the link sees the ranks that hold any such weight.
+    const double tied_done =
+        tied > 0 ? all_ready + group(2 * D, tied) +
+                       (links ? ringLinkSeconds(opts, hostsOf(tied_ranks), sumWireBytes(prof, tied, 2 * D)) : 0.0)
+                 : 0.0;
     for (int d = 0; d < D; ++d)
       for (int k = 0; k < P; ++k) {
         const size_t r = rankOf(d, k);
@@ -600,6 +664,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   for (int k = 0; k < P && !per_group; ++k) {
     const size_t a = plan.cuts[static_cast<size_t>(k)], b = plan.cuts[static_cast<size_t>(k) + 1];
     double values = 0, tied = 0, params = 0;
+    std::vector<int> tied_ranks;  // the stages that share a weight with this one, in every replica
     for (size_t l = a; l < b; ++l) {
       values += static_cast<double>(prof.layers[l].params + prof.layers[l].bn_values);
       params += static_cast<double>(prof.layers[l].params);
@@ -615,11 +680,20 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
       tied += static_cast<double>(c.tied_params);
       if (owner_here) values -= static_cast<double>(c.tied_params);
       else params += static_cast<double>(c.tied_params);
+      if (links) {
+        const size_t other = owner_here ? u : o;
+        const int j = static_cast<int>(std::upper_bound(plan.cuts.begin(), plan.cuts.end(), other) - plan.cuts.begin()) - 1;
+        for (int d = 0; d < D; ++d) tied_ranks.push_back(d * P + k), tied_ranks.push_back(d * P + j);
+      }
     }
+    std::sort(tied_ranks.begin(), tied_ranks.end());
+    tied_ranks.erase(std::unique(tied_ranks.begin(), tied_ranks.end()), tied_ranks.end());
     double ready = 0;
     for (const ReplicaRun& r : runs) ready = std::max(ready, r.end[static_cast<size_t>(k)] * stretch);
-    double done = std::max(stats, ready + group(D, values));
-    if (tied > 0) done = std::max(done, all_ready + group(2 * D, tied));
+    double done = std::max(stats, ready + sumAmong(rangeOf(k, D, P), values));
+    if (tied > 0)
+      done = std::max(done, all_ready + group(2 * D, tied) +
+                                (links ? ringLinkSeconds(opts, hostsOf(tied_ranks), sumWireBytes(prof, tied, 2 * D)) : 0.0));
     for (int d = 0; d < D; ++d)
       step = std::max(step, done + view(d, k).optimizerPerParam() * params * slow(d, k));
     StageSim& st = out.stages[static_cast<size_t>(k)];

@@ -81,8 +81,12 @@ struct SimOptions {
   // Several hosts (a resources file's `host`): per world rank, its host;
   // empty = one host. A pipeline message between two hosts takes the
   // profile's p2p time plus cross_host_latency_s plus bytes over
-  // cross_host_bytes_per_s (0: no extra). Collectives keep the profile's
-  // fits (measured on one host).
+  // cross_host_bytes_per_s (0: no extra). A collective whose ranks span
+  // hosts (a gradient sum, the MAX of flags, the loss sums) takes the
+  // profile's one-host fit plus, per step of its ring (2 (g - 1)),
+  // cross_host_latency_s, plus the bytes each rank sends
+  // (sumWireBytes()) over cross_host_bytes_per_s, once per ring hop that
+  // leaves the busiest host (docs/planner.md, "Between hosts").
   std::vector<int> rank_host;
   double cross_host_latency_s = 0;
   double cross_host_bytes_per_s = 0;
@@ -107,6 +111,21 @@ struct SimResult {
   double reduce_seconds = 0;    // from the end of the compute phase to the optimiser step
   std::vector<StageSim> stages;
 };
+
+// The runtime's choice of wire for a 64-bit exact sum (useShardedSum() in
+// src/exec/trainer.h, MORPH_EXACT_WIRE = auto): the sharded sum from this
+// many values on (kShardedMinValues there; tests/exec/trainer_test.cpp
+// checks they agree).
+constexpr int64_t kPlanShardedMinValues = int64_t{1} << 16;
+
+// Bytes each of `group` ranks sends to sum `values` values, as the
+// runtime's wire carries them (docs/exact_reduction.md), both rings of a
+// reduce-scatter and an all-gather: (g - 1) / g x values x 12 for a
+// 64-bit exact sum of at least kPlanShardedMinValues (and g) values (int64
+// reduce-scatter, float all-gather), x 16 for a smaller one (Gloo's int64
+// ring all-reduce), x 8 for float (Gloo's float ring all-reduce) and
+// exact32 (int32 reduce-scatter, float all-gather). 0 for one rank.
+double sumWireBytes(const Profile& p, double values, int group);
 
 // InputError when the plan does not fit the profile (cuts, shares, sizes).
 SimResult simulate(const Profile& profile, const PlanSpec& plan, const SimOptions& opts = {});

@@ -11,9 +11,13 @@
 #include "core/error.h"
 #include "core/job_spec.h"
 #include "data/dataset.h"
+#include "plan/simulator.h"
 
 namespace morph {
 namespace {
+
+// The planner charges a between-hosts sum by the wire the runtime picks.
+static_assert(kPlanShardedMinValues == kShardedMinValues, "plan/simulator.h's wire rule differs from the runtime's");
 
 JobSpec smallJob(const std::string& model, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> ov = {"model.name=" + model};

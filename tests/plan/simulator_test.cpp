@@ -172,6 +172,127 @@ TEST(Simulator, RingExtrapolationBeyondMeasuredGroups) {
   EXPECT_NEAR(prof.exactOrFloatAllreduce(true, 1e6, 4), 0.006 + 1.5e-3, 1e-15);
 }
 
+// Collectives between hosts (docs/planner.md, "Between hosts"): the
+// one-host fit plus, per ring step, the link's latency, plus the bytes each
+// rank sends over the link's rate.
+SimOptions betweenHosts(std::vector<int> hosts) {
+  SimOptions o;
+  o.rank_host = std::move(hosts);
+  o.cross_host_bytes_per_s = 1e6;
+  o.cross_host_latency_s = 1e-3;
+  return o;
+}
+
+TEST(Simulator, DataParallelSumBetweenHostsPaysTheLinkForTheWireBytes) {
+  // 4 replicas of one VN each (6 s) on 4 hosts; two layers of 40,000
+  // parameters: one bucket of 80,000 values plus the statistics and slots
+  // (2 + 4 x (4 x 2 + 4 + 2 + 4) = 74 values): 80,074 >= 65,536, the
+  // sharded sum. Each rank sends 3/4 x 80,074 x 12 = 720,666 bytes (int64
+  // reduce-scatter, float all-gather): 0.720666 s at 1 MB/s, and 6 ring
+  // steps of 1 ms. The one-host fit 0.3, the optimiser 0.08, overhead 0.01.
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 40000, l.param_bytes = 160000;
+  prof.allreduce_exact[4] = LinearFit{0.3, 0.0, {}};
+  prof.allreduce_float[4] = LinearFit{0.3, 0.0, {}};
+  prof.optimizer_s_per_param = 1e-6;
+  prof.step_overhead_s = 0.01;
+  PlanSpec plan;
+  plan.replicas = 4;
+  plan.vn_shares = {1, 1, 1, 1};
+  const double alone = 6.0 + 0.3 + 0.08 + 0.01;
+  EXPECT_NEAR(simulate(prof, plan).step_seconds, alone, 1e-12);
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1, 2, 3})).step_seconds, alone + 0.720666 + 0.006, 1e-12);
+  EXPECT_DOUBLE_EQ(sumWireBytes(prof, 80074, 4), 720666);
+  // Hosts 0, 1, 0, 1 in ring order: each host's link carries two ranks'
+  // sends at once.
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1, 0, 1})).step_seconds, alone + 2 * 0.720666 + 0.006, 1e-12);
+  // Ranks 0, 1 and 2, 3 share a host: one hop leaves each.
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 0, 1, 1})).step_seconds, alone + 0.720666 + 0.006, 1e-12);
+  // One host, or no link: bit for bit the one-host step.
+  EXPECT_EQ(simulate(prof, plan, betweenHosts({0, 0, 0, 0})).step_seconds, simulate(prof, plan).step_seconds);
+  SimOptions no_link;
+  no_link.rank_host = {0, 1, 2, 3};
+  EXPECT_EQ(simulate(prof, plan, no_link).step_seconds, simulate(prof, plan).step_seconds);
+  // The 32-bit format: 8 bytes per value (int32 reduce-scatter, float
+  // all-gather), the slots as 4 lanes: 80,000 + 4 x 74 = 80,296 values,
+  // 3/4 x 80,296 x 8 = 481,776 bytes.
+  prof.fingerprint.reduce_mode = "exact32";
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1, 2, 3})).step_seconds, alone + 0.481776 + 0.006, 1e-12);
+  // Float: Gloo's float ring all-reduce, 8 bytes per value; no flags or
+  // maxima in the slots (2 + 4 x (2 + 4) = 26): 3/4 x 80,026 x 8.
+  prof.fingerprint.reduce_mode = "float";
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1, 2, 3})).step_seconds, alone + 0.480156 + 0.006, 1e-12);
+}
+
+TEST(Simulator, SmallExactSumBetweenHostsGoesAsGlooInt64) {
+  // DataParallelReductionByHand's job on two hosts: its bucket of 234
+  // values is below 65,536, so Gloo's int64 ring all-reduce: 1/2 x 234 x
+  // 16 = 1,872 bytes (1.872 s at 1 kB/s) and 2 ring steps of 0.5 s.
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
+  prof.optimizer_s_per_param = 0.001;
+  prof.step_overhead_s = 0.01;
+  PlanSpec plan;
+  plan.replicas = 2;
+  plan.vn_shares = {3, 1};
+  SimOptions o;
+  o.rank_host = {0, 1};
+  o.cross_host_bytes_per_s = 1000;
+  o.cross_host_latency_s = 0.5;
+  EXPECT_NEAR(simulate(prof, plan, o).step_seconds, 19.972 + 1.872 + 1.0 + 0.2 + 0.01, 1e-12);
+}
+
+TEST(Simulator, PipelineReplicasSumBetweenHostsPayTheLink) {
+  // P = 2, D = 2, one VN per replica, replica d on host d (ranks 0, 1 on
+  // host 0; 2, 3 on host 1): the pipeline's messages stay on their host,
+  // each stage's sum among its replicas and the world's MAX and loss sums
+  // cross. 1F1B: rank 0 F [0,1], rank 1 F [1,2] B [2,4], rank 0 B [4,6].
+  // Stage 0: its 40,000 values (below 65,536: Gloo's int64 ring) after 6:
+  // fit 0.1, 1/2 x 40,000 x 16 = 320,000 bytes at 1 MB/s, 2 steps of
+  // 1 ms: done 6.422. The MAX (96 bytes, 4 ranks) 0.05 + 3/2 x 96 / 1e6 +
+  // 6 ms, the loss sums (2 values) 0.02 + 3/4 x 2 x 16 / 1e6 + 6 ms: 6.082168.
+  // Stage 0 steps 40,000 parameters (0.04) after 6.422; overhead 0.01.
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 40000, l.param_bytes = 160000;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.0, {}};
+  prof.allreduce_exact[4] = LinearFit{0.02, 0.0, {}};
+  prof.allreduce_max[4] = LinearFit{0.05, 0.0, {}};
+  prof.optimizer_s_per_param = 1e-6;
+  prof.step_overhead_s = 0.01;
+  PlanSpec plan = pipeline(2, 1, ScheduleKind::k1F1B);
+  plan.replicas = 2;
+  plan.vn_shares = {1, 1};
+  EXPECT_NEAR(simulate(prof, plan).step_seconds, 6.1 + 0.04 + 0.01, 1e-12);
+  const SimResult r = simulate(prof, plan, betweenHosts({0, 0, 1, 1}));
+  EXPECT_NEAR(r.schedule_seconds, 6.0, 1e-12);
+  EXPECT_NEAR(r.step_seconds, 6.422 + 0.04 + 0.01, 1e-12);
+  // Its stages on two hosts instead (ranks 0, 2 on host 0): each message
+  // pays 1 ms + 1,000 bytes at 1 MB/s, 2 ms (stage 0's backward [4.004,
+  // 6.004]), and each stage's sum stays on its host: 6.004 + 0.1 + 0.04.
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1, 0, 1})).step_seconds, 6.104 + 0.04 + 0.01, 1e-12);
+  // All on one host: bit for bit the step without hosts.
+  EXPECT_EQ(simulate(prof, plan, betweenHosts({0, 0, 0, 0})).step_seconds, simulate(prof, plan).step_seconds);
+}
+
+TEST(Simulator, TiedWeightBetweenHostsPaysTheLink) {
+  // P = 2, D = 1, one VN, stage k on host k: layer 1 uses layer 0's weight
+  // of 100,000 values (>= 65,536: the sharded sum, 1/2 x 100,000 x 12 =
+  // 600,000 bytes, 0.6 s at 1 MB/s, 2 ring steps of 1 ms). Each message
+  // 2 ms: rank 0 F [0,1], rank 1 F [1.002,2.002] B [2.002,4.002], rank 0 B
+  // [4.004,6.004]. The tied sum: 6.004 + 0.1 + 0.602 = 6.706, after the
+  // MAX (0.05 + 96 bytes + 2 ms) and the loss sums (0.1 + 16 bytes + 2 ms),
+  // done at 6.158112. No optimiser time, no overhead.
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.layers[0].params = 100000, prof.layers[0].param_bytes = 400000;
+  prof.layers[1].tied_params = 100000, prof.layers[1].tied_owner = 0;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.0, {}};
+  prof.allreduce_max[2] = LinearFit{0.05, 0.0, {}};
+  const PlanSpec plan = pipeline(2, 1, ScheduleKind::k1F1B);
+  EXPECT_NEAR(simulate(prof, plan).step_seconds, 6.0 + 0.1 + 0.05, 1e-12);  // the loss sums after the MAX
+  EXPECT_NEAR(simulate(prof, plan, betweenHosts({0, 1})).step_seconds, 6.706, 1e-12);
+}
+
 TEST(Simulator, RejectsPlansThatDoNotFitTheProfile) {
   const Profile prof = uniform(3, 1, 1, 0);
   PlanSpec bad = pipeline(2, 2, ScheduleKind::k1F1B);
@@ -303,6 +424,23 @@ TEST(SimulatorWsp, ALongerWaveAmortisesThePushAndPull) {
   two_hosts.cross_host_latency_s = 1.0;
   two_hosts.cross_host_bytes_per_s = 1000.0;
   EXPECT_NEAR(simulateWsp(prof, vws({2, 2}), {1, 1}, two_hosts).step_seconds, 12.0 + 1.168 + 2.0 + 0.168, 1e-12);
+}
+
+TEST(SimulatorWsp, SyncAndWspPayTheLinkForTheSameBytesPerExchange) {
+  // Two VWs on two hosts, two layers of 40,000 parameters: a sync step's
+  // sharded sum sends 1/2 x 80,034 x 12 = 480,204 bytes per rank (80,000
+  // parameters, 34 statistics and slots) in 2 ring steps; a WSP wave
+  // pushes 8 x 80,002 / 2 + 32 = 320,040 bytes and pulls 4 x 80,000 / 2 +
+  // 8 = 160,008, one message each: 480,048 bytes. What the link adds (at
+  // 1 MB/s, 1 ms a message) differs by those 156 bytes only.
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 40000, l.param_bytes = 160000;
+  const PlanSpec plan = vws({2, 2});
+  const SimOptions link = betweenHosts({0, 1});
+  const double sync_link = simulate(prof, plan, link).step_seconds - simulate(prof, plan).step_seconds;
+  const double wsp_link = simulateWsp(prof, plan, {1, 1}, link).clock_seconds - simulateWsp(prof, plan, {1, 1}).clock_seconds;
+  EXPECT_NEAR(sync_link, 0.480204 + 0.002, 1e-12);
+  EXPECT_NEAR(wsp_link, 0.480048 + 0.002, 1e-12);
 }
 
 TEST(SimulatorWsp, VirtualWorkersShareTheHostsCoresAndBadPlansAreRefused) {
