@@ -196,7 +196,9 @@ TEST(FixedPoint, PairKernelsEqualTwoSinglePasses) {
       for (const QuantizeResult& r : {p, ps, st}) {
         EXPECT_EQ(r.overflow, overflow) << at;
         EXPECT_EQ(r.nonfinite, nonfinite) << at;
-        if (!nonfinite) EXPECT_EQ(r.max_abs, std::max(r1.max_abs, r2.max_abs)) << at;
+        if (!nonfinite) {
+          EXPECT_EQ(r.max_abs, std::max(r1.max_abs, r2.max_abs)) << at;
+        }
       }
       if (overflow) continue;  // the buffer is garbage then: the step is redone
       EXPECT_EQ(pair, two) << at;
