@@ -542,10 +542,18 @@ def main(argv=None):
 
     failed = []
     first_clean_exit = None  # time the first child exited cleanly
+    # Rank 0's result is read as soon as it arrives: a result larger than a
+    # pipe's buffer (64 KiB: the timeline of a few thousand steps) blocks
+    # rank 0 in put() until it is read, so waiting for its exit first would
+    # hang it until TEARDOWN_GRACE_S (and lose the result).
+    res = None
     try:
         alive = list(procs)
         while alive:
-            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=5)
+            ready = multiprocessing.connection.wait([p.sentinel for p in alive] +
+                                                    ([result_queue._reader] if res is None else []), timeout=5)
+            if res is None and result_queue._reader in ready:
+                res = result_queue.get()
             if first_clean_exit is not None and alive and \
                     time.monotonic() - first_clean_exit > TEARDOWN_GRACE_S:
                 # Peers finished long ago; these are stuck (e.g. in teardown).
@@ -587,10 +595,11 @@ def main(argv=None):
         for name, code in failed:
             print("ddp_baseline: %s exited with code %s" % (name, code), file=sys.stderr)
         return 1
-    if result_queue.empty():
+    if res is None and not result_queue.empty():
+        res = result_queue.get()
+    if res is None:
         print("ddp_baseline: no result from rank 0", file=sys.stderr)
         return 1
-    res = result_queue.get()
 
     human = "ddp model=%s workers=%d samples_per_second=%.1f" % (
         res["model"], res["workers"], res["samples_per_second"])
