@@ -22,7 +22,6 @@ only the processes it started.
       [--steps 3000] [--delay 8 (DDP: 18)] [--span 6] [--top 20]
 """
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -35,19 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402  (ending only what this script started)
 import vs_ddp  # noqa: E402  (the models' job files, DDP's command)
-
-
-def tree(pid):
-    """pid and every descendant process's."""
-    out = [pid]
-    for f in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            kids = open(f).read().split()
-        except FileNotFoundError:
-            continue
-        for c in kids:
-            out += tree(int(c))
-    return out
+from thread_cpu import tree  # noqa: E402  (a process and its descendants)
 
 
 def free_port():
