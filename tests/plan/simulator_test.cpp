@@ -31,6 +31,25 @@ PlanSpec pipeline(int P, int64_t M, ScheduleKind kind, bool rc = false) {
   return s;
 }
 
+// DataParallelReductionByHand's job: two layers of 100 values, f = 1,
+// b = 2; the 64-bit exact all-reduce of 2 ranks 0.1 s + 1 ms a byte, the
+// optimiser 1 ms a parameter, a step's overhead 10 ms; 2 replicas, worker
+// 0 with 3 VNs and worker 1 one. Tests add their own fits.
+Profile handDataParallelProfile() {
+  Profile prof = uniform(2, 1, 2, 0);
+  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
+  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
+  prof.optimizer_s_per_param = 0.001;
+  prof.step_overhead_s = 0.01;
+  return prof;
+}
+PlanSpec handDataParallelPlan() {
+  PlanSpec plan;
+  plan.replicas = 2;
+  plan.vn_shares = {3, 1};
+  return plan;
+}
+
 const ScheduleKind kKinds[] = {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kVaruna};
 
 TEST(Simulator, UniformCostsGiveTheBubbleFormula) {
@@ -96,15 +115,9 @@ TEST(Simulator, NonUniformProfileByHand) {
 
 TEST(Simulator, DataParallelReductionByHand) {
   // Two layers of 100 values, f=1, b=2; worker 0 has 3 VNs, worker 1 one.
-  Profile prof = uniform(2, 1, 2, 0);
-  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
-  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
+  Profile prof = handDataParallelProfile();
   prof.allreduce_max[2] = LinearFit{0.05, 0.0, {}};
-  prof.optimizer_s_per_param = 0.001;
-  prof.step_overhead_s = 0.01;
-  PlanSpec plan;
-  plan.replicas = 2;
-  plan.vn_shares = {3, 1};
+  PlanSpec plan = handDataParallelPlan();
   // Worker 0 computes until 18 (its last backward ends there too): the
   // parameter bucket (1600 bytes) with the statistics and each worker's
   // slots of flags, maxima and control values (2 + 2 x (4 x 2 + 4 + 2 + 2)
@@ -134,16 +147,10 @@ TEST(Simulator, Exact32SendsFloatBytesAndLanes) {
   // integers of statistics and slots as 4 lanes each, 336 values of 4 bytes
   // (1344 bytes), at the float all-reduce's cost (an int32 reduce-scatter
   // and a float all-gather send its bytes): 0.1 + 1344 x 0.0005.
-  Profile prof = uniform(2, 1, 2, 0);
+  Profile prof = handDataParallelProfile();
   prof.fingerprint.reduce_mode = "exact32";
-  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
-  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
   prof.allreduce_float[2] = LinearFit{0.1, 0.0005, {}};
-  prof.optimizer_s_per_param = 0.001;
-  prof.step_overhead_s = 0.01;
-  PlanSpec plan;
-  plan.replicas = 2;
-  plan.vn_shares = {3, 1};
+  const PlanSpec plan = handDataParallelPlan();
   EXPECT_NEAR(simulate(prof, plan).step_seconds, 18.0 + 0.1 + 1344 * 0.0005 + 0.2 + 0.01, 1e-12);
   EXPECT_DOUBLE_EQ(prof.reduceSeconds(1000, 2), 0.1 + 4000 * 0.0005);
   // Memory: the int32 buffer (half the int64 one) and half the scratch.
@@ -228,14 +235,8 @@ TEST(Simulator, SmallExactSumBetweenHostsGoesAsGlooInt64) {
   // DataParallelReductionByHand's job on two hosts: its bucket of 234
   // values is below 65,536, so Gloo's int64 ring all-reduce: 1/2 x 234 x
   // 16 = 1,872 bytes (1.872 s at 1 kB/s) and 2 ring steps of 0.5 s.
-  Profile prof = uniform(2, 1, 2, 0);
-  for (auto& l : prof.layers) l.params = 100, l.param_bytes = 400;
-  prof.allreduce_exact[2] = LinearFit{0.1, 0.001, {}};
-  prof.optimizer_s_per_param = 0.001;
-  prof.step_overhead_s = 0.01;
-  PlanSpec plan;
-  plan.replicas = 2;
-  plan.vn_shares = {3, 1};
+  const Profile prof = handDataParallelProfile();
+  const PlanSpec plan = handDataParallelPlan();
   SimOptions o;
   o.rank_host = {0, 1};
   o.cross_host_bytes_per_s = 1000;
