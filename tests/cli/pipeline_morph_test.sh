@@ -141,9 +141,13 @@ echo "joiner killed in a morph: exit $rc, $got"
 # 200x longer (compute dominates), cores do not contend (the older model at
 # 1.0 on 16 cores, and the measured co-located factors dropped: with them,
 # in one of two suite runs on 2026-12-05, 2 x 1 beat 3 x 1), and each
-# weighted layer holds 20 MiB more, so that under --memory-cap 300 no single
+# weighted layer holds 20 MiB more, so that under --memory-cap 370 no single
 # stage fits the model. On 4 workers it chooses 2 x 2; on 3, 3 x 1 with a new
-# cut, where the rule would keep 2 x 1 and a spare.
+# cut, where the rule would keep 2 x 1 and a spare. The planner is asked
+# with the run's checkpoint.every: a checkpointing stage holds a copy of its
+# state (about 300 MiB for two weighted layers, 440 for four); a cap of 300
+# without it in the question failed CI on 2026-12-05, when a calibration that
+# measured 1.5 MiB more runtime put 2 x 2 over the cap in the run only.
 mkdir -p "$work/d"
 "$MORPH" calibrate "$work/job.toml" --out "$work/measured.json" > /dev/null
 python3 - "$work/measured.json" "$work/d/profile.json" <<'PY'
@@ -160,18 +164,21 @@ p.pop("host_contention", None)
 json.dump(p, open(sys.argv[2], "w"))
 PY
 best() {  # best WORKERS: the planner's best plan as "PxD cuts"
-  "$MORPH" plan "$work/job.toml" --profile "$work/d/profile.json" --workers "$1" --memory-cap 300 --json |
+  "$MORPH" plan "$work/job.toml" --profile "$work/d/profile.json" --workers "$1" --memory-cap 370 \
+    --set checkpoint.every=50 --json |
     python3 -c "import json,sys; p=json.load(sys.stdin)['plans'][0]; print('%dx%d' % (p['stages'], p['replicas']), p['cuts'])"
 }
 start=$(best 4)
 want=$(best 3)
 echo "planner: 4 workers $start, 3 workers $want"
 [[ "$start" == 2x2* && "$want" != 2x1* ]] || { echo "FAIL: the edited profile does not separate planner and rule"; exit 1; }
-"$MORPH" run "$work/job.toml" --quiet --steps 400 --plan auto --workers 4 --memory-cap 300 --out "$work/d" \
+"$MORPH" run "$work/job.toml" --quiet --steps 400 --plan auto --workers 4 --memory-cap 370 --out "$work/d" \
   --set checkpoint.every=50 > "$work/d.log" 2>&1 &
 mpid=$!
 port=$(manager_port "$work/d.log")
 wait_for "training to start" "$work/d.log" lines "$work/d" 100
+grep -q "^morph: --plan auto chose 2 stages x 2 replicas" "$work/d.log" ||
+  { echo "FAIL: --plan auto did not choose the planner's $start"; cat "$work/d.log"; exit 1; }
 mapfile -t pids < <(workers_of "$port")
 (( ${#pids[@]} == 4 )) || { echo "FAIL: expected 4 workers, found ${#pids[@]}"; exit 1; }
 kill -9 "${pids[3]}"
