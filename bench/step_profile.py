@@ -71,7 +71,7 @@ def main():
     try:
         if ddp:
             # A lone rank prints its own result (no launcher process, no pipe to fill).
-            cmd = vs_ddp.ddp_cmd(a.model, 1, a.steps) + ["--json", "--rank", "0", "--port", str(free_port())]
+            cmd = vs_ddp.ddp_cmd(a.model, 1, a.steps) + ["--rank", "0", "--port", str(free_port())]
             run = procs.start(cmd, stdout=subprocess.PIPE, text=True)
         else:
             cmd, out = vs_ddp.morph_cmd(os.path.abspath(a.morph), a.model, 1, a.mode, a.steps, tmp)

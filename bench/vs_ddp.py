@@ -23,6 +23,16 @@ steps counts (for Morph: the control plane's store round trips and the
 metrics line). Morph's evaluation runs only after
 the last step (eval.every = 0), so it cancels too.
 
+A second measure of the same rounds, the "steady window" line under each
+row, has no start-up or teardown in it at all: the long run's last E steps
+by each system's own clock on its rank 0, from the end of step S to the
+end of step S + E (Morph: the `unix_time` of those steps' metrics lines,
+taken when the step commits, before any evaluation; DDP: the `end` of
+those steps in ddp_baseline.py's timeline, after the optimiser). Between
+two step ends everything of a step counts on both sides; what the
+marginal method adds is the noise of process start-up, which on a shared
+machine of 2 cores can exceed the E steps' whole signal.
+
 Exact mode runs in both fixed-point formats: "exact" is the default 64-bit
 one (int64 reduce-scatter + float all-gather, 12 bytes per value), "exact32"
 the 32-bit one (reduce.bits = 32: int32 reduce-scatter + float all-gather,
@@ -144,9 +154,17 @@ def children_cpu():
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
-def timed(cmd, env=None):
+def timed(cmd, env=None, stdout_path=None):
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    if stdout_path:  # its output and errors, shown if it fails
+        with open(stdout_path, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if r.returncode:
+            with open(stdout_path) as f:
+                sys.stderr.write(f.read())
+            raise subprocess.CalledProcessError(r.returncode, cmd)
+    else:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - t0
 
 
@@ -239,7 +257,8 @@ def morph_netns(net, binary, model, workers, mode, steps, tmp, env):
     return time.perf_counter() - t0, out
 
 
-def ddp_netns(net, model, workers, steps, malloc="morph"):
+def ddp_netns(net, model, workers, steps, malloc="morph", stdout_path=None):
+    """Seconds of one DDP job across the namespaces; rank 0's output goes to stdout_path."""
     port = str(random.randint(20000, 40000))
     env = dict(os.environ)
     t0 = time.perf_counter()
@@ -247,9 +266,12 @@ def ddp_netns(net, model, workers, steps, malloc="morph"):
     try:
         for r in range(workers):
             e = dict(env, GLOO_SOCKET_IFNAME=net.ifs[r])
-            procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] + ddp_cmd(model, workers, steps, malloc) +
-                                          ["--rank", str(r), "--master-addr", net.ips[0], "--port", port],
-                                          stdout=subprocess.DEVNULL, env=e))
+            with open(stdout_path if r == 0 and stdout_path else os.devnull, "w") as so:
+                procs.append(subprocess.Popen(["ip", "netns", "exec", net.ns[r]] +
+                                              ddp_cmd(model, workers, steps, malloc) +
+                                              ["--rank", str(r), "--master-addr", net.ips[0], "--port", port],
+                                              stdout=so, stderr=subprocess.STDOUT if r == 0 and stdout_path
+                                              else None, env=e))
         netns.wait_all(procs, f"ddp {model} {steps} steps")
     except BaseException:
         for p in procs:
@@ -272,12 +294,40 @@ def morph_reduce_stats(out):
     return (statistics.median(red) if red else 0.0), s.get("reduce_payload_bytes_per_step", 0)
 
 
+def morph_steady(out, s, e):
+    """Seconds per step over steps s+1 .. s+e of a finished run: the
+    difference of the `unix_time` (rank 0's wall clock when the step
+    committed, before any evaluation) of steps s and s+e, over e."""
+    t = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            t.append((m["step"], m["unix_time"]))
+    t.sort()
+    if len(t) != s + e:
+        raise RuntimeError(f"{out}: {len(t)} metrics lines, expected {s + e}")
+    return (t[s + e - 1][1] - t[s - 1][1]) / e
+
+
+def ddp_steady(path, s, e):
+    """Seconds per step over steps s+1 .. s+e of a DDP run, from rank 0's
+    result (ddp_baseline.py --json): the difference of the `end`s of steps s
+    and s+e in its timeline (perf_counter after the optimiser; one warm-up
+    step is not in the timeline), over e."""
+    with open(path) as f:  # its result is its last line that is a JSON object
+        res = json.loads([x for x in f.read().splitlines() if x.startswith("{")][-1])
+    tl, warm = res["timeline"], res["warmup"]
+    if len(tl) != s + e - warm:
+        raise RuntimeError(f"{path}: {len(tl)} timeline steps, expected {s + e - warm}")
+    return (tl[-1]["end"] - tl[s - 1 - warm]["end"]) / e
+
+
 def ddp_cmd(model, workers, steps, malloc="morph"):
     """DDP with Morph's malloc thresholds (ddp_baseline.py --malloc morph), or glibc's own ("glibc")."""
     m = MODELS[model]
     return ["/usr/bin/python3", os.path.join(HERE, "ddp_baseline.py"), "--model", m["ddp"], "--workers",
             str(workers), "--steps", str(steps), "--warmup", "1", "--micro-batches", str(m["vns"]),
-            "--global-batch", str(m["batch"]), "--malloc", malloc]
+            "--global-batch", str(m["batch"]), "--malloc", malloc, "--json"]
 
 
 def window(a, model):
@@ -286,17 +336,22 @@ def window(a, model):
 
 
 def marginal(system, a, model, workers, tmp, long_first, net=None):
-    """Seconds per steady step of one system, Morph's reduce stats, and (with
-    links) bytes on the wire per step and worker."""
+    """Seconds per steady step of one system, Morph's reduce stats, (with
+    links) bytes on the wire per step and worker, CPU per step, and the
+    seconds per step over the long run's last E steps by the system's own
+    clock (morph_steady(), ddp_steady())."""
     s, e = window(a, model)
-    times, stats, sent, cpu = {}, (0.0, 0), {}, {}
+    times, stats, sent, cpu, steady = {}, (0.0, 0), {}, {}, 0.0
     for steps in ((s + e, s) if long_first else (s, s + e)):
         tx0 = net.tx_bytes() if net else 0
         cpu0 = children_cpu()
         if system in ("ddp", "ddp-glibc"):
             malloc = "glibc" if system == "ddp-glibc" else "morph"
-            times[steps] = (ddp_netns(net, model, workers, steps, malloc) if net
-                            else timed(ddp_cmd(model, workers, steps, malloc)))
+            res = os.path.join(tmp, f"ddp-{model}-{workers}-{steps}.json")
+            times[steps] = (ddp_netns(net, model, workers, steps, malloc, res) if net
+                            else timed(ddp_cmd(model, workers, steps, malloc), stdout_path=res))
+            if steps == s + e:
+                steady = ddp_steady(res, s, e)
         else:
             # mode[@MORPH_BUCKET_BYTES][~MORPH_EXACT_WIRE][-before]
             binary = a.morph
@@ -318,10 +373,11 @@ def marginal(system, a, model, workers, tmp, long_first, net=None):
                 times[steps] = timed(cmd, env)
             if steps == s + e:
                 stats = morph_reduce_stats(out)
+                steady = morph_steady(out, s, e)
         sent[steps] = net.tx_bytes() - tx0 if net else 0
         cpu[steps] = [b - a for a, b in zip(cpu0, children_cpu())]
     return ((times[s + e] - times[s]) / e, stats, (sent[s + e] - sent[s]) / e / workers,
-            [(b - a) / e for a, b in zip(cpu[s], cpu[s + e])])
+            [(b - a) / e for a, b in zip(cpu[s], cpu[s + e])], steady)
 
 
 def spread(xs):
@@ -338,6 +394,7 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
         for workers in workers_list:
             load0 = load()
             sps = {k: [] for k in systems + extra}
+            win = {k: [] for k in systems + extra}  # samples/s over the long run's last E steps
             red = {k: [] for k in ("exact", "exact32", "float") if k in systems}
             payload = {k: 0 for k in red}
             wire = {k: [] for k in systems + extra}
@@ -347,8 +404,10 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                 every = systems + extra
                 order = every[r % len(every):] + every[:r % len(every)]
                 for system in order:
-                    sec, (rs, pb), wb, cs = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1, net=net)
+                    sec, (rs, pb), wb, cs, st = marginal(system, a, model, workers, tmp, long_first=r % 2 == 1,
+                                                         net=net)
                     sps[system].append(B / sec)
+                    win[system].append(B / st)
                     wire[system].append(wb)
                     cpu[system].append(cs[0])
                     faults[system].append(cs[1])
@@ -368,6 +427,12 @@ def run_rows(a, tmp, models, workers_list, systems, extra, net=None, link=""):
                       f"exact32/exact {spread([e / b for e, b in zip(sps['exact32'], sps['exact'])])}, "
                       f"red {statistics.median(red['exact32']) * 1e3:.2f} ms, {payload['exact32']:.0f} B/step",
                       flush=True)
+            # The same rounds by the steady window: no process start or
+            # teardown in either figure.
+            print(f"{'':7} {'':>2} {'steady window:':>15} " + ", ".join(
+                f"{k} {statistics.median(win[k]):.0f} samples/s" + (
+                    "" if k == "ddp" else f" ({k}/ddp {spread([x / d for x, d in zip(win[k], win['ddp'])])})")
+                for k in win), flush=True)
             # Wall clock and CPU time per step side by side: where a ratio
             # of samples/s is not a ratio of work, one side waited (for its
             # peers, a lock, the scheduler) rather than computed.
