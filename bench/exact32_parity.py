@@ -7,11 +7,18 @@ exact job does not depend on the worker count, and float mode's only
 slightly: this measures the formats, not the mapping), and prints the final
 test accuracy and loss (summary.json) per seed, their mean per format, and
 the difference 32 - 64 per seed. The jobs are bench/vs_ddp.py's models
-(Fashion-MNIST, global batch 256 in 8 VNs, SGD momentum 0.9), shortened to
---steps (the machine of the figures in docs/performance.md is shared:
-choose steps that finish in minutes).
+(Fashion-MNIST, global batch 256 in 8 VNs, SGD momentum 0.9; gpt-mini),
+shortened to --steps (the machine of the figures in docs/performance.md is
+shared: choose steps that finish in minutes), and `lm`: the GPT-style
+torch.nn LM of tests/cli/lm_models.py (nn.TransformerEncoderLayer blocks,
+a tied head and a weight shared by two blocks), scripted with
+torch.manual_seed(seed) (so the seed draws its initial weights, as it
+does for the built-in models) and trained as a TorchScript file on
+16-token windows of the fortunes text (4096 for training, the next 512
+for the test), global batch 32 in 4 VNs, gpt-mini's AdamW (warm-up,
+cosine schedule, clip_norm 1.0).
 
-  /usr/bin/python3 bench/exact32_parity.py [--morph build/morph] [--models mlp,cnn] [--seeds 1,2,3]
+  /usr/bin/python3 bench/exact32_parity.py [--morph build/morph] [--models mlp,cnn,gptmini,lm] [--seeds 1,2,3]
         [--steps 300]
 """
 import argparse
@@ -48,11 +55,37 @@ every = 0
 batch = {eval_batch}
 """
 
+LM_WINDOWS, LM_TEST = 4096, 512
+
+
+def lm_model(tmp, seed):
+    """The `lm` entry of MODELS for one seed: its module and token files in tmp."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "cli"))
+    import numpy as np
+    import torch
+    import lm_models
+    path = os.path.join(tmp, f"lm-{seed}.pt")
+    torch.manual_seed(seed)
+    torch.jit.save(torch.jit.script(lm_models.LM()), path)
+    data = {}
+    if not os.path.exists(os.path.join(tmp, "lm_x.npy")):
+        text = lm_models.fortunes_bytes()
+        data["lm_x"], data["lm_y"] = lm_models.windows(text, 0, LM_WINDOWS)
+        data["lm_tx"], data["lm_ty"] = lm_models.windows(text, LM_WINDOWS, LM_TEST)
+    for name, arr in data.items():
+        np.save(os.path.join(tmp, f"{name}.npy"), arr)
+    files = {k: os.path.join(tmp, f"lm_{k}.npy") for k in ("x", "y", "tx", "ty")}
+    return dict(data=f'dataset = "npy"\ntrain_x = "{files["x"]}"\ntrain_y = "{files["y"]}"\n'
+                     f'test_x = "{files["tx"]}"\ntest_y = "{files["ty"]}"',
+                model=f'name = "torchscript"\npath = "{path}"', batch=32, vns=4,
+                optim=MODELS["gptmini"]["optim"], eval_batch=256)
+
+
 FORMATS = {"exact64": ("exact", 64), "exact32": ("exact", 32), "float": ("float", 64)}
 
 
 def run(a, tmp, model, fmt, seed):
-    m = MODELS[model]
+    m = lm_model(tmp, seed) if model == "lm" else MODELS[model]
     mode, bits = FORMATS[fmt]
     path = os.path.join(tmp, f"{model}-{fmt}-{seed}.toml")
     with open(path, "w") as f:
