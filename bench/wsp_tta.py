@@ -7,8 +7,9 @@ bridge with every link shaped to LINK (bench/netns.py; tc netem, or tbf where
 the kernel has no netem). Root and iproute2.
 
 Systems, each run with the same resources file (docs/resources.md: slot 0 on
-"local", slot i on namespace i's address, [network] between_hosts_gbps = LINK,
-which only the planner reads):
+"local", slot i on namespace i's address, [network] between_hosts_gbps = LINK
+and [hosts] one_machine = true (the namespaces' workers share this
+machine's cores), which only the planner reads):
 
   sync          `morph run --resources`: even VN shares (a sync job's default)
   sync A+B      the same with a plan file of the speed-sized shares a WSP job
@@ -89,6 +90,7 @@ def write_resources(path, workers, slow, ips, link_gbps):
             host = "local" if i == 0 else ips[i]
             f.write(f"[[devices]]\ntype = \"{'slow' if i % 2 else 'fast'}\"\nhost = \"{host}\"\ncount = 1\n")
         f.write(f"[network]\nbetween_hosts_gbps = {link_gbps:g}\nbetween_hosts_latency_us = 0\n")
+        f.write("[hosts]\none_machine = true\n")  # network namespaces of this machine: its cores
     return path
 
 

@@ -545,6 +545,7 @@ std::map<std::string, std::string> addDevices(PlanRequest& rq, const std::string
   rq.workers = static_cast<int>(res.devices.size());
   if (!costs.tables->empty()) rq.sim.device_costs = costs.tables;
   rq.sim.cross_host_bytes_per_s = res.between_hosts_bytes_per_s;
+  rq.sim.hosts_share_cores = res.one_machine;
   rq.sim.cross_host_latency_s = res.between_hosts_latency_s;
   return source;
 }
@@ -728,6 +729,7 @@ int runSimulate(const SimulateOptions& o) {
     }
     so.cross_host_bytes_per_s = res.between_hosts_bytes_per_s;
     so.cross_host_latency_s = res.between_hosts_latency_s;
+    so.hosts_share_cores = res.one_machine;
   }
   const SimResult r = simulate(prof, plan, so);
   if (o.json) {

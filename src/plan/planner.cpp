@@ -678,11 +678,11 @@ class DeviceSearch {
   double hostBound(const PlanSpec& plan) const {
     if (rq_.sim.in_process || !rq_.host_bounds) return 0.0;
     const int P = plan.stages, n = plan.stages * plan.replicas;
-    auto hostOfRank = [&](int r) {
+    auto hostOfRank = [&](int r) {  // whose cores: SimOptions::hosts_share_cores as the simulator
       const int slot = plan.workers[static_cast<size_t>(r)];
-      return rq_.slot_host.empty() ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
+      return rq_.slot_host.empty() || rq_.sim.hosts_share_cores ? 0 : rq_.slot_host[static_cast<size_t>(slot)];
     };
-    std::vector<int> on_host(static_cast<size_t>(hosts_), 0);  // the simulator's factor per host
+    std::vector<int> on_host(static_cast<size_t>(std::max(1, hosts_)), 0);  // the simulator's factor per host
     for (int r = 0; r < n; ++r) ++on_host[static_cast<size_t>(hostOfRank(r))];
     std::vector<double> host_busy(static_cast<size_t>(hosts_), 0.0);
     for (int d = 0; d < plan.replicas; ++d)

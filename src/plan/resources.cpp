@@ -37,7 +37,16 @@ Resources parseResources(const std::string& text, const std::string& origin) {
   }
   Resources r;
   r.file = origin;
-  onlyKeys(root, {"types", "devices", "network"}, origin, "");
+  onlyKeys(root, {"types", "devices", "network", "hosts"}, origin, "");
+  if (const toml::node* hosts = root.get("hosts")) {
+    const toml::table* t = hosts->as_table();
+    if (!t) fail(origin, "hosts", "expected a table");
+    onlyKeys(*t, {"one_machine"}, origin, "hosts.");
+    if (const toml::node* one = t->get("one_machine")) {
+      if (!one->is_boolean()) fail(origin, "hosts.one_machine", "expected true or false");
+      r.one_machine = one->as_boolean()->get();
+    }
+  }
   if (const toml::node* net = root.get("network")) {
     const toml::table* t = net->as_table();
     if (!t) fail(origin, "network", "expected a table");

@@ -10,6 +10,8 @@
 //                                count = 1          # or: workers = [0, 2]
 //   [network]                    # optional: the link between hosts
 //   between_hosts_gbps = 56      between_hosts_latency_us = 5
+//   [hosts]                      # optional: hosts emulated on this machine
+//   one_machine = true
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,9 @@ struct Resources {
   // bytes / between_hosts_bytes_per_s (0: no extra) + between_hosts_latency_s.
   double between_hosts_bytes_per_s = 0;
   double between_hosts_latency_s = 0;
+  // [hosts] one_machine: the hosts are emulated on this machine (network
+  // namespaces); their workers share its cores (SimOptions::hosts_share_cores).
+  bool one_machine = false;
   const DeviceType& typeOf(size_t slot) const { return types.at(devices.at(slot).type); }
 };
 

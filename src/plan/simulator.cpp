@@ -364,6 +364,8 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   const size_t L = prof.layers.size();
   const double elem = prof.valueBytes();
   auto hostOf = [&](int rank) { return opts.rank_host.empty() ? 0 : opts.rank_host.at(static_cast<size_t>(rank)); };
+  // Whose cores a rank computes on (SimOptions::hosts_share_cores).
+  auto coresOf = [&](int rank) { return opts.hosts_share_cores ? 0 : hostOf(rank); };
   if (!opts.rank_host.empty() && opts.rank_host.size() != static_cast<size_t>(P * D))
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " +
                      std::to_string(P * D) + " ranks");
@@ -374,10 +376,10 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   // so theirs is the factor of that many busy processes
   // (Profile::dataParallelFactor), on top of sharing the cores (below).
   std::map<int, int> on_host;
-  for (int r = 0; r < P * D; ++r) ++on_host[hostOf(r)];
+  for (int r = 0; r < P * D; ++r) ++on_host[coresOf(r)];
   auto contentionOf = [&](int rank) {
     if (opts.in_process) return 1.0;
-    const int n = on_host[hostOf(rank)];
+    const int n = on_host[coresOf(rank)];
     return P == 1 ? prof.dataParallelFactor(n, P * D) : prof.computeFactor(n, P * D);
   };
   auto slow = [&](int d, int k) {
@@ -483,7 +485,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
     // host's cores carry this machine's compute only.)
     std::map<int, double> host_busy;
     for (int d = 0; d < D; ++d)
-      host_busy[hostOf(d)] += per_vn_all[static_cast<size_t>(d)] * contentionOf(d) *
+      host_busy[coresOf(d)] += per_vn_all[static_cast<size_t>(d)] * contentionOf(d) *
                               static_cast<double>(plan.vn_shares[static_cast<size_t>(d)]);
     double cores_bound = 0;
     for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
@@ -572,7 +574,7 @@ SimResult simulate(const Profile& prof, const PlanSpec& plan_in, const SimOption
   std::map<int, double> host_busy;  // this machine's compute (see the data-parallel case)
   for (int d = 0; d < D; ++d)
     for (int k = 0; k < P; ++k)
-      host_busy[hostOf(d * P + k)] += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) *
+      host_busy[coresOf(d * P + k)] += runs[static_cast<size_t>(d)].busy[static_cast<size_t>(k)] / slow(d, k) *
                                    contentionOf(d * P + k);
   double cores_bound = 0;
   for (const auto& [h, busy] : host_busy) cores_bound = std::max(cores_bound, busy / std::max(1, prof.host_cores));
@@ -730,12 +732,13 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
     throw InputError("simulate: " + std::to_string(opts.rank_host.size()) + " rank hosts for " + std::to_string(W) +
                      " ranks");
   auto hostOf = [&](int v) { return opts.rank_host.empty() ? 0 : opts.rank_host[static_cast<size_t>(v)]; };
+  auto coresOf = [&](int v) { return opts.hosts_share_cores ? 0 : hostOf(v); };  // as simulate()
   checkCosts(prof, opts, W);
   // As simulate(): the host's workers compute at once (the factor of its
   // process count), times each device's factor.
   std::map<int, int> on_host;
-  for (int v = 0; v < W; ++v) ++on_host[hostOf(v)];
-  auto contentionOf = [&](int v) { return prof.computeFactor(on_host[hostOf(v)], W); };
+  for (int v = 0; v < W; ++v) ++on_host[coresOf(v)];
+  auto contentionOf = [&](int v) { return prof.computeFactor(on_host[coresOf(v)], W); };
   auto slow = [&](int v) { return (plan.slowdown.empty() ? 1.0 : plan.slowdown[static_cast<size_t>(v)]) * contentionOf(v); };
   // A push carries every value of the buffer (parameters, batch-norm
   // statistics, the loss statistics) as int64; a pull every float of the
@@ -778,7 +781,7 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
     }
     s.cycle_s = s.compute_s + s.push_s + s.pull_s;
     s.server_s = server_cpu * f;
-    host_cpu[hostOf(v)] += nm * (per_vn * share * contentionOf(v) + opt * params) + server_cpu;
+    host_cpu[coresOf(v)] += nm * (per_vn * share * contentionOf(v) + opt * params) + server_cpu;
     out.vws.push_back(s);
   }
   double cycle = 0;

@@ -88,6 +88,11 @@ struct SimOptions {
   // (sumWireBytes()) over cross_host_bytes_per_s, once per ring hop that
   // leaves the busiest host (docs/planner.md, "Between hosts").
   std::vector<int> rank_host;
+  // The hosts are emulated on this one machine (a resources file's
+  // [hosts] one_machine, e.g. network namespaces): links stay per host,
+  // but every rank computes on this machine's cores, so the contention
+  // factor and the cores bound count all ranks as one host's.
+  bool hosts_share_cores = false;
   double cross_host_latency_s = 0;
   double cross_host_bytes_per_s = 0;
   // Device types with their own per-layer costs (a resources file type

@@ -470,8 +470,11 @@ host = "10.0.0.7"
 [network]
 between_hosts_gbps = 56
 between_hosts_latency_us = 5
+[hosts]
+one_machine = true
 )",
                                      "res.toml");
+  EXPECT_TRUE(r.one_machine);
   EXPECT_DOUBLE_EQ(r.between_hosts_bytes_per_s, 7e9);
   EXPECT_DOUBLE_EQ(r.between_hosts_latency_s, 5e-6);
   ASSERT_EQ(r.devices.size(), 3u);
@@ -514,6 +517,10 @@ TEST(Resources, RefusesBadFilesNamingTheKey) {
             std::string::npos);
   EXPECT_NE(refusal(type + dev + "[network]\nlatency = 1\n").find("key 'network.latency': unknown key"),
             std::string::npos);
+  EXPECT_NE(refusal(type + dev + "[hosts]\none_machine = 1\n").find("key 'hosts.one_machine': expected true or false"),
+            std::string::npos);
+  EXPECT_NE(refusal(type + dev + "[hosts]\ncores = 2\n").find("key 'hosts.cores': unknown key"), std::string::npos);
+  EXPECT_FALSE(parseResources(type + dev, "res.toml").one_machine);
 }
 
 TEST(Planner, WeightedSharesMinimiseTheSlowestWorker) {

@@ -170,6 +170,29 @@ TEST(Simulator, RanksShareTheHostsCores) {
   EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 4, ScheduleKind::k1F1B)).schedule_seconds, 15.0);
 }
 
+TEST(Simulator, HostsEmulatedOnOneMachineShareItsCores) {
+  Profile prof = uniform(2, 1, 2, 0);
+  prof.host_cores = 1;
+  SimOptions hosts;
+  hosts.rank_host = {0, 1};  // each rank on a host of one core: the pipeline alone
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 4, ScheduleKind::k1F1B), hosts).schedule_seconds, 15.0);
+  hosts.hosts_share_cores = true;  // both on this one machine's core, as RanksShareTheHostsCores
+  EXPECT_DOUBLE_EQ(simulate(prof, pipeline(2, 4, ScheduleKind::k1F1B), hosts).schedule_seconds, 24.0);
+  // The contention factor counts every rank of the machine too: 4
+  // processes at 1.5x each against 1 per host.
+  prof.host_cores = 16;
+  prof.host_contention.factors = {{1, 1.0}, {4, 1.5}};
+  PlanSpec dp;
+  dp.replicas = 4;
+  dp.vn_shares = {1, 1, 1, 1};
+  hosts.rank_host = {0, 1, 2, 3};
+  hosts.hosts_share_cores = false;
+  const double apart = simulate(prof, dp, hosts).schedule_seconds;
+  hosts.hosts_share_cores = true;
+  EXPECT_DOUBLE_EQ(simulate(prof, dp, hosts).schedule_seconds, simulate(prof, dp).schedule_seconds);
+  EXPECT_GT(simulate(prof, dp, hosts).schedule_seconds, apart * 1.2);
+}
+
 TEST(Simulator, RingExtrapolationBeyondMeasuredGroups) {
   Profile prof = uniform(1, 1, 1, 0);
   prof.allreduce_exact[2] = LinearFit{0.002, 1e-9, {}};
@@ -448,6 +471,11 @@ TEST(SimulatorWsp, VirtualWorkersShareTheHostsCoresAndBadPlansAreRefused) {
   Profile prof = uniform(2, 1, 2, 0);
   prof.host_cores = 1;  // both VWs compute 12 s a clock on one core: 24 s
   EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}).clock_seconds, 24.0);
+  SimOptions hosts;
+  hosts.rank_host = {0, 1};  // a core each: 12 s
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 12.0);
+  hosts.hosts_share_cores = true;  // emulated on one machine of one core
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 24.0);
   EXPECT_THROW(simulateWsp(prof, vws({4}), {1, 1}), InputError);  // one VW
   EXPECT_THROW(simulateWsp(prof, pipeline(2, 2, ScheduleKind::k1F1B), {1, 1}), InputError);
   EXPECT_THROW(simulateWsp(prof, vws({2, 2}), {1, 0}), InputError);
