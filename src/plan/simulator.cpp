@@ -759,7 +759,9 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
   };
   const double nm = static_cast<double>(wsp.wave);
   WspSimResult out;
-  std::map<int, double> host_cpu;
+  std::map<int, double> host_cpu;      // a clock's CPU per machine (the cores bound)
+  std::map<int, double> compute_cpu;   // of it, the VWs' waves
+  std::map<int, double> compute_wall;  // the longest wave on the machine
   for (int v = 0; v < W; ++v) {
     const DeviceCosts* costs = costsOfRank(opts, v);
     const double per_vn = stageComputeSeconds(prof, 0, L, false, costs);
@@ -779,10 +781,25 @@ WspSimResult simulateWsp(const Profile& prof, const PlanSpec& plan_in, const Wsp
       s.push_s += transfer(push_bytes, v, r);
       s.pull_s += transfer(pull_bytes, r, v);
     }
-    s.cycle_s = s.compute_s + s.push_s + s.pull_s;
     s.server_s = server_cpu * f;
-    host_cpu[coresOf(v)] += nm * (per_vn * share * contentionOf(v) + opt * params) + server_cpu;
+    const double wave_cpu = nm * (per_vn * share * contentionOf(v) + opt * params);
+    host_cpu[coresOf(v)] += wave_cpu + server_cpu;
+    compute_cpu[coresOf(v)] += wave_cpu;
+    compute_wall[coresOf(v)] = std::max(compute_wall[coresOf(v)], s.compute_s);
     out.vws.push_back(s);
+  }
+  // The VWs of a machine compute their waves at the same time (D = 0
+  // starts them together each clock; D >= 1 drifts them less than a
+  // wave apart while they keep pace): the waves cannot all end before
+  // their CPU over its cores, and each stretches by that much, as
+  // simulate() stretches data parallelism's compute (an emulated slow
+  // device idles after its compute, in proportion to it).
+  for (int v = 0; v < W; ++v) {
+    WspVwSim& s = out.vws[static_cast<size_t>(v)];
+    const int h = coresOf(v);
+    const double phase = compute_cpu[h] / std::max(1, prof.host_cores);
+    if (compute_wall[h] > 0 && phase > compute_wall[h]) s.compute_s *= phase / compute_wall[h];
+    s.cycle_s = s.compute_s + s.push_s + s.pull_s;
   }
   double cycle = 0;
   for (int v = 0; v < W; ++v) {

@@ -476,6 +476,14 @@ TEST(SimulatorWsp, VirtualWorkersShareTheHostsCoresAndBadPlansAreRefused) {
   EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 12.0);
   hosts.hosts_share_cores = true;  // emulated on one machine of one core
   EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 24.0);
+  // With messages: on the shared core each VW's wave stretches to the
+  // machine's 24 s of compute, and its pushes and pulls come after it (a
+  // cores bound over the whole clock alone would hide them).
+  prof.p2p.latency_s = 0.5;
+  hosts.hosts_share_cores = false;  // apart: 12 s of compute each, then the messages
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 12.0 + 1.0);  // a push, a pull
+  hosts.hosts_share_cores = true;
+  EXPECT_DOUBLE_EQ(simulateWsp(prof, vws({2, 2}), {1, 1}, hosts).clock_seconds, 24.0 + 1.0);
   EXPECT_THROW(simulateWsp(prof, vws({4}), {1, 1}), InputError);  // one VW
   EXPECT_THROW(simulateWsp(prof, pipeline(2, 2, ScheduleKind::k1F1B), {1, 1}), InputError);
   EXPECT_THROW(simulateWsp(prof, vws({2, 2}), {1, 0}), InputError);
