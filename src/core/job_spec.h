@@ -99,6 +99,12 @@ struct JobSpec {
   // "bypass", x 1/(1 + s)^2). Pushes with s = 0 are applied as they are
   // under every rule.
   std::string stale_update = "bypass";
+  // sync.local_step (wsp only; docs/wsp.md, "What a VW does within a
+  // wave"): a VW's local update after each minibatch, "own" (a full step
+  // on its own samples, lr G_v / B_v, B_v its minibatch's loss terms, as
+  // HetPipe's workers) or "share" (its share of the step's mean gradient,
+  // lr G_v / B; the rule before this key).
+  std::string local_step = "own";
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
   int64_t log_every = 10;

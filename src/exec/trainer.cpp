@@ -449,7 +449,7 @@ void StepCore::finishLocal(GradAccumulator& acc, StepStats& st) {
     torch::Tensor& g = params_[i].mutable_grad();
     if (!g.defined()) g = torch::empty_like(params_[i]);
     acc.read(segOf(i), B, g.data_ptr<float>());
-    params_[i].add_(g, -st.lr);
+    params_[i].add_(g, -st.lr * local_scale_);
   }
   st.loss = acc.readScalar(stats_seg_, 0) / B;
   st.train_accuracy = acc.readScalar(stats_seg_, 1) / B;
@@ -531,6 +531,8 @@ nlohmann::json StepCore::meaning() const {
     // WSP checkpoints written before recorded the default "bypass" by
     // omission (importState() reads its absence so).
     m["sync.stale_update"] = j.stale_update;
+    // The same; WSP checkpoints from before it were trained with "share".
+    m["sync.local_step"] = j.local_step;
   }
   // Only TorchScript jobs carry these (the same reason): the module file's
   // bytes are its architecture and initial weights.
@@ -605,6 +607,7 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
       const nlohmann::json was = theirs.contains(key)               ? theirs.at(key)
                                  : key == "reduce.bits"             ? nlohmann::json(64)
                                  : key == "sync.stale_update"       ? nlohmann::json("bypass")
+                                 : key == "sync.local_step"         ? nlohmann::json("share")
                                                                     : nlohmann::json();
       if (was != value) changed += (changed.empty() ? "" : ", ") + key + " (checkpoint " + was.dump() + ", now " + value.dump() + ")";
     }
@@ -903,7 +906,10 @@ StepStats VnExecutor::step() {
 StepStats VnExecutor::localStep() {
   Communicator* world = comm_;
   comm_ = &alone_;
-  core_.setLocalSgd(true);
+  // sync.local_step: its share of the step's mean gradient, or a full step
+  // on its own samples (docs/wsp.md, "What a VW does within a wave").
+  const double own = static_cast<double>(core_.job_.virtual_nodes) / static_cast<double>(vn_end_ - vn_begin_);
+  core_.setLocalSgd(true, core_.job_.local_step == "own" ? own : 1.0);
   struct Restore {
     VnExecutor* ex;
     Communicator* world;

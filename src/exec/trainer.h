@@ -189,9 +189,12 @@ class StepCore {
   GradAccumulator& buffer() { return *acc_; }
   // The minibatch of this step, without any optimiser: a step's VNs and
   // their local redo as runStep does them, then plain SGD on the local
-  // weights, w -= lr(step) x sum / B, batch norms left as they are; the
-  // buffer keeps the sums until the next step.
-  void setLocalSgd(bool on) { local_sgd_ = on; }
+  // weights, w -= lr(step) x scale x sum / B, batch norms left as they
+  // are; the buffer keeps the sums until the next step.
+  void setLocalSgd(bool on, double scale = 1.0) {
+    local_sgd_ = on;
+    local_scale_ = scale;
+  }
   void setStepCounter(int64_t step) { step_ = step; }
 
  private:
@@ -308,6 +311,7 @@ class StepCore {
   std::vector<std::map<size_t, ShardScratch>> graveyard_scratch_;
   int64_t step_ = 0;
   bool local_sgd_ = false;  // setLocalSgd
+  double local_scale_ = 1.0;
   bool prepared_ = false;  // the step in flight is prepared (markPrepared)
   std::vector<double> prepared_flags_;
   GradAccumulator* prepared_acc_ = nullptr;  // a prepared step's buffer, in graveyard_acc_

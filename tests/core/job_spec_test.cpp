@@ -94,6 +94,10 @@ TEST(JobSpec, SyncKeysDefaultAndBounds) {
             "bypass_squared");
   expectInputError(kValid, {"job.toml", "sync.stale_update", "got \"half\""}, {"sync.mode=wsp", "sync.stale_update=half"});
   expectInputError(kValid, {"sync.stale_update", "only to sync.mode = \"wsp\""}, {"sync.stale_update=none"});
+  EXPECT_EQ(parseJob(kValid, "job.toml", {"sync.mode=wsp"}).local_step, "own");
+  EXPECT_EQ(parseJob(kValid, "job.toml", {"sync.mode=wsp", "sync.local_step=share"}).local_step, "share");
+  expectInputError(kValid, {"job.toml", "sync.local_step", "got \"full\""}, {"sync.mode=wsp", "sync.local_step=full"});
+  expectInputError(kValid, {"sync.local_step", "only to sync.mode = \"wsp\""}, {"sync.local_step=own"});
   expectInputError(kValid, {"job.toml", "sync.staleness", "got -1"}, {"sync.mode=wsp", "sync.staleness=-1"});
   expectInputError(kValid, {"sync.wave", "got 0"}, {"sync.mode=wsp", "sync.wave=0"});
   // 4 VNs x 1025 minibatches is more than the 4096 terms an exact sum holds.

@@ -216,6 +216,52 @@ TEST(Trainer, StateRoundTripsWithScales) {
   EXPECT_THROW(c.importState(none), InputError);  // no scale state at all
 }
 
+// A WSP VW's local update (docs/wsp.md, "What a VW does within a wave"):
+// with VNs [0, 2) of 6, "share" moves the weights by lr G / B (its share of
+// the step's mean gradient), "own" by lr G / B_v = 3x that (a full step on
+// its own 2 VNs' samples); the same gradient (the same weights and samples)
+// either way. A checkpoint records the rule; one without it (written
+// before the key) was trained with "share", which an "own" job refuses.
+TEST(Trainer, AWspLocalStepIsItsShareOrAFullStepOnItsOwnSamples) {
+  JobSpec share = smallJob("mlp");
+  share.sync_mode = SyncMode::kWsp;
+  EXPECT_EQ(share.local_step, "own");  // the default
+  JobSpec own = share;
+  share.local_step = "share";
+  DataPair data = loadDatasets(share.data, share.seed);
+  LocalCommunicator comm;
+  VnExecutor a(share, share.steps, *data.train, comm), b(own, own.steps, *data.train, comm);
+  a.setVnRange(0, 2);
+  b.setVnRange(0, 2);
+  std::vector<torch::Tensor> before;
+  for (const auto& s : a.core().segments())
+    if (s.kind == StepCore::Segment::kParam) before.push_back(s.state.detach().clone());
+  a.localStep();
+  b.localStep();
+  size_t i = 0;
+  double moved = 0.0;
+  for (size_t k = 0; k < a.core().segments().size(); ++k) {
+    const StepCore::Segment sa = a.core().segments()[k], sb = b.core().segments()[k];
+    if (sa.kind != StepCore::Segment::kParam) continue;
+    const torch::Tensor da = sa.state.detach() - before[i], db = sb.state.detach() - before[i];
+    ++i;
+    EXPECT_TRUE(torch::allclose(db, da * 3.0, 1e-4, 1e-7)) << "segment " << k;
+    moved += da.abs().sum().item<double>();
+  }
+  EXPECT_GT(moved, 0.0);
+  CheckpointData saved = snapshotCheckpoint(b.exportState());
+  EXPECT_EQ(saved.meta.at("job").at("sync.local_step"), "own");
+  saved.meta["job"].erase("sync.local_step");
+  try {
+    b.importState(saved);
+    ADD_FAILURE() << "a checkpoint without sync.local_step resumed under \"own\"";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("sync.local_step (checkpoint \"share\", now \"own\")"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(a.importState(saved));  // "share" reads the missing key so
+}
+
 // A WSP checkpoint records sync.stale_update; one without it (written
 // before, when the default "bypass" was recorded by omission) was trained
 // with "bypass": a "bypass_squared" job refuses it naming the key, a
