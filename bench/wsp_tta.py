@@ -57,7 +57,8 @@ probe, not training). Prints, per worker count:
      on the clock's time; "bound" is the time if the lead grew by D waves
      over the window (a job ended at its target may end with worker 0 ahead).
 
-  python3 bench/wsp_tta.py [--vws 2,4] [--seeds 1,2,3] [--staleness 0,1,4,32] [--wave 4] [--stale-update R] [--slow 2]
+  python3 bench/wsp_tta.py [--vws 2,4] [--seeds 1,2,3] [--staleness 0,1,4,32] [--wave 4] [--stale-update R]
+        [--server-steps per_minibatch|per_clock] [--slow 2]
         [--link 100mbit] [--target 0.88] [--eval-every 50] [--steps N] [--systems sync,sync-shares,wsp]
         [--full] [--run-timeout 600] [--json FILE] [--keep DIR]
   python3 bench/wsp_tta.py --quick    (smoke: 2 VWs, seed 1, 40 steps, evaluation every 10, target 0.5)
@@ -103,6 +104,8 @@ def sets(system, a, seed):
         s += ["--set", "sync.mode=wsp", "--set", f"sync.staleness={int(system[3:])}", "--set", f"sync.wave={a.wave}"]
         if a.stale_update:
             s += ["--set", f"sync.stale_update={a.stale_update}"]
+        if a.server_steps:
+            s += ["--set", f"sync.server_steps={a.server_steps}"]
     return s
 
 
@@ -249,6 +252,8 @@ def main():
     ap.add_argument("--staleness", default="0,1,4,32", help="comma-separated WSP staleness bounds D")
     ap.add_argument("--wave", type=int, default=4, help="sync.wave of every WSP run")
     ap.add_argument("--stale-update", default="", help="sync.stale_update of every WSP run (default: the job's)")
+    ap.add_argument("--server-steps", default="",
+                    help="sync.server_steps of every WSP run: per_minibatch or per_clock (default: the job's)")
     ap.add_argument("--slow", type=float, default=2.0, help="slowdown of every second worker")
     ap.add_argument("--link", default="100mbit", help="tc rate of every veth end (RATE, or RATE:DELAY with netem)")
     ap.add_argument("--target", type=float, default=0.88, help="test accuracy to reach")
@@ -283,7 +288,8 @@ def main():
     print(f"start {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit {commit}, load average "
           f"{' '.join('%.2f' % x for x in os.getloadavg())}", flush=True)
     print(f"job {os.path.relpath(a.job)}, {steps} steps, eval every {a.eval_every}, target {a.target:g}; "
-          f"every second VW {a.slow:g}x slower; link {a.link}; WSP wave {a.wave}; seeds {a.seeds}"
+          f"every second VW {a.slow:g}x slower; link {a.link}; WSP wave {a.wave}"
+          + (f", sync.server_steps {a.server_steps}" if a.server_steps else "") + f"; seeds {a.seeds}"
           + ("" if a.full else "; each job ended at its target"), flush=True)
 
     def stop(signum, _frame):

@@ -514,7 +514,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
   // is no WSP job) is checked by `morph run`, which knows it.
   j.sync_mode = r.choice("sync.mode", "sync", {"sync", "wsp"}) == "wsp" ? SyncMode::kWsp : SyncMode::kSync;
   if (j.sync_mode == SyncMode::kSync) {
-    for (const char* k : {"sync.staleness", "sync.wave", "sync.stale_update"})
+    for (const char* k : {"sync.staleness", "sync.wave", "sync.stale_update", "sync.server_steps"})
       if (r.has(k)) r.fail(k, "applies only to sync.mode = \"wsp\"");
   } else {
     j.staleness = r.integer("sync.staleness", 0, 0, 1 << 20);
@@ -523,6 +523,7 @@ JobSpec parseJob(const std::string& text, const std::string& origin,
     j.wave = r.integer("sync.wave", 1, 1, 4096);
     // "bypass_squared": as "bypass" with the factor 1 / (1 + s)^2 (wsp/own_pushes.h).
     j.stale_update = r.choice("sync.stale_update", j.stale_update, {"none", "scale", "bypass", "bypass_squared"});
+    j.server_steps = r.choice("sync.server_steps", j.server_steps, {"per_minibatch", "per_clock"});
     if (j.reduce_mode != ReduceMode::kExact)
       r.fail("reduce.mode", "sync.mode = \"wsp\" needs \"exact\" (the servers' sums are fixed point, so a run replays)");
     if (j.reduce_bits != 64) r.fail("reduce.bits", "sync.mode = \"wsp\" needs 64 (a wave's sum may exceed the 32-bit bound)");

@@ -99,6 +99,13 @@ struct JobSpec {
   // "bypass", x 1/(1 + s)^2). Pushes with s = 0 are applied as they are
   // under every rule.
   std::string stale_update = "bypass";
+  // sync.server_steps (wsp only; docs/wsp.md, "What the parameter servers
+  // apply per clock"): "per_minibatch" (the servers' optimiser takes one
+  // step per minibatch of the wave, each on the wave's mean gradient at its
+  // step's learning rate: a sync job's momentum and schedule per step) or
+  // "per_clock" (one step per clock on the wave's summed gradient at the
+  // wave's first learning rate: the rule before this key).
+  std::string server_steps = "per_minibatch";
   int64_t eval_every = 0;  // 0: only at the end
   int64_t eval_batch = 1000;
   int64_t log_every = 10;

@@ -531,6 +531,8 @@ nlohmann::json StepCore::meaning() const {
     // WSP checkpoints written before recorded the default "bypass" by
     // omission (importState() reads its absence so).
     m["sync.stale_update"] = j.stale_update;
+    // Recorded the same way; WSP checkpoints from before it were trained "per_clock".
+    m["sync.server_steps"] = j.server_steps;
   }
   // Only TorchScript jobs carry these (the same reason): the module file's
   // bytes are its architecture and initial weights.
@@ -601,10 +603,12 @@ void StepCore::importState(const CheckpointData& d, bool partial) {
     std::string changed;
     for (const auto& [key, value] : mine.items()) {
       // Checkpoints from before reduce.bits were all 64-bit; WSP ones without
-      // sync.stale_update were trained with its default, "bypass".
+      // sync.stale_update were trained with its default, "bypass", and those
+      // without sync.server_steps with one server step per clock.
       const nlohmann::json was = theirs.contains(key)               ? theirs.at(key)
                                  : key == "reduce.bits"             ? nlohmann::json(64)
                                  : key == "sync.stale_update"       ? nlohmann::json("bypass")
+                                 : key == "sync.server_steps"       ? nlohmann::json("per_clock")
                                                                     : nlohmann::json();
       if (was != value) changed += (changed.empty() ? "" : ", ") + key + " (checkpoint " + was.dump() + ", now " + value.dump() + ")";
     }

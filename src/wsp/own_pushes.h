@@ -21,16 +21,25 @@ namespace morph {
 double wspStaleFactor(const JobSpec& job, int64_t s);
 bool wspStaleBypass(const JobSpec& job, int64_t s);
 
+// How many steps the servers' optimiser takes for a clock whose wave has
+// `minibatches` (sync.server_steps): "per_minibatch" one per minibatch,
+// step j of clock k at lr(k * job.wave + j) on the wave's mean gradient
+// (its summed mean gradients / minibatches); "per_clock" one, at
+// lr(k * job.wave), on the sum. A bypassed stale part is applied once, at
+// lr(k * job.wave), under both.
+int64_t wspServerSteps(const JobSpec& job, int64_t minibatches);
+
 // The move of one tensor of `n` values that the servers' optimiser
-// (job.optim: SGD, with its momentum and Nesterov; one step per clock at
-// lr(k * job.wave) of a job of `steps`) makes by clock `version + size of
-// grads` from these gradients alone, clock version + i's being grads[i]
-// (a mean-gradient part G / B; null: none that clock), at staleness
-// stale[i]: with f = wspStaleFactor,
-// buf = mu buf + f g, move += lr buf (Nesterov: lr (f g + mu buf)), from
-// buf = 0; a bypassed push (wspStaleBypass) instead adds lr f g to
-// the move and nothing to buf. The weights are then w - move. Empty when
-// every entry is null.
+// (job.optim: SGD, with its momentum and Nesterov; wspServerSteps steps
+// per clock of a full wave, in a job of `steps`) makes by clock `version +
+// size of grads` from these gradients alone, clock version + i's being
+// grads[i] (a mean-gradient part G / B; null: none that clock), at
+// staleness stale[i]: with f = wspStaleFactor and m the clock's server
+// steps, at each of them buf = mu buf + f g / m, move += lr buf
+// (Nesterov: lr (f g / m + mu buf)), from buf = 0; a bypassed push
+// (wspStaleBypass) instead adds lr f g to the move once, at the clock's
+// first learning rate, and nothing to buf. The weights are then w - move.
+// Empty when every entry is null.
 std::vector<float> ownPushesMove(const JobSpec& job, int64_t steps, int64_t version,
                                  const std::vector<const std::vector<float>*>& grads,
                                  const std::vector<int64_t>& stale, size_t n);

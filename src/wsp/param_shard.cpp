@@ -145,6 +145,10 @@ void ParamShard::applyClock(int64_t k) {
   const int64_t minibatches = parts.front()->terms;  // every VW's wave k has the same length
   const double B = static_cast<double>(job_.global_batch * job_.targetsPerSample());
   const double V = static_cast<double>(job_.virtual_nodes * minibatches);
+  // The optimiser's steps this clock (sync.server_steps): each on the
+  // wave's mean gradient, G / (B m); with m = 1 the sum G / B, as before.
+  const int64_t m = wspServerSteps(job_, minibatches);
+  const double Bm = B * static_cast<double>(m);
   torch::NoGradGuard no_grad;
   // Per parameter segment, what "bypass" applies outside the optimiser.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> outside;
@@ -159,16 +163,19 @@ void ParamShard::applyClock(int64_t k) {
         torch::Tensor& g = state_[s].mutable_grad();
         if (!g.defined()) g = torch::empty_like(state_[s]);
         if (plain) {
-          dequantize(q, n, sum.scales[s], B, g.data_ptr<float>());
+          dequantize(q, n, sum.scales[s], Bm, g.data_ptr<float>());
           break;
         }
         // Each staleness group's mean-gradient part G / (B (1 + s)), added
-        // in ascending staleness into the gradient or, bypassed, into `out`.
+        // in ascending staleness into the gradient (per server step: / m)
+        // or, bypassed, into `out` (applied once).
         g.zero_();
         torch::Tensor out, part = torch::empty({n});
         for (const auto& [st, grp] : groups) {
-          dequantize(grp.values.data() + at, n, grp.scales[s], B / wspStaleFactor(job_, st), part.data_ptr<float>());
-          if (!wspStaleBypass(job_, st)) {
+          const bool bypass = wspStaleBypass(job_, st);
+          dequantize(grp.values.data() + at, n, grp.scales[s], (bypass ? B : Bm) / wspStaleFactor(job_, st),
+                     part.data_ptr<float>());
+          if (!bypass) {
             g.view({n}).add_(part);
           } else {
             if (!out.defined()) out = torch::zeros({n});
@@ -192,8 +199,8 @@ void ParamShard::applyClock(int64_t k) {
     // The next scales from the clock's exact maxima (GradAccumulator::updateScales).
     if (sum.maxima[s] > 0.0) scales_[s] = scaleFor(sum.maxima[s], job_.headroom_bits, fixedTop(64, 1));
   }
+  for (int64_t j = 0; j < m; ++j) opt_->step(learningRate(job_.optim, k * job_.wave + j, steps_));
   const double lr = learningRate(job_.optim, k * job_.wave, steps_);
-  opt_->step(lr);
   for (auto& [w, out] : outside) w.detach().add_(out, -lr);
 }
 
@@ -216,8 +223,12 @@ double ParamShard::predictionCoefficient(const JobSpec& job, int64_t steps, int6
   if (o.name != "sgd" || o.momentum <= 0.0 || clock <= version) return 0.0;
   double a = 0.0, mu = o.nesterov ? o.momentum : 1.0;
   for (int64_t k = version; k < clock; ++k) {
-    mu *= o.momentum;
-    a += learningRate(o, k * job.wave, steps) * mu;
+    // The missing clocks are full waves (before the VW's own).
+    const int64_t m = wspServerSteps(job, std::min(job.wave, steps - k * job.wave));
+    for (int64_t j = 0; j < m; ++j) {
+      mu *= o.momentum;
+      a += learningRate(o, k * job.wave + j, steps) * mu;
+    }
   }
   return a;
 }

@@ -91,8 +91,10 @@ class ParamShard {
   Pulled pull(int64_t at_least, int64_t exactly, const std::function<bool()>& stop = {}, int64_t clock = -1);
   // The coefficient a of the momentum in the prediction w - a * buf of
   // version `version` for clock `clock` (0 when clock <= version, or
-  // without momentum): sum over i = 1 .. clock - version of
-  // lr(clock (version + i - 1)) * mu^i (mu^(i+1) with Nesterov).
+  // without momentum): over the servers' steps of the missing clocks
+  // version .. clock - 1 (wspServerSteps each; step j of clock k at
+  // lr(k * wave + j)), numbered i = 1, 2, ..., the sum of lr * mu^i
+  // (mu^(i+1) with Nesterov).
   static double predictionCoefficient(const JobSpec& job, int64_t steps, int64_t version, int64_t clock);
 
   // Checkpoints (docs/wsp.md, "Checkpoints and lost workers"). The state

@@ -284,9 +284,27 @@ void WspWorker::pullAll(int64_t clock, bool final) {
     own_stale_.erase(own_stale_.begin(), own_stale_.lower_bound(applied));
   }
   base_ = rec.versions;
+  if (!final) updateCarry();
   core.buffer().setScales(scales);
   MORPH_CHECK(rec.gap() <= job_.staleness || final, "a pull past the staleness bound");
   records_.push_back(rec);
+}
+
+void WspWorker::updateCarry() {
+  if (job_.server_steps != "per_minibatch" || job_.optim.name != "sgd" || job_.optim.momentum <= 0.0 ||
+      job_.wave < 2)
+    return;
+  torch::NoGradGuard no_grad;
+  const bool have = !last_pull_.empty();
+  last_pull_.resize(segs_.size());
+  carry_.resize(segs_.size());
+  for (size_t s = 0; s < segs_.size(); ++s) {
+    const torch::Tensor& t = segs_[s].state;
+    if (segs_[s].kind != StepCore::Segment::kParam || !t.defined()) continue;
+    if (have) carry_[s] = (t - last_pull_[s]).div_(static_cast<double>(job_.wave));
+    last_pull_[s] = t.clone();
+  }
+  if (!have) carry_.clear();
 }
 
 void WspWorker::bye() {
@@ -305,9 +323,22 @@ void WspWorker::run(const std::function<void(const StepStats&)>& minibatch) {
   for (int64_t c = clock_; c < waves; ++c) {
     wave_.clear();
     const int64_t first = c * job_.wave, end = std::min(steps_, first + job_.wave);
+    double carried = 1.0;  // mu^i before minibatch i of the wave
     for (int64_t t = first; t < end; ++t) {
       MORPH_CHECK_EQ(core.nextStep(), t);
       const double w0 = nowSeconds(), c0 = threadCpuSeconds();
+      if (t > first && !carry_.empty()) {
+        // The servers' momentum carries the weights on at every server
+        // step of this wave; the other VWs' gradients are what it lacks.
+        carried *= job_.optim.momentum;
+        const float f = static_cast<float>(carried);
+        for (size_t s = 0; s < segs_.size(); ++s) {
+          if (!carry_[s].defined()) continue;
+          float* w = segs_[s].state.data_ptr<float>();
+          const float* d = carry_[s].data_ptr<float>();
+          for (int64_t j = 0; j < sizes_[s]; ++j) w[j] += f * d[j];
+        }
+      }
       last = ex_.localStep();
       seconds_.compute += nowSeconds() - w0;
       seconds_.compute_cpu += threadCpuSeconds() - c0;

@@ -127,6 +127,14 @@ class WspWorker {
   // pull's (the starting clock before the first). Sent with each push.
   std::vector<int64_t> base_;
   void addOwnPushes(int r, int64_t version, int64_t clock);
+  // The momentum's carry within a wave (sync.server_steps =
+  // "per_minibatch", SGD with momentum; docs/wsp.md, "What a VW does within
+  // a wave"): per segment, the last pull's parameters (empty for the
+  // others), and the mean move per server step between the last two pulls,
+  // d = (w_now - w_before) / wave; before its minibatch i >= 1 of a wave
+  // the VW adds mu^i d to its local weights. Empty until two pulls.
+  std::vector<torch::Tensor> last_pull_, carry_;
+  void updateCarry();
 };
 
 }  // namespace morph

@@ -293,6 +293,14 @@ TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
   JobSpec plain = job;
   plain.optim.momentum = 0.0;
   EXPECT_EQ(ParamShard::predictionCoefficient(plain, 10, 1, 3), 0.0);
+  // Waves of 2 minibatches with one server step each: 4 steps of momentum
+  // over the 2 missing clocks (steps 2 .. 5, lr 0.5 throughout); one step
+  // per clock, 2.
+  JobSpec waves = job;
+  waves.wave = 2;
+  EXPECT_DOUBLE_EQ(ParamShard::predictionCoefficient(waves, 10, 1, 3), 0.5 * (0.9 + 0.81 + 0.729 + 0.6561));
+  waves.server_steps = "per_clock";
+  EXPECT_DOUBLE_EQ(ParamShard::predictionCoefficient(waves, 10, 1, 3), 0.5 * (0.9 + 0.81));
 
   torch::Tensor w = torch::zeros({2});
   std::vector<StepCore::Segment> segs = shardSegments(w);
@@ -313,14 +321,64 @@ TEST(WspParamShard, AStalePullGetsTheMomentumsLookAhead) {
   EXPECT_FLOAT_EQ(shard.pull(1, -1).state[0], -0.25f);
 }
 
+// sync.server_steps: a clock of a wave of 2 minibatches. Each VW pushes g
+// = (0.5, -1) summed over its 2 minibatches (B = 4: G / B = (0.25,
+// -0.5)), lr 0.5, momentum 0.9, weight decay 0.1. "per_minibatch": two SGD
+// steps on the wave's mean (0.125, -0.25); "per_clock": one on the sum.
+// Computed here by the same optimiser on a copy.
+TEST(WspParamShard, AClockTakesOneServerStepPerMinibatchOrOneInAll) {
+  for (const char* rule : {"per_minibatch", "per_clock"}) {
+    JobSpec job = shardJob(0.9);
+    job.wave = 2;
+    job.optim.weight_decay = 0.1;
+    job.server_steps = rule;
+    torch::Tensor w = torch::tensor({1.0f, -1.0f});
+    ParamShard shard(job, 10, 2, shardSegments(w.clone()), {2, 2}, 0, 1, {4, 4});
+    std::vector<int64_t> push = shardPush(8, -16, 0);  // g = (0.5, -1) per VW
+    push[4] = 2;                                       // two minibatches in the wave
+    shard.push(0, 0, push.data());
+    shard.push(1, 0, push.data());
+    const ParamShard::Pulled p = shard.pull(1, -1);
+
+    torch::Tensor ref = w.clone().requires_grad_(true);
+    std::unique_ptr<Optimizer> opt = makeOptimizer(job.optim, {ref});
+    const int64_t m = std::string(rule) == "per_clock" ? 1 : 2;
+    for (int64_t j = 0; j < m; ++j) {
+      ref.mutable_grad() = torch::tensor({0.25f, -0.5f}) / static_cast<float>(m);
+      opt->step(learningRate(job.optim, j, 10));
+    }
+    EXPECT_FLOAT_EQ(p.state[0], ref.detach()[0].item<float>()) << rule;
+    EXPECT_FLOAT_EQ(p.state[1], ref.detach()[1].item<float>()) << rule;
+  }
+  // Not the same model: the two rules differ (momentum and decay per step).
+  JobSpec a = shardJob(0.9), b = shardJob(0.9);
+  a.wave = b.wave = 2;
+  b.server_steps = "per_clock";
+  std::vector<int64_t> push = shardPush(8, -16, 0);
+  push[4] = 2;
+  ParamShard sa(a, 10, 2, shardSegments(torch::zeros({2})), {2, 2}, 0, 1, {4, 4});
+  ParamShard sb(b, 10, 2, shardSegments(torch::zeros({2})), {2, 2}, 0, 1, {4, 4});
+  for (ParamShard* s : {&sa, &sb}) {
+    s->push(0, 0, push.data());
+    s->push(1, 0, push.data());
+  }
+  // per_minibatch: buf = 0.125 then 0.2375, w = -0.5 (0.125 + 0.2375);
+  // per_clock: buf = 0.25, w = -0.5 x 0.25.
+  EXPECT_FLOAT_EQ(sa.pull(1, -1).state[0], -0.18125f);
+  EXPECT_FLOAT_EQ(sb.pull(1, -1).state[0], -0.125f);
+}
+
 // Read-my-writes: what the servers' SGD (momentum, a schedule over clocks)
 // will do with a VW's own pushes alone is what the optimiser does from a
 // zero buffer with those gradients, clock by clock (a clock without a push
 // of its own carries the buffer on).
 TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
+  for (const char* server_steps : {"per_clock", "per_minibatch"})
   for (bool nesterov : {false, true}) {
     JobSpec job;
     job.wave = 4;
+    job.server_steps = server_steps;
+    const int64_t m = job.server_steps == "per_clock" ? 1 : job.wave;
     job.optim.lr = 0.1;
     job.optim.momentum = 0.9;
     job.optim.nesterov = nesterov;
@@ -336,11 +394,12 @@ TEST(WspOwnPushes, TheMoveIsTheServersSgdOnTheVwsOwnGradients) {
     opt->paramState(0);     // the zero buffer
     for (int64_t i = 0; i < 3; ++i) {
       const std::vector<float>& g = i == 0 ? g0 : i == 2 ? g2 : std::vector<float>(3, 0.0f);
-      p.mutable_grad() = torch::tensor(g);
-      opt->step(learningRate(o, (version + i) * job.wave, steps));
+      p.mutable_grad() = torch::tensor(g) / static_cast<float>(m);  // per server step: the wave's mean
+      for (int64_t j = 0; j < m; ++j) opt->step(learningRate(o, (version + i) * job.wave + j, steps));
     }
     ASSERT_EQ(move.size(), 3u);
-    for (int j = 0; j < 3; ++j) EXPECT_NEAR(-move[j], p.detach()[j].item<float>(), 1e-6) << "nesterov " << nesterov;
+    for (int j = 0; j < 3; ++j)
+      EXPECT_NEAR(-move[j], p.detach()[j].item<float>(), 1e-6) << server_steps << " nesterov " << nesterov;
     EXPECT_GT(move[0], 0.0f);  // not trivially zero
   }
   JobSpec job;
