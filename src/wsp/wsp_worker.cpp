@@ -12,6 +12,7 @@
 #include "core/sys.h"
 #include "exec/fixed_point.h"
 #include "wsp/own_pushes.h"
+#include "wsp/packed_ints.h"
 #include "wsp/wsp_recovery.h"
 
 namespace morph {
@@ -112,7 +113,11 @@ void WspWorker::serve(int peer) {
       const int64_t* h = head.data_ptr<int64_t>();
       if (h[0] == kBye) return;
       if (h[0] == kPush) {
-        world_.recv(payload, peer, kRequestTag)->wait();
+        // h[2]: the packed payload's bytes (packed_ints.h).
+        MORPH_CHECK(h[2] > 0 && h[2] <= packedBytesAtMost(payload.numel()), "a push's packed size out of range");
+        torch::Tensor packed = torch::empty({h[2]}, torch::kUInt8);
+        world_.recv(packed, peer, kRequestTag)->wait();
+        unpackInts(packed.data_ptr<uint8_t>(), h[2], payload.data_ptr<int64_t>(), payload.numel());
         shard_->push(peer, h[1], payload.data_ptr<int64_t>());
       } else {
         if (h[0] == kSnapshot) {
@@ -161,8 +166,14 @@ void WspWorker::push(int64_t clock, int64_t minibatches) {
       shard_->push(me_, clock, payload.data());
       continue;
     }
-    torch::Tensor head = torch::tensor(std::vector<int64_t>{kPush, clock, 0, 0}, torch::kInt64);
-    torch::Tensor body = torch::tensor(payload, torch::kInt64);
+    std::vector<uint8_t> packed;
+    packInts(payload.data(), static_cast<int64_t>(payload.size()), packed);
+    const int64_t bytes = static_cast<int64_t>(packed.size());
+    push_bytes_ += bytes;
+    push_unpacked_bytes_ += 8 * static_cast<int64_t>(payload.size());
+    torch::Tensor head = torch::tensor(std::vector<int64_t>{kPush, clock, bytes, 0}, torch::kInt64);
+    torch::Tensor body = torch::empty({bytes}, torch::kUInt8);
+    std::copy(packed.begin(), packed.end(), body.data_ptr<uint8_t>());
     sends.push_back(world_.send(head, r, kRequestTag));
     sends.push_back(world_.send(body, r, kRequestTag));
     keep.push_back(head);
@@ -469,7 +480,7 @@ nlohmann::json WspWorker::result() const {
   for (const PullRecord& r : records_) recs.push_back(r.toJson());
   return {{"vw", me_},           {"pushes", pushes_},           {"pulls", records_.size()},
           {"max_clock_gap", maxGap()}, {"seconds", seconds_.toJson(me_)}, {"shard_values", shard_->values()},
-          {"records", recs}};
+          {"push_bytes", push_bytes_}, {"push_unpacked_bytes", push_unpacked_bytes_}, {"records", recs}};
 }
 
 }  // namespace morph

@@ -73,7 +73,7 @@ class WspWorker {
   };
   const Seconds& seconds() const { return seconds_; }
   // {"vw", "pushes", "pulls", "max_clock_gap", "seconds", "shard_values",
-  // "records": [...]} for the result.
+  // "push_bytes", "push_unpacked_bytes", "records": [...]} for the result.
   nlohmann::json result() const;
 
  private:
@@ -114,6 +114,9 @@ class WspWorker {
   std::exception_ptr server_error_;
   std::vector<PullRecord> records_;
   int64_t pushes_ = 0;
+  // Bytes of its pushes to other shards: sent (packed, packed_ints.h) and
+  // what they would have been at 8 bytes a value.
+  int64_t push_bytes_ = 0, push_unpacked_bytes_ = 0;
   Seconds seconds_;
   // Its own pushes a shard may not have applied yet: per wave, the wave's
   // mean-gradient part G / B of every parameter segment (floats, the

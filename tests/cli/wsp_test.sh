@@ -117,7 +117,7 @@ for workers in 2 3; do
   # Each VW's timing by part, and shards of about equal values: the MLP's
   # first weight (most of its values) is split between the shards, each
   # within 4096 values (ShardPieces::kAlign) of total / W.
-  python3 - "$work/mw$workers/summary.json" "$workers" <<'PY' || { echo "FAIL: wsp.vw_seconds or shard_values"; exit 1; }
+  python3 - "$work/mw$workers/summary.json" "$workers" <<'PY' || { echo "FAIL: wsp.vw_seconds, shard_values or push bytes"; exit 1; }
 import json, sys
 w, n = json.load(open(sys.argv[1]))["wsp"], int(sys.argv[2])
 t, v = w["vw_seconds"], w["shard_values"]
@@ -127,6 +127,13 @@ for x in t:
     assert x["compute"] > 0 and 0 < x["compute_cpu"] <= x["compute"] * 1.01 + 0.01, x
     assert all(x[k] >= 0 for k in ("minibatch", "push", "gate", "pull", "checkpoint")), x
 assert len(v) == n and all(abs(x - sum(v) / n) <= 4096 for x in v), v
+# 24 waves, each VW pushing every other shard its values (8 bytes each
+# unpacked; plus a scale and maximum per piece and two counts), packed
+# smaller on the wire (docs/wsp.md, "A push on the wire").
+raw, sent = w["push_unpacked_bytes"], w["push_bytes"]
+print("push bytes", sent, "of", raw, "unpacked")
+assert 8 * 24 * (n - 1) * sum(v) < raw <= 8 * 24 * (n - 1) * (sum(v) + 64), (raw, v)
+assert 0 < sent < raw, (sent, raw)
 PY
 done
 

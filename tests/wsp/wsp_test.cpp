@@ -12,6 +12,7 @@
 #include "exec/fixed_point.h"
 #include "exec/optimizer.h"
 #include "wsp/own_pushes.h"
+#include "wsp/packed_ints.h"
 #include "wsp/param_shard.h"
 #include "wsp/scaled_sum.h"
 #include "comm/communicator.h"
@@ -50,6 +51,64 @@ TEST(WspScaledSum, SumOfPartsIsOrderFreeAtTheCoarsestScale) {
   // segment 0 at scale 3: 5/2 -> 2, -7/2 -> -4, 3, -1/2 -> 0 (half to even)
   EXPECT_EQ(x.values[0], 2 + 3 + 0);
   EXPECT_EQ(x.terms, 3);
+}
+
+// A push on the wire (packed_ints.h): every int64, the extremes included,
+// comes back as it went, for any length; a block of zeros costs its width
+// byte; a wave sum's typical values (zeros and 40-odd-bit values) pack to
+// well under 8 bytes a value; a packing that is cut short, has bytes left
+// over, a width above 64 or padding that is not zero is refused.
+TEST(WspPackedInts, RoundTripsEveryInt64AndRefusesMalformedPackings) {
+  std::vector<int64_t> v = {0, 1, -1, 2, -2, INT64_MAX, INT64_MIN, INT64_MAX - 1, INT64_MIN + 1,
+                            int64_t{1} << 40, -(int64_t{1} << 40), 12345, -67890};
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < 300; ++i) {  // random widths: every bit count from 0 to 64
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    const int w = i % 65;
+    v.push_back(static_cast<int64_t>(w == 0 ? 0 : x >> (64 - w)) * (i % 3 == 0 ? -1 : 1));
+  }
+  for (int64_t n : {int64_t{0}, int64_t{1}, kPackBlock - 1, kPackBlock, kPackBlock + 1, static_cast<int64_t>(v.size())}) {
+    std::vector<uint8_t> packed;
+    packInts(v.data(), n, packed);
+    EXPECT_LE(static_cast<int64_t>(packed.size()), packedBytesAtMost(n));
+    std::vector<int64_t> back(static_cast<size_t>(n), 7);
+    unpackInts(packed.data(), static_cast<int64_t>(packed.size()), back.data(), n);
+    EXPECT_EQ(back, std::vector<int64_t>(v.begin(), v.begin() + n)) << n << " values";
+  }
+  // A block's width is its widest value's: INT64_MIN zigzags to all ones.
+  std::vector<uint8_t> one;
+  const int64_t extremes[] = {INT64_MIN};
+  packInts(extremes, 1, one);
+  EXPECT_EQ(one, (std::vector<uint8_t>{64, 255, 255, 255, 255, 255, 255, 255, 255}));
+  // 1000 zeros: a width byte per block.
+  std::vector<uint8_t> zeros;
+  const std::vector<int64_t> z(1000, 0);
+  packInts(z.data(), 1000, zeros);
+  EXPECT_EQ(static_cast<int64_t>(zeros.size()), (1000 + kPackBlock - 1) / kPackBlock);
+  // Half zeros, half values below 2^42: under 3 bytes a value (8 unpacked).
+  std::vector<int64_t> wave(4096, 0);
+  for (size_t i = 2048; i < wave.size(); ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    wave[i] = static_cast<int64_t>(x >> 23) - (int64_t{1} << 40);
+  }
+  std::vector<uint8_t> wp;
+  packInts(wave.data(), 4096, wp);
+  EXPECT_LT(wp.size(), 3u * 4096);
+  // Malformed packings.
+  std::vector<uint8_t> good;
+  packInts(v.data(), 40, good);
+  std::vector<int64_t> out(40);
+  std::vector<uint8_t> cut(good.begin(), good.end() - 1), more = good, wide = good, pad = {1, 0x02};
+  more.push_back(0);
+  wide[0] = 65;
+  EXPECT_THROW(unpackInts(cut.data(), static_cast<int64_t>(cut.size()), out.data(), 40), InternalError);
+  EXPECT_THROW(unpackInts(more.data(), static_cast<int64_t>(more.size()), out.data(), 40), InternalError);
+  EXPECT_THROW(unpackInts(wide.data(), static_cast<int64_t>(wide.size()), out.data(), 40), InternalError);
+  // One value of width 1 (the byte's low bit) with a stray bit set above it.
+  EXPECT_THROW(unpackInts(pad.data(), 2, out.data(), 1), InternalError);
+  const uint8_t ok[] = {1, 0x01};
+  unpackInts(ok, 2, out.data(), 1);
+  EXPECT_EQ(out[0], -1);
 }
 
 TEST(WspShardPieces, OneLargeTensorIsSplitAtAlignedCuts) {

@@ -24,18 +24,21 @@ namespace {
 // records, by virtual worker then pull, after the restore record of a run
 // that lost a worker (null: none) and the shares of the generation they
 // are from; returns summary.json's "wsp" (with, by virtual worker, where
-// its wall clock went and the values its shard holds).
+// its wall clock went and the values its shard holds; and the bytes the
+// pushes sent, packed, beside 8 a value).
 json writeWspLog(const std::string& dir, const std::vector<json>& results, const json& restored,
                  const std::vector<int64_t>& shares) {
   std::vector<json> recs;
   std::map<int, json> seconds, shard_values;
-  int64_t pushes = 0, pulls = 0, gap = 0;
+  int64_t pushes = 0, pulls = 0, gap = 0, push_bytes = 0, push_unpacked = 0;
   for (const json& r : results) {
     if (!r.contains("wsp")) continue;
     const json& w = r.at("wsp");
     pushes += w.at("pushes").get<int64_t>();
     pulls += w.at("pulls").get<int64_t>();
     gap = std::max(gap, w.at("max_clock_gap").get<int64_t>());
+    push_bytes += w.value("push_bytes", int64_t{0});
+    push_unpacked += w.value("push_unpacked_bytes", int64_t{0});
     for (const json& rec : w.at("records")) recs.push_back(rec);
     if (w.contains("seconds")) seconds[w.at("vw").get<int>()] = w.at("seconds");
     if (w.contains("shard_values")) shard_values[w.at("vw").get<int>()] = w.at("shard_values");
@@ -53,7 +56,8 @@ json writeWspLog(const std::string& dir, const std::vector<json>& results, const
   for (auto& [vw, x] : seconds) vw_seconds.push_back(x);
   for (auto& [vw, x] : shard_values) values.push_back(x);
   return {{"max_clock_gap", gap},       {"pushes", pushes},           {"pulls", pulls},
-          {"vw_seconds", vw_seconds}, {"shard_values", values}};
+          {"vw_seconds", vw_seconds}, {"shard_values", values},
+          {"push_bytes", push_bytes}, {"push_unpacked_bytes", push_unpacked}};
 }
 
 // The status record (`morph status`, the status page) is rewritten at most
