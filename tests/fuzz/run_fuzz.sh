@@ -17,7 +17,7 @@ seconds=${1:-2}
 out=${2:-$(mktemp -d)}
 shift $(( $# < 2 ? $# : 2 ))
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol generation_plan member_report generation_want resize_request job_file resources profile plan_file checkpoint idx npy cluster_trace)
+[[ ${#targets[@]} -gt 0 ]] || targets=(store_protocol generation_plan member_report generation_want resize_request job_file resources profile plan_file checkpoint idx npy cluster_trace packed_ints)
 mkdir -p "$out/obj"
 command -v clang++ > /dev/null || { echo "run_fuzz: clang++ is not installed (bash scripts/install-deps.sh installs it)"; exit 1; }
 torch_inc="-isystem /usr/include/torch/csrc/api/include -D_GLIBCXX_USE_CXX11_ABI=1"
@@ -43,6 +43,7 @@ declare -A sources=(
   [idx]="data/dataset.cpp data/sampler.cpp core/npy.cpp"
   [npy]="core/npy.cpp"
   [cluster_trace]="sched/cluster_sim.cpp sched/policy.cpp"
+  [packed_ints]="wsp/packed_ints.cpp"
 )
 declare -A libs=(
   [store_protocol]="-lcrypto"
@@ -58,6 +59,7 @@ declare -A libs=(
   [idx]="-ltorch -ltorch_cpu -lc10 -lz"
   [npy]=""
   [cluster_trace]=""
+  [packed_ints]=""
 )
 # Files that rely on src/pch.h (torch/torch.h) in the CMake build get it with -include.
 pch_sources=" data/dataset.cpp ckpt/checkpoint_store.cpp "
