@@ -3,9 +3,9 @@
 // The values go in blocks of kPackBlock: a byte with the block's bit width
 // w (0..64), then each value zigzag-coded (0, -1, 1, -2, ... -> 0, 1, 2,
 // 3, ...) in w bits, least significant bit first, the block padded with
-// zero bits to a whole byte. A wave sum is mostly zeros (ReLU) and values
-// far below the fixed-point bound, so it packs to about half its 8 bytes a
-// value. No libtorch.
+// zero bits to a whole byte. Many of a wave sum's values are exactly zero
+// (a ReLU's zero inputs) and the rest far below the fixed-point bound, so
+// the CNN's packs to about half its 8 bytes a value. No libtorch.
 #pragma once
 
 #include <cstdint>
